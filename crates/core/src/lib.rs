@@ -1,0 +1,36 @@
+//! Pure domain logic of leasehold: jobs, leases, fencing tokens, the command
+//! set and its deterministic [`State::apply`], and input validation.
+//!
+//! Nothing here performs IO, spawns tasks or reads a clock. Time enters as
+//! data: every [`Proposal`] carries the proposer's wall-clock `now_ms`, and the
+//! state keeps *cluster time*, the maximum `now_ms` it has seen, so time never
+//! runs backwards across leader changes.
+//!
+//! ```text
+//!   client ──► server (validate) ──► Raft log: Proposal{now_ms, Command}
+//!                                          │ committed, in log order
+//!                                          ▼
+//!                         State::apply(epoch, &Proposal) -> Response
+//!                                          │ identical on every replica
+//!                                          ▼
+//!                         Response back to the proposer (grant, refusal, …)
+//! ```
+//!
+//! Refusals (a stale token, an unknown job) are [`Response::Refused`] values
+//! that replicate like any other response; they are not errors.
+
+pub mod command;
+pub mod job;
+pub mod lease;
+pub mod limits;
+pub mod response;
+pub mod state;
+pub mod validate;
+
+pub use command::{Command, Proposal, RedriveTarget};
+pub use job::{Backoff, Job, JobSpec, JobState};
+pub use lease::Lease;
+pub use limits::Limits;
+pub use response::{Refusal, Response, Grant, EnqueueOutcome, QueueStats};
+pub use state::{JobFilter, State};
+pub use validate::{ValidationError, ValidationKind};
