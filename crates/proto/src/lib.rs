@@ -1,1 +1,17 @@
-//! stub
+//! Code generated from `proto/leasehold/v1`, and the only conversions between
+//! wire messages and `leasehold-core` types.
+//!
+//! Domain types never derive prost; everything crossing the wire goes through
+//! [`convert`].
+
+#[allow(missing_docs, clippy::all)]
+pub mod v1 {
+    //! Generated messages and services of package `leasehold.v1`.
+    tonic::include_proto!("leasehold.v1");
+}
+
+pub mod convert;
+
+/// Encoded file descriptor set of every leasehold proto, for gRPC reflection.
+pub const FILE_DESCRIPTOR_SET: &[u8] =
+    include_bytes!(concat!(env!("OUT_DIR"), "/leasehold_descriptor.bin"));

@@ -1,7 +1,9 @@
 //! openraft wiring for leasehold: the type configuration shared by storage,
-//! server and node, and (as the cluster grows) the tonic network between
-//! peers.
+//! server and node, the serde envelope, and the tonic network between peers.
 
+pub mod envelope;
+pub mod network;
 pub mod types;
 
+pub use network::NetworkFactory;
 pub use types::{NodeId, Raft, TypeConfig};

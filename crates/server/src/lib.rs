@@ -1,1 +1,19 @@
-//! stub
+//! The network edge of a leasehold node: tonic services (Queue, Cluster and
+//! the internal Raft service), the HTTP health endpoints, the one mapping from
+//! [`Error`] to `tonic::Status`, and the [`Journal`] that proposes commands
+//! (forwarding to the leader when this node is not it) and serves reads.
+
+pub mod clock;
+pub mod cluster_service;
+pub mod error;
+pub mod forward;
+pub mod http;
+pub mod journal;
+pub mod queue_service;
+pub mod raft_service;
+pub mod readiness;
+
+pub use clock::Clock;
+pub use error::Error;
+pub use journal::{Journal, JournalConfig};
+pub use readiness::Readiness;

@@ -1,0 +1,109 @@
+//! `leasehold serve`: configuration from file, environment and flags (in
+//! rising precedence), logging, and the node's life until a signal.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use anyhow::Context;
+use leasehold_node::{Config, Node, Transport};
+
+/// Flags of `leasehold serve`; each also reads `LEASEHOLD_<NAME>`.
+#[derive(clap::Args, Debug)]
+pub struct ServeArgs {
+    /// Node id (>= 1).
+    #[arg(long, env = "LEASEHOLD_ID")]
+    id: Option<u64>,
+    /// gRPC listen address.
+    #[arg(long, env = "LEASEHOLD_GRPC")]
+    grpc: Option<String>,
+    /// HTTP listen address (/livez, /readyz).
+    #[arg(long, env = "LEASEHOLD_HTTP")]
+    http: Option<String>,
+    /// Data directory.
+    #[arg(long, env = "LEASEHOLD_DATA")]
+    data: Option<PathBuf>,
+    /// Address peers reach this node at (default: the gRPC address).
+    #[arg(long, env = "LEASEHOLD_ADVERTISE")]
+    advertise: Option<String>,
+    /// Any member's gRPC address, to join its cluster.
+    #[arg(long, env = "LEASEHOLD_JOIN")]
+    join: Option<String>,
+    /// TOML configuration file.
+    #[arg(long, env = "LEASEHOLD_CONFIG")]
+    config: Option<PathBuf>,
+    /// Log format.
+    #[arg(long, env = "LEASEHOLD_LOG_FORMAT", default_value = "text")]
+    log_format: LogFormat,
+}
+
+#[derive(Clone, Copy, Debug, clap::ValueEnum)]
+enum LogFormat {
+    Text,
+    Json,
+}
+
+fn init_logging(format: LogFormat) {
+    let filter = tracing_subscriber::EnvFilter::try_from_env("LEASEHOLD_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,openraft=warn"));
+    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    match format {
+        LogFormat::Text => builder.init(),
+        LogFormat::Json => builder.json().init(),
+    }
+}
+
+/// The configuration a `serve` invocation means.
+fn resolve(args: &ServeArgs) -> anyhow::Result<Config> {
+    let mut config = match &args.config {
+        Some(path) => Config::from_file(path)?,
+        None => Config::default(),
+    };
+    if let Some(id) = args.id {
+        config.id = id;
+    }
+    if let Some(grpc) = &args.grpc {
+        config.grpc = grpc.clone();
+    }
+    if let Some(http) = &args.http {
+        config.http = http.clone();
+    }
+    if let Some(data) = &args.data {
+        config.data = data.clone();
+    }
+    if let Some(advertise) = &args.advertise {
+        config.advertise = Some(advertise.clone());
+    }
+    if let Some(join) = &args.join {
+        config.join = Some(join.clone());
+    }
+    config.validate()?;
+    Ok(config)
+}
+
+/// Runs a node until SIGTERM or Ctrl-C.
+pub async fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
+    init_logging(args.log_format);
+    let config = resolve(&args)?;
+    if config.join.is_some() {
+        anyhow::bail!("--join: joining an existing cluster is not supported by this build yet");
+    }
+    let transport = Transport::bind(&config).await?;
+    let node = Node::start(config, transport).await.context("starting the node")?;
+    println!("leasehold node listening: grpc {} http {}", node.grpc_addr(), node.http_addr());
+    let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        .context("installing the SIGTERM handler")?;
+    tokio::select! {
+        _ = terminate.recv() => tracing::info!("SIGTERM: shutting down"),
+        _ = tokio::signal::ctrl_c() => tracing::info!("interrupt: shutting down"),
+    }
+    let stop = node.shutdown(Duration::from_secs(10));
+    tokio::select! {
+        result = stop => result.context("shutting down")?,
+        _ = terminate.recv() => {
+            tracing::warn!("second SIGTERM: exiting at once");
+            return Ok(ExitCode::FAILURE);
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}

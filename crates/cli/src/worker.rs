@@ -1,0 +1,163 @@
+//! `leasehold worker --queue Q -- CMD ARGS…`: runs a command per job with
+//! the fencing token in its environment and the payload on stdin, renewing
+//! the lease while it runs; exit 0 acks, anything else nacks with the tail
+//! of stderr. SIGTERM stops claiming, lets running commands finish within
+//! the grace period, then exits.
+
+use std::process::{ExitCode, Stdio};
+use std::time::Duration;
+
+use leasehold_client::Client;
+use leasehold_client::worker::{self, Outcome, WorkerConfig};
+use leasehold_proto::v1;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::sync::watch;
+
+use crate::Connection;
+
+/// Most bytes of stderr kept as a nack's error text.
+const STDERR_TAIL_BYTES: usize = 4 * 1024;
+
+/// `leasehold worker` arguments.
+#[derive(clap::Args, Debug)]
+pub struct WorkerArgs {
+    #[command(flatten)]
+    connection: Connection,
+    /// Queue to work.
+    #[arg(long)]
+    queue: String,
+    /// Jobs run at once.
+    #[arg(long, default_value_t = 1)]
+    concurrency: usize,
+    /// Worker id (default: host name and process id).
+    #[arg(long)]
+    worker_id: Option<String>,
+    /// Lease length (default: each job's own).
+    #[arg(long)]
+    lease_ttl_ms: Option<u64>,
+    /// This worker's tags (repeatable).
+    #[arg(long = "tag")]
+    tags: Vec<String>,
+    /// Seconds running commands may continue after SIGTERM.
+    #[arg(long, default_value_t = 30)]
+    grace_s: u64,
+    /// The command and its arguments.
+    #[arg(last = true, required = true)]
+    command: Vec<String>,
+}
+
+/// Runs the worker until SIGTERM or Ctrl-C.
+pub async fn run(args: WorkerArgs) -> anyhow::Result<ExitCode> {
+    let filter = tracing_subscriber::EnvFilter::try_from_env("LEASEHOLD_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).init();
+    let client = Client::connect(&args.connection.addr)?;
+    let worker_id = args.worker_id.clone().unwrap_or_else(|| {
+        let host = std::fs::read_to_string("/etc/hostname").unwrap_or_default();
+        format!("{}-{}", host.trim(), std::process::id())
+    });
+    let mut config = WorkerConfig::new(args.queue.clone(), worker_id);
+    config.concurrency = args.concurrency.max(1);
+    config.lease_ttl_ms = args.lease_ttl_ms;
+    config.selector = args.tags.clone();
+    config.grace = Duration::from_secs(args.grace_s);
+    let command = args.command.clone();
+    let (stop, stopped) = watch::channel(false);
+    let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+    tokio::spawn(async move {
+        tokio::select! {
+            _ = terminate.recv() => {}
+            _ = tokio::signal::ctrl_c() => {}
+        }
+        tracing::info!("stopping: no new claims; running jobs finish within the grace period");
+        let _ = stop.send(true);
+        // A second signal exits at once.
+        tokio::select! {
+            _ = terminate.recv() => {}
+            _ = tokio::signal::ctrl_c() => {}
+        }
+        std::process::exit(1);
+    });
+    let handler = move |grant: v1::Grant| {
+        let command = command.clone();
+        async move { run_command(&command, grant).await }
+    };
+    let report = worker::run(client, config, handler, stopped).await;
+    tracing::info!(
+        acked = report.acked.len(),
+        nacked = report.nacked.len(),
+        released = report.released.len(),
+        lost = report.lost.len(),
+        "worker stopped"
+    );
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Runs the command for one job. The child is killed if this future is
+/// dropped (the lease was lost).
+async fn run_command(command: &[String], grant: v1::Grant) -> Outcome {
+    let (Some(job), Some(lease)) = (grant.job, grant.lease) else {
+        return Outcome::Release;
+    };
+    let Some((program, arguments)) = command.split_first() else {
+        return Outcome::Release;
+    };
+    let spawned = tokio::process::Command::new(program)
+        .args(arguments)
+        .env("LEASEHOLD_JOB_ID", job.id.to_string())
+        .env("LEASEHOLD_FENCING_TOKEN", lease.token.to_string())
+        .env("LEASEHOLD_ATTEMPT", (job.attempts + 1).to_string())
+        .env("LEASEHOLD_QUEUE", &job.queue)
+        .env("LEASEHOLD_LEASE_EXPIRES_AT_MS", lease.expires_at_ms.to_string())
+        .stdin(Stdio::piped())
+        .stdout(Stdio::inherit())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn();
+    let mut child = match spawned {
+        Ok(child) => child,
+        Err(error) => {
+            return Outcome::Nack {
+                error: format!("cannot start {program}: {error}"),
+                retry_after_ms: None,
+            };
+        }
+    };
+    tracing::info!(event = "lease.acquire", job = job.id, token = lease.token, "running command");
+    if let Some(mut stdin) = child.stdin.take() {
+        let payload = job.payload.clone();
+        tokio::spawn(async move {
+            // A command that ignores stdin closes the pipe; that is not an error.
+            let _ = stdin.write_all(&payload).await;
+        });
+    }
+    let stderr = child.stderr.take();
+    let tail = tokio::spawn(async move {
+        let mut tail = Vec::new();
+        if let Some(mut stderr) = stderr {
+            let mut buffer = [0u8; 4096];
+            while let Ok(n) = stderr.read(&mut buffer).await {
+                if n == 0 {
+                    break;
+                }
+                tail.extend_from_slice(&buffer[..n]);
+                if tail.len() > STDERR_TAIL_BYTES {
+                    tail.drain(..tail.len() - STDERR_TAIL_BYTES);
+                }
+            }
+        }
+        tail
+    });
+    let status = child.wait().await;
+    let tail = tail.await.unwrap_or_default();
+    match status {
+        Ok(status) if status.success() => Outcome::Ack,
+        Ok(status) => Outcome::Nack {
+            error: format!("{status}: {}", String::from_utf8_lossy(&tail).trim()),
+            retry_after_ms: None,
+        },
+        Err(error) => {
+            Outcome::Nack { error: format!("waiting for {program}: {error}"), retry_after_ms: None }
+        }
+    }
+}

@@ -1,0 +1,268 @@
+//! The typed client: one channel, generated stubs, and retries of
+//! UNAVAILABLE answers that are safe to repeat.
+
+use std::time::Duration;
+
+use leasehold_proto::v1;
+use leasehold_proto::v1::cluster_client::ClusterClient;
+use leasehold_proto::v1::queue_client::QueueClient;
+use tonic::transport::{Channel, Endpoint};
+
+/// Why a call failed: the server's status (its code says what kind), or a
+/// connection problem.
+#[derive(Debug, thiserror::Error)]
+pub enum ClientError {
+    /// The address is not a valid endpoint.
+    #[error("address {addr}: {source}")]
+    Address {
+        /// The address given.
+        addr: String,
+        /// Why it is invalid.
+        source: tonic::transport::Error,
+    },
+    /// The server answered with an error status.
+    #[error("{} ({:?})", .0.message(), .0.code())]
+    Status(tonic::Status),
+}
+
+impl From<tonic::Status> for ClientError {
+    fn from(status: tonic::Status) -> Self {
+        ClientError::Status(status)
+    }
+}
+
+impl ClientError {
+    /// The gRPC code of the failure (`Unavailable` for connection problems).
+    pub fn code(&self) -> tonic::Code {
+        match self {
+            ClientError::Address { .. } => tonic::Code::InvalidArgument,
+            ClientError::Status(status) => status.code(),
+        }
+    }
+}
+
+/// Bounded retries with exponential delay.
+#[derive(Clone, Copy, Debug)]
+pub struct RetryPolicy {
+    /// Tries in all, the first included.
+    pub attempts: u32,
+    /// Delay before the second try; doubles after each.
+    pub first_delay: Duration,
+    /// Upper bound of the delay.
+    pub max_delay: Duration,
+}
+
+impl Default for RetryPolicy {
+    fn default() -> Self {
+        RetryPolicy {
+            attempts: 6,
+            first_delay: Duration::from_millis(100),
+            max_delay: Duration::from_secs(2),
+        }
+    }
+}
+
+/// A connection to a leasehold node.
+#[derive(Clone)]
+pub struct Client {
+    queue: QueueClient<Channel>,
+    cluster: ClusterClient<Channel>,
+    retry: RetryPolicy,
+    call_timeout: Duration,
+}
+
+/// Deadline of a call that does not wait by design.
+const CALL_TIMEOUT: Duration = Duration::from_secs(10);
+/// Largest message either side sends (a claim of many large payloads).
+const MAX_MESSAGE_BYTES: usize = 512 * 1024 * 1024;
+
+impl Client {
+    /// A client for `addr` (`host:port` or `http://host:port`). Connects
+    /// lazily, so a node that is still starting is not an error here.
+    pub fn connect(addr: &str) -> Result<Client, ClientError> {
+        let uri = if addr.contains("://") { addr.to_string() } else { format!("http://{addr}") };
+        let endpoint = Endpoint::from_shared(uri)
+            .map_err(|source| ClientError::Address { addr: addr.to_string(), source })?
+            .connect_timeout(Duration::from_secs(2))
+            .tcp_nodelay(true);
+        let channel = endpoint.connect_lazy();
+        Ok(Client {
+            queue: QueueClient::new(channel.clone())
+                .max_decoding_message_size(MAX_MESSAGE_BYTES)
+                .max_encoding_message_size(MAX_MESSAGE_BYTES),
+            cluster: ClusterClient::new(channel),
+            retry: RetryPolicy::default(),
+            call_timeout: CALL_TIMEOUT,
+        })
+    }
+
+    /// The same client with another retry policy.
+    pub fn with_retry(mut self, retry: RetryPolicy) -> Client {
+        self.retry = retry;
+        self
+    }
+
+    /// The generated Queue stub, for calls this client does not wrap.
+    pub fn queue_stub(&self) -> QueueClient<Channel> {
+        self.queue.clone()
+    }
+
+    async fn retrying<T, F, Fut>(&self, retry: bool, mut call: F) -> Result<T, ClientError>
+    where
+        F: FnMut() -> Fut,
+        Fut: std::future::Future<Output = Result<T, tonic::Status>>,
+    {
+        let attempts = if retry { self.retry.attempts.max(1) } else { 1 };
+        let mut delay = self.retry.first_delay;
+        let mut tried = 0;
+        loop {
+            tried += 1;
+            match call().await {
+                Ok(value) => return Ok(value),
+                Err(status) if status.code() == tonic::Code::Unavailable && tried < attempts => {
+                    tracing::debug!(%status, tried, "retrying after unavailable");
+                    tokio::time::sleep(delay).await;
+                    delay = (delay * 2).min(self.retry.max_delay);
+                }
+                Err(status) => return Err(status.into()),
+            }
+        }
+    }
+
+    fn request<T>(&self, message: T, timeout: Duration) -> tonic::Request<T> {
+        let mut request = tonic::Request::new(message);
+        request.set_timeout(timeout);
+        request
+    }
+
+    /// Enqueues jobs atomically. Retried on UNAVAILABLE only when every job
+    /// carries an idempotency key, since an unanswered enqueue may still
+    /// have committed.
+    pub async fn enqueue(
+        &self,
+        jobs: Vec<v1::JobSpec>,
+    ) -> Result<Vec<v1::EnqueueResult>, ClientError> {
+        let retry = !jobs.is_empty() && jobs.iter().all(|j| j.idempotency_key.is_some());
+        let message = v1::EnqueueRequest { jobs };
+        self.retrying(retry, || {
+            let mut stub = self.queue.clone();
+            let request = self.request(message.clone(), self.call_timeout);
+            async move { stub.enqueue(request).await.map(|r| r.into_inner().results) }
+        })
+        .await
+    }
+
+    /// Claims up to `max` jobs, long-polling up to `wait_ms`.
+    pub async fn claim(&self, request: v1::ClaimRequest) -> Result<Vec<v1::Grant>, ClientError> {
+        let timeout = self.call_timeout + Duration::from_millis(request.wait_ms);
+        self.retrying(true, || {
+            let mut stub = self.queue.clone();
+            let request = self.request(request.clone(), timeout);
+            async move { stub.claim(request).await.map(|r| r.into_inner().grants) }
+        })
+        .await
+    }
+
+    /// Renews leases; answers the renewed leases and the lost job ids.
+    pub async fn refresh(
+        &self,
+        request: v1::RefreshRequest,
+    ) -> Result<v1::RefreshResponse, ClientError> {
+        self.retrying(true, || {
+            let mut stub = self.queue.clone();
+            let request = self.request(request.clone(), self.call_timeout);
+            async move { stub.refresh(request).await.map(|r| r.into_inner()) }
+        })
+        .await
+    }
+
+    /// Acks a job (idempotent for the same token, so retried).
+    pub async fn ack(&self, job_id: u64, token: u64) -> Result<(), ClientError> {
+        self.retrying(true, || {
+            let mut stub = self.queue.clone();
+            let request = self.request(v1::AckRequest { job_id, token }, self.call_timeout);
+            async move { stub.ack(request).await.map(|_| ()) }
+        })
+        .await
+    }
+
+    /// Fails an attempt. Not retried: a lost answer may have charged it.
+    pub async fn nack(&self, request: v1::NackRequest) -> Result<v1::NackResponse, ClientError> {
+        self.retrying(false, || {
+            let mut stub = self.queue.clone();
+            let request = self.request(request.clone(), self.call_timeout);
+            async move { stub.nack(request).await.map(|r| r.into_inner()) }
+        })
+        .await
+    }
+
+    /// Gives a job back without charging an attempt.
+    pub async fn release(&self, job_id: u64, token: u64) -> Result<(), ClientError> {
+        self.retrying(true, || {
+            let mut stub = self.queue.clone();
+            let request = self.request(v1::ReleaseRequest { job_id, token }, self.call_timeout);
+            async move { stub.release(request).await.map(|_| ()) }
+        })
+        .await
+    }
+
+    /// One job.
+    pub async fn get_job(&self, job_id: u64, stale: bool) -> Result<v1::Job, ClientError> {
+        let job = self
+            .retrying(true, || {
+                let mut stub = self.queue.clone();
+                let request = self.request(v1::GetJobRequest { job_id, stale }, self.call_timeout);
+                async move { stub.get_job(request).await.map(|r| r.into_inner().job) }
+            })
+            .await?;
+        job.ok_or_else(|| ClientError::Status(tonic::Status::internal("reply carried no job")))
+    }
+
+    /// One page of jobs.
+    pub async fn list_jobs(
+        &self,
+        request: v1::ListJobsRequest,
+    ) -> Result<v1::ListJobsResponse, ClientError> {
+        self.retrying(true, || {
+            let mut stub = self.queue.clone();
+            let request = self.request(request.clone(), self.call_timeout);
+            async move { stub.list_jobs(request).await.map(|r| r.into_inner()) }
+        })
+        .await
+    }
+
+    /// Queue counts.
+    pub async fn stats(
+        &self,
+        queue: Option<String>,
+        stale: bool,
+    ) -> Result<v1::StatsResponse, ClientError> {
+        self.retrying(true, || {
+            let mut stub = self.queue.clone();
+            let request =
+                self.request(v1::StatsRequest { queue: queue.clone(), stale }, self.call_timeout);
+            async move { stub.stats(request).await.map(|r| r.into_inner()) }
+        })
+        .await
+    }
+
+    /// Dead jobs back to ready.
+    pub async fn redrive(&self, request: v1::RedriveRequest) -> Result<u64, ClientError> {
+        self.retrying(true, || {
+            let mut stub = self.queue.clone();
+            let request = self.request(request.clone(), self.call_timeout);
+            async move { stub.redrive(request).await.map(|r| r.into_inner().redriven) }
+        })
+        .await
+    }
+
+    /// Cluster status as the answering node sees it.
+    pub async fn status(&self) -> Result<v1::StatusResponse, ClientError> {
+        self.retrying(true, || {
+            let mut stub = self.cluster.clone();
+            let request = self.request(v1::StatusRequest {}, self.call_timeout);
+            async move { stub.status(request).await.map(|r| r.into_inner()) }
+        })
+        .await
+    }
+}

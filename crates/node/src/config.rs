@@ -1,0 +1,180 @@
+//! Node configuration: defaults pinned by the spec, a TOML file, and
+//! overrides from flags and `LEASEHOLD_*` environment variables (applied by
+//! the CLI, which owns argument parsing).
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::Deserialize;
+
+/// Everything a node needs to start. Field names are the TOML keys.
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Config {
+    /// This node's id in the Raft group (>= 1).
+    pub id: u64,
+    /// gRPC listen address (public API and peer traffic).
+    pub grpc: String,
+    /// HTTP listen address (`/livez`, `/readyz`).
+    pub http: String,
+    /// Data directory (sled).
+    pub data: PathBuf,
+    /// The gRPC address other nodes reach this one at; defaults to the bound
+    /// gRPC address.
+    pub advertise: Option<String>,
+    /// Any member's gRPC address to join instead of bootstrapping.
+    pub join: Option<String>,
+    /// Largest job payload accepted (bytes; at most 256 KiB).
+    pub max_payload_bytes: usize,
+    /// How long a write or linearizable read waits for a quorum.
+    pub quorum_timeout_ms: u64,
+    /// How often the leader checks for lapsed leases.
+    pub sweep_interval_ms: u64,
+    /// How often the leader checks for tombstones past retention.
+    pub purge_interval_ms: u64,
+    /// Raft heartbeat interval.
+    pub heartbeat_ms: u64,
+    /// Lower bound of the randomized election timeout.
+    pub election_timeout_min_ms: u64,
+    /// Upper bound of the randomized election timeout.
+    pub election_timeout_max_ms: u64,
+    /// Build a snapshot after this many log entries since the last one.
+    pub snapshot_every_entries: u64,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            id: 1,
+            grpc: "127.0.0.1:7070".to_string(),
+            http: "127.0.0.1:7080".to_string(),
+            data: PathBuf::from("./leasehold-data"),
+            advertise: None,
+            join: None,
+            max_payload_bytes: leasehold_core::Limits::default().max_payload_bytes,
+            quorum_timeout_ms: 5_000,
+            sweep_interval_ms: 1_000,
+            purge_interval_ms: 60_000,
+            heartbeat_ms: 100,
+            election_timeout_min_ms: 400,
+            election_timeout_max_ms: 800,
+            snapshot_every_entries: 10_000,
+        }
+    }
+}
+
+/// Why a configuration could not be used.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// The file could not be read.
+    #[error("config file {path}: {source}")]
+    Read {
+        /// The file.
+        path: PathBuf,
+        /// The IO error.
+        source: std::io::Error,
+    },
+    /// The file is not valid TOML for this schema.
+    #[error("config file {path}: {source}")]
+    Parse {
+        /// The file.
+        path: PathBuf,
+        /// The parse error (names the key).
+        source: Box<toml::de::Error>,
+    },
+    /// A value is out of range.
+    #[error("config {field}: {problem}")]
+    Invalid {
+        /// The key.
+        field: &'static str,
+        /// What is wrong.
+        problem: String,
+    },
+}
+
+impl Config {
+    /// Reads a TOML file; keys it does not set keep their defaults.
+    pub fn from_file(path: &Path) -> Result<Config, ConfigError> {
+        let text = std::fs::read_to_string(path)
+            .map_err(|source| ConfigError::Read { path: path.to_path_buf(), source })?;
+        toml::from_str(&text).map_err(|source| ConfigError::Parse {
+            path: path.to_path_buf(),
+            source: Box::new(source),
+        })
+    }
+
+    /// Checks ranges the node relies on.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let invalid = |field, problem: &str| {
+            Err(ConfigError::Invalid { field, problem: problem.to_string() })
+        };
+        if self.id == 0 {
+            return invalid("id", "must be at least 1");
+        }
+        let limit = leasehold_core::Limits::default().max_payload_bytes;
+        if self.max_payload_bytes == 0 || self.max_payload_bytes > limit {
+            return invalid("max_payload_bytes", &format!("must be 1 ..= {limit}"));
+        }
+        if self.heartbeat_ms == 0 || self.election_timeout_min_ms <= self.heartbeat_ms {
+            return invalid("election_timeout_min_ms", "must exceed heartbeat_ms");
+        }
+        if self.election_timeout_max_ms <= self.election_timeout_min_ms {
+            return invalid("election_timeout_max_ms", "must exceed election_timeout_min_ms");
+        }
+        if self.quorum_timeout_ms == 0 || self.sweep_interval_ms == 0 || self.purge_interval_ms == 0
+        {
+            return invalid("quorum_timeout_ms", "timeouts and intervals must be positive");
+        }
+        if self.snapshot_every_entries == 0 {
+            return invalid("snapshot_every_entries", "must be at least 1");
+        }
+        Ok(())
+    }
+
+    /// The quorum timeout as a duration.
+    pub fn quorum_timeout(&self) -> Duration {
+        Duration::from_millis(self.quorum_timeout_ms)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_are_the_pinned_conventions() {
+        let config = Config::default();
+        assert_eq!(config.id, 1);
+        assert_eq!(config.grpc, "127.0.0.1:7070");
+        assert_eq!(config.http, "127.0.0.1:7080");
+        assert_eq!(config.data, PathBuf::from("./leasehold-data"));
+        assert!(config.validate().is_ok());
+    }
+
+    #[test]
+    fn file_overrides_some_keys_and_rejects_unknown_ones() -> Result<(), Box<dyn std::error::Error>>
+    {
+        let dir = tempfile::tempdir()?;
+        let path = dir.path().join("node.toml");
+        std::fs::write(&path, "id = 3\ngrpc = \"127.0.0.1:9000\"\n")?;
+        let config = Config::from_file(&path)?;
+        assert_eq!(config.id, 3);
+        assert_eq!(config.grpc, "127.0.0.1:9000");
+        assert_eq!(config.http, "127.0.0.1:7080");
+
+        std::fs::write(&path, "idd = 3\n")?;
+        let error = Config::from_file(&path).err().map(|e| e.to_string()).unwrap_or_default();
+        assert!(error.contains("idd"), "{error}");
+        Ok(())
+    }
+
+    #[test]
+    fn out_of_range_values_are_refused_by_name() {
+        let config = Config { id: 0, ..Config::default() };
+        let error = config.validate().err().map(|e| e.to_string()).unwrap_or_default();
+        assert!(error.contains("id"), "{error}");
+        let config = Config { max_payload_bytes: 1 << 30, ..Config::default() };
+        let error = config.validate().err().map(|e| e.to_string()).unwrap_or_default();
+        assert!(error.contains("max_payload_bytes"), "{error}");
+    }
+}

@@ -1,0 +1,258 @@
+//! Starting and stopping a node: opens the store, starts Raft, bootstraps a
+//! single-node cluster when the data dir holds no membership, and serves
+//! gRPC and HTTP on the listeners it is given.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use leasehold_core::Limits;
+use leasehold_proto::v1::cluster_server::ClusterServer;
+use leasehold_proto::v1::queue_server::QueueServer;
+use leasehold_proto::v1::raft_server::RaftServer;
+use leasehold_raft::{NetworkFactory, Raft, envelope};
+use leasehold_server::cluster_service::ClusterService;
+use leasehold_server::queue_service::QueueService;
+use leasehold_server::raft_service::RaftService;
+use leasehold_server::{Clock, Journal, JournalConfig, Readiness};
+use openraft::{BasicNode, SnapshotPolicy};
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+use tokio_stream::wrappers::TcpListenerStream;
+
+use crate::config::{Config, ConfigError};
+use crate::driver::{self, DriverConfig};
+
+/// The listeners a node serves on. Tests bind port 0 and pass them in.
+pub struct Transport {
+    /// gRPC: public API and peer traffic.
+    pub grpc: TcpListener,
+    /// HTTP: health endpoints.
+    pub http: TcpListener,
+}
+
+impl Transport {
+    /// Binds the addresses named in `config`.
+    pub async fn bind(config: &Config) -> Result<Transport, NodeError> {
+        let grpc = TcpListener::bind(&config.grpc)
+            .await
+            .map_err(|source| NodeError::Bind { addr: config.grpc.clone(), source })?;
+        let http = TcpListener::bind(&config.http)
+            .await
+            .map_err(|source| NodeError::Bind { addr: config.http.clone(), source })?;
+        Ok(Transport { grpc, http })
+    }
+}
+
+/// Why a node could not start or stopped badly.
+#[derive(Debug, thiserror::Error)]
+pub enum NodeError {
+    /// Bad configuration.
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    /// A listen address could not be bound.
+    #[error("bind {addr}: {source}")]
+    Bind {
+        /// The address.
+        addr: String,
+        /// The IO error.
+        source: std::io::Error,
+    },
+    /// The data dir could not be opened.
+    #[error("storage: {0}")]
+    Storage(#[from] leasehold_storage::StorageError),
+    /// openraft refused to start or bootstrap.
+    #[error("raft: {0}")]
+    Raft(String),
+    /// A serving task failed.
+    #[error("serve: {0}")]
+    Serve(String),
+}
+
+/// A running node.
+pub struct NodeHandle {
+    grpc_addr: SocketAddr,
+    http_addr: SocketAddr,
+    journal: Journal,
+    shutdown: watch::Sender<bool>,
+    tasks: Vec<JoinHandle<Result<(), String>>>,
+}
+
+/// Entry point: `Node::start(config, transport)`.
+pub struct Node;
+
+impl Node {
+    /// Starts a node serving on `transport`.
+    pub async fn start(config: Config, transport: Transport) -> Result<NodeHandle, NodeError> {
+        config.validate()?;
+        let grpc_addr = transport
+            .grpc
+            .local_addr()
+            .map_err(|source| NodeError::Bind { addr: config.grpc.clone(), source })?;
+        let http_addr = transport
+            .http
+            .local_addr()
+            .map_err(|source| NodeError::Bind { addr: config.http.clone(), source })?;
+        let advertise = config.advertise.clone().unwrap_or_else(|| grpc_addr.to_string());
+
+        let data = config.data.clone();
+        let (log, state) = tokio::task::spawn_blocking(move || leasehold_storage::open(&data))
+            .await
+            .map_err(|e| NodeError::Serve(e.to_string()))??;
+
+        let raft_config = raft_config(&config)?;
+        let peers = NetworkFactory::new();
+        let raft = Raft::new(config.id, raft_config, peers.clone(), log.clone(), state.clone())
+            .await
+            .map_err(|e| NodeError::Raft(e.to_string()))?;
+
+        if config.join.is_none()
+            && !raft.is_initialized().await.map_err(|e| NodeError::Raft(e.to_string()))?
+        {
+            let members = BTreeMap::from([(config.id, BasicNode { addr: advertise.clone() })]);
+            raft.initialize(members).await.map_err(|e| NodeError::Raft(e.to_string()))?;
+            tracing::info!(node = config.id, addr = %advertise, "bootstrapped a single-node cluster");
+        }
+
+        let limits = Limits { max_payload_bytes: config.max_payload_bytes, ..Limits::default() };
+        let journal = Journal::new(
+            JournalConfig { node_id: config.id, limits, quorum_timeout: config.quorum_timeout() },
+            raft.clone(),
+            log,
+            state,
+            Clock::system(),
+            peers,
+        );
+        let readiness = Readiness::new(journal.clone());
+        let (shutdown, shutdown_rx) = watch::channel(false);
+        let mut tasks = Vec::new();
+
+        let (health, health_service) = tonic_health::server::health_reporter();
+        let reflection = tonic_reflection::server::Builder::configure()
+            .register_encoded_file_descriptor_set(leasehold_proto::FILE_DESCRIPTOR_SET)
+            .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+            .build_v1()
+            .map_err(|e| NodeError::Serve(e.to_string()))?;
+        let grpc = tonic::transport::Server::builder()
+            .add_service(health_service)
+            .add_service(reflection)
+            .add_service(QueueServer::new(QueueService::new(journal.clone())))
+            .add_service(ClusterServer::new(ClusterService::new(journal.clone())))
+            .add_service(
+                RaftServer::new(RaftService::new(journal.clone()))
+                    .max_decoding_message_size(envelope::MAX_ENVELOPE_BYTES)
+                    .max_encoding_message_size(envelope::MAX_ENVELOPE_BYTES),
+            );
+        let incoming = TcpListenerStream::new(transport.grpc);
+        let grpc = grpc.serve_with_incoming_shutdown(incoming, signalled(shutdown_rx.clone()));
+        tasks.push(tokio::spawn(async move { grpc.await.map_err(|e| e.to_string()) }));
+        let http = leasehold_server::http::serve(
+            transport.http,
+            readiness.clone(),
+            signalled(shutdown_rx.clone()),
+        );
+        tasks.push(tokio::spawn(async move { http.await.map_err(|e| e.to_string()) }));
+
+        tasks.push(tokio::spawn(report_health(readiness, health, shutdown_rx.clone())));
+        let driver_config = DriverConfig {
+            sweep_interval: Duration::from_millis(config.sweep_interval_ms),
+            purge_interval: Duration::from_millis(config.purge_interval_ms),
+        };
+        let driver = driver::run(journal.clone(), driver_config, shutdown_rx);
+        tasks.push(tokio::spawn(async move {
+            driver.await;
+            Ok(())
+        }));
+        tracing::info!(node = config.id, grpc = %grpc_addr, http = %http_addr, "node started");
+        Ok(NodeHandle { grpc_addr, http_addr, journal, shutdown, tasks })
+    }
+}
+
+async fn signalled(mut shutdown: watch::Receiver<bool>) {
+    let _ = shutdown.wait_for(|stop| *stop).await;
+}
+
+/// Mirrors readiness into grpc.health.v1 (service "" and the Queue service).
+async fn report_health(
+    readiness: Readiness,
+    health: tonic_health::server::HealthReporter,
+    mut shutdown: watch::Receiver<bool>,
+) -> Result<(), String> {
+    let mut tick = tokio::time::interval(Duration::from_secs(1));
+    loop {
+        tokio::select! {
+            _ = shutdown.changed() => return Ok(()),
+            _ = tick.tick() => {}
+        }
+        let status = if readiness.report().await.ready {
+            tonic_health::ServingStatus::Serving
+        } else {
+            tonic_health::ServingStatus::NotServing
+        };
+        health.set_service_status("", status).await;
+        health.set_service_status("leasehold.v1.Queue", status).await;
+    }
+}
+
+fn raft_config(config: &Config) -> Result<Arc<openraft::Config>, NodeError> {
+    let raft = openraft::Config {
+        cluster_name: "leasehold".to_string(),
+        heartbeat_interval: config.heartbeat_ms,
+        election_timeout_min: config.election_timeout_min_ms,
+        election_timeout_max: config.election_timeout_max_ms,
+        // A snapshot chunk may take a while on a loaded peer; the default
+        // 200 ms makes large catch-ups fail and restart forever.
+        install_snapshot_timeout: 10_000,
+        snapshot_policy: SnapshotPolicy::LogsSinceLast(config.snapshot_every_entries),
+        max_in_snapshot_log_to_keep: 1_000,
+        ..Default::default()
+    };
+    raft.validate().map(Arc::new).map_err(|e| NodeError::Raft(e.to_string()))
+}
+
+impl NodeHandle {
+    /// The bound gRPC address.
+    pub fn grpc_addr(&self) -> SocketAddr {
+        self.grpc_addr
+    }
+
+    /// The bound HTTP address.
+    pub fn http_addr(&self) -> SocketAddr {
+        self.http_addr
+    }
+
+    /// The node's journal handle.
+    pub fn journal(&self) -> &Journal {
+        &self.journal
+    }
+
+    /// The node's Raft handle.
+    pub fn raft(&self) -> &Raft {
+        self.journal.raft()
+    }
+
+    /// Stops serving, stops Raft, and waits for every task, at most `grace`.
+    pub async fn shutdown(self, grace: Duration) -> Result<(), NodeError> {
+        let _ = self.shutdown.send(true);
+        let mut failure = None;
+        let wait_tasks = async {
+            for task in self.tasks {
+                match task.await {
+                    Ok(Ok(())) => {}
+                    Ok(Err(e)) => failure = Some(e),
+                    Err(e) => failure = Some(e.to_string()),
+                }
+            }
+        };
+        if tokio::time::timeout(grace, wait_tasks).await.is_err() {
+            tracing::warn!("serving tasks did not stop within {} ms", grace.as_millis());
+        }
+        self.journal.raft().shutdown().await.map_err(|e| NodeError::Raft(e.to_string()))?;
+        match failure {
+            Some(e) => Err(NodeError::Serve(e)),
+            None => Ok(()),
+        }
+    }
+}

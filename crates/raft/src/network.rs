@@ -1,0 +1,168 @@
+//! The Raft network over tonic: openraft's requests travel to peers as a
+//! serde (JSON) envelope inside the small `RaftEnvelope` proto message, on the
+//! peer's public gRPC port.
+//!
+//! One channel per peer address is created lazily and reused for every RPC
+//! (openraft asks the factory for a client often, e.g. on every linearizable
+//! read), and every call carries the deadline openraft gives it.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use leasehold_proto::v1::RaftEnvelope;
+use leasehold_proto::v1::raft_client::RaftClient;
+use openraft::BasicNode;
+use openraft::error::{InstallSnapshotError, NetworkError, RPCError, RaftError, Unreachable};
+use openraft::network::{RPCOption, RaftNetwork, RaftNetworkFactory};
+use openraft::raft::{
+    AppendEntriesRequest, AppendEntriesResponse, InstallSnapshotRequest, InstallSnapshotResponse,
+    VoteRequest, VoteResponse,
+};
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+use tonic::transport::{Channel, Endpoint};
+
+use crate::envelope;
+use crate::types::{NodeId, TypeConfig};
+
+/// How long a connection attempt to a peer may take.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
+/// HTTP/2 keepalive, so a silent peer is noticed even between RPCs.
+const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(5);
+/// Deadline when openraft does not give one.
+const DEFAULT_RPC_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// Builds peer clients; keeps one channel per peer address.
+#[derive(Clone, Default)]
+pub struct NetworkFactory {
+    channels: Arc<Mutex<HashMap<String, Channel>>>,
+}
+
+impl NetworkFactory {
+    /// A factory with no channels yet.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// The cached channel to `addr`, created lazily (no IO here).
+    pub fn channel(&self, addr: &str) -> Result<Channel, tonic::transport::Error> {
+        let mut channels = match self.channels.lock() {
+            Ok(guard) => guard,
+            Err(poisoned) => poisoned.into_inner(),
+        };
+        if let Some(channel) = channels.get(addr) {
+            return Ok(channel.clone());
+        }
+        let channel = endpoint(addr)?.connect_lazy();
+        channels.insert(addr.to_string(), channel.clone());
+        Ok(channel)
+    }
+}
+
+/// An endpoint for a peer's gRPC address (`host:port` or a URL), with the
+/// connection timeouts and keepalives every peer link uses.
+pub fn endpoint(addr: &str) -> Result<Endpoint, tonic::transport::Error> {
+    let uri = if addr.contains("://") { addr.to_string() } else { format!("http://{addr}") };
+    Ok(Endpoint::from_shared(uri)?
+        .connect_timeout(CONNECT_TIMEOUT)
+        .tcp_nodelay(true)
+        .tcp_keepalive(Some(KEEPALIVE_INTERVAL))
+        .http2_keep_alive_interval(KEEPALIVE_INTERVAL)
+        .keep_alive_timeout(KEEPALIVE_INTERVAL)
+        .keep_alive_while_idle(true))
+}
+
+impl RaftNetworkFactory<TypeConfig> for NetworkFactory {
+    type Network = PeerClient;
+
+    async fn new_client(&mut self, target: NodeId, node: &BasicNode) -> PeerClient {
+        PeerClient { target, addr: node.addr.clone(), channel: self.channel(&node.addr).ok() }
+    }
+}
+
+/// A client for one peer.
+pub struct PeerClient {
+    target: NodeId,
+    addr: String,
+    channel: Option<Channel>,
+}
+
+type RpcResult<T, E> = Result<T, RPCError<NodeId, BasicNode, E>>;
+
+impl PeerClient {
+    async fn call<Req, Resp, E>(
+        &mut self,
+        method: Method,
+        request: &Req,
+        option: &RPCOption,
+    ) -> RpcResult<Resp, E>
+    where
+        Req: Serialize,
+        Resp: DeserializeOwned,
+        E: std::error::Error + DeserializeOwned,
+    {
+        let Some(channel) = self.channel.clone() else {
+            let problem = std::io::Error::other(format!(
+                "bad address {} for node {}",
+                self.addr, self.target
+            ));
+            return Err(RPCError::Unreachable(Unreachable::new(&problem)));
+        };
+        let data =
+            envelope::encode(request).map_err(|e| RPCError::Network(NetworkError::new(&e)))?;
+        let mut grpc = tonic::Request::new(RaftEnvelope { data });
+        let ttl = option.hard_ttl();
+        grpc.set_timeout(if ttl.is_zero() { DEFAULT_RPC_TIMEOUT } else { ttl });
+        let mut client = RaftClient::new(channel)
+            .max_decoding_message_size(envelope::MAX_ENVELOPE_BYTES)
+            .max_encoding_message_size(envelope::MAX_ENVELOPE_BYTES);
+        let reply = match method {
+            Method::Append => client.append_entries(grpc).await,
+            Method::Vote => client.vote(grpc).await,
+            Method::Snapshot => client.install_snapshot(grpc).await,
+        };
+        let reply = reply.map_err(|status| match status.code() {
+            tonic::Code::Unavailable | tonic::Code::DeadlineExceeded | tonic::Code::Cancelled => {
+                RPCError::Unreachable(Unreachable::new(&status))
+            }
+            _ => RPCError::Network(NetworkError::new(&status)),
+        })?;
+        let answer: Result<Resp, E> = envelope::decode(&reply.into_inner().data)
+            .map_err(|e| RPCError::Network(NetworkError::new(&e)))?;
+        answer.map_err(|e| RPCError::RemoteError(openraft::error::RemoteError::new(self.target, e)))
+    }
+}
+
+#[derive(Clone, Copy)]
+enum Method {
+    Append,
+    Vote,
+    Snapshot,
+}
+
+impl RaftNetwork<TypeConfig> for PeerClient {
+    async fn append_entries(
+        &mut self,
+        rpc: AppendEntriesRequest<TypeConfig>,
+        option: RPCOption,
+    ) -> RpcResult<AppendEntriesResponse<NodeId>, RaftError<NodeId>> {
+        self.call(Method::Append, &rpc, &option).await
+    }
+
+    async fn install_snapshot(
+        &mut self,
+        rpc: InstallSnapshotRequest<TypeConfig>,
+        option: RPCOption,
+    ) -> RpcResult<InstallSnapshotResponse<NodeId>, RaftError<NodeId, InstallSnapshotError>> {
+        self.call(Method::Snapshot, &rpc, &option).await
+    }
+
+    async fn vote(
+        &mut self,
+        rpc: VoteRequest<NodeId>,
+        option: RPCOption,
+    ) -> RpcResult<VoteResponse<NodeId>, RaftError<NodeId>> {
+        self.call(Method::Vote, &rpc, &option).await
+    }
+}

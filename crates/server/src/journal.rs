@@ -1,0 +1,297 @@
+//! The journal handle: proposes commands to the Raft log (forwarding to the
+//! leader when this node is a follower) and serves reads from the local state
+//! machine, linearizable by default.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use leasehold_core::{Command, Limits, Proposal, Response, State};
+use leasehold_proto::v1::RaftEnvelope;
+use leasehold_proto::v1::raft_client::RaftClient;
+use leasehold_raft::{NetworkFactory, NodeId, Raft, envelope};
+use leasehold_storage::{LogStore, StateMachineStore};
+use openraft::error::{CheckIsLeaderError, ClientWriteError, RaftError};
+
+use crate::clock::Clock;
+use crate::error::Error;
+use crate::forward::{ForwardRequest, ForwardResponse};
+
+/// Settings of the journal handle.
+#[derive(Clone, Debug)]
+pub struct JournalConfig {
+    /// This node's id.
+    pub node_id: NodeId,
+    /// Limits applied to input before proposing.
+    pub limits: Limits,
+    /// How long a write or a linearizable read may wait for a quorum before
+    /// failing with UNAVAILABLE.
+    pub quorum_timeout: Duration,
+}
+
+struct Inner {
+    config: JournalConfig,
+    raft: Raft,
+    log: LogStore,
+    state: StateMachineStore,
+    clock: Clock,
+    peers: NetworkFactory,
+    draining: AtomicBool,
+}
+
+/// Cheap to clone; shared by every service and the node's driver.
+#[derive(Clone)]
+pub struct Journal {
+    inner: Arc<Inner>,
+}
+
+impl Journal {
+    /// A journal over a started Raft instance and its stores.
+    pub fn new(
+        config: JournalConfig,
+        raft: Raft,
+        log: LogStore,
+        state: StateMachineStore,
+        clock: Clock,
+        peers: NetworkFactory,
+    ) -> Self {
+        Journal {
+            inner: Arc::new(Inner {
+                config,
+                raft,
+                log,
+                state,
+                clock,
+                peers,
+                draining: AtomicBool::new(false),
+            }),
+        }
+    }
+
+    /// This node's id.
+    pub fn node_id(&self) -> NodeId {
+        self.inner.config.node_id
+    }
+
+    /// The input limits in force on this node.
+    pub fn limits(&self) -> &Limits {
+        &self.inner.config.limits
+    }
+
+    /// The Raft handle.
+    pub fn raft(&self) -> &Raft {
+        &self.inner.raft
+    }
+
+    /// The log store (readiness probes it).
+    pub fn log_store(&self) -> &LogStore {
+        &self.inner.log
+    }
+
+    /// The state machine store.
+    pub fn state_machine(&self) -> &StateMachineStore {
+        &self.inner.state
+    }
+
+    /// The node's clock.
+    pub fn clock(&self) -> &Clock {
+        &self.inner.clock
+    }
+
+    /// Whether this node is draining (refuses new claims).
+    pub fn is_draining(&self) -> bool {
+        self.inner.draining.load(Ordering::SeqCst)
+    }
+
+    /// Marks this node draining.
+    pub fn set_draining(&self, draining: bool) {
+        self.inner.draining.store(draining, Ordering::SeqCst);
+    }
+
+    /// Whether this node currently believes it is the leader.
+    pub fn is_leader(&self) -> bool {
+        let metrics = self.inner.raft.metrics();
+        let metrics = metrics.borrow();
+        metrics.current_leader == Some(self.inner.config.node_id)
+    }
+
+    /// Reads the local state machine as it is now (possibly behind the leader).
+    pub fn read_stale<T>(&self, f: impl FnOnce(&State) -> T) -> T {
+        self.inner.state.read(f)
+    }
+
+    /// Reads the state machine after a read barrier: unless `stale`, the read
+    /// sees every write committed before the call began.
+    pub async fn read<T>(&self, stale: bool, f: impl FnOnce(&State) -> T) -> Result<T, Error> {
+        if !stale {
+            self.read_barrier().await?;
+        }
+        Ok(self.inner.state.read(f))
+    }
+
+    /// Waits until this node has applied everything committed before the call:
+    /// the leader confirms its leadership with a quorum (read-index); a
+    /// follower asks the leader for that index and waits to apply it.
+    pub async fn read_barrier(&self) -> Result<(), Error> {
+        let timeout = self.inner.config.quorum_timeout;
+        let read_index = match tokio::time::timeout(timeout, self.leader_read_index()).await {
+            Ok(result) => result?,
+            Err(_) => return Err(no_quorum(timeout)),
+        };
+        self.wait_applied(read_index, timeout).await
+    }
+
+    async fn leader_read_index(&self) -> Result<u64, Error> {
+        match self.inner.raft.ensure_linearizable().await {
+            Ok(log_id) => Ok(log_id.map(|id| id.index).unwrap_or(0)),
+            Err(RaftError::APIError(CheckIsLeaderError::ForwardToLeader(forward))) => {
+                match self
+                    .forward(
+                        forward.leader_id,
+                        forward.leader_node.map(|n| n.addr),
+                        ForwardRequest::ReadIndex,
+                    )
+                    .await?
+                {
+                    ForwardResponse::ReadIndex(index) => Ok(index),
+                    other => Err(Error::Internal(format!("unexpected forward answer {other:?}"))),
+                }
+            }
+            Err(RaftError::APIError(CheckIsLeaderError::QuorumNotEnough(e))) => {
+                Err(Error::Unavailable(format!("no quorum: {e}")))
+            }
+            Err(RaftError::Fatal(fatal)) => {
+                Err(Error::Unavailable(format!("raft stopped: {fatal}")))
+            }
+        }
+    }
+
+    async fn wait_applied(&self, index: u64, timeout: Duration) -> Result<(), Error> {
+        let mut applied = self.inner.state.subscribe();
+        let wait = applied.wait_for(|applied| *applied >= index);
+        match tokio::time::timeout(timeout, wait).await {
+            Ok(Ok(_)) => Ok(()),
+            Ok(Err(_)) => Err(Error::Unavailable("state machine closed".into())),
+            Err(_) => Err(Error::Unavailable(format!(
+                "this node has not applied index {index} within {} ms",
+                timeout.as_millis()
+            ))),
+        }
+    }
+
+    /// Proposes a command stamped with this node's clock and answers the
+    /// applied response. Refusals come back as `Ok(Response::Refused(..))`.
+    pub async fn propose(&self, command: Command) -> Result<Response, Error> {
+        let proposal = Proposal { now_ms: self.inner.clock.now_ms(), command };
+        self.propose_proposal(proposal).await
+    }
+
+    /// Proposes an already stamped proposal (the leader side of forwarding).
+    pub async fn propose_proposal(&self, proposal: Proposal) -> Result<Response, Error> {
+        let timeout = self.inner.config.quorum_timeout;
+        match tokio::time::timeout(timeout, self.write(proposal, true)).await {
+            Ok(result) => result,
+            Err(_) => Err(no_quorum(timeout)),
+        }
+    }
+
+    async fn write(&self, proposal: Proposal, may_forward: bool) -> Result<Response, Error> {
+        match self.inner.raft.client_write(proposal.clone()).await {
+            Ok(written) => Ok(written.data),
+            Err(RaftError::APIError(ClientWriteError::ForwardToLeader(_))) if !may_forward => {
+                Err(Error::Unavailable("not the leader any more".into()))
+            }
+            Err(RaftError::APIError(ClientWriteError::ForwardToLeader(forward))) => {
+                let addr = forward.leader_node.map(|n| n.addr);
+                match self.forward(forward.leader_id, addr, ForwardRequest::Write(proposal)).await?
+                {
+                    ForwardResponse::Written(response) => Ok(response),
+                    other => Err(Error::Internal(format!("unexpected forward answer {other:?}"))),
+                }
+            }
+            Err(RaftError::APIError(ClientWriteError::ChangeMembershipError(e))) => {
+                Err(Error::Internal(e.to_string()))
+            }
+            Err(RaftError::Fatal(fatal)) => {
+                Err(Error::Unavailable(format!("raft stopped: {fatal}")))
+            }
+        }
+    }
+
+    async fn forward(
+        &self,
+        leader_id: Option<NodeId>,
+        leader_addr: Option<String>,
+        request: ForwardRequest,
+    ) -> Result<ForwardResponse, Error> {
+        let (Some(leader_id), Some(addr)) = (leader_id, leader_addr) else {
+            return Err(Error::Unavailable("no leader is known yet".into()));
+        };
+        if leader_id == self.inner.config.node_id {
+            return Err(Error::Unavailable("leadership is changing".into()));
+        }
+        let channel = self
+            .inner
+            .peers
+            .channel(&addr)
+            .map_err(|e| Error::Unavailable(format!("leader {leader_id} at {addr}: {e}")))?;
+        let data = envelope::encode(&request).map_err(|e| Error::Internal(e.to_string()))?;
+        let mut grpc = tonic::Request::new(RaftEnvelope { data });
+        grpc.set_timeout(self.inner.config.quorum_timeout);
+        let reply = RaftClient::new(channel)
+            .max_decoding_message_size(envelope::MAX_ENVELOPE_BYTES)
+            .max_encoding_message_size(envelope::MAX_ENVELOPE_BYTES)
+            .forward(grpc)
+            .await
+            .map_err(|status| {
+                Error::Unavailable(format!(
+                    "forwarding to leader {leader_id}: {}",
+                    status.message()
+                ))
+            })?;
+        let answer: ForwardResponse = envelope::decode(&reply.into_inner().data)
+            .map_err(|e| Error::Internal(e.to_string()))?;
+        match answer {
+            ForwardResponse::Failed { retryable: true, message } => {
+                Err(Error::Unavailable(message))
+            }
+            ForwardResponse::Failed { retryable: false, message } => Err(Error::Internal(message)),
+            answer => Ok(answer),
+        }
+    }
+
+    /// Serves a forwarded request on the leader. Never forwards again, so a
+    /// request cannot bounce between nodes.
+    pub async fn serve_forwarded(&self, request: ForwardRequest) -> ForwardResponse {
+        let result = match request {
+            ForwardRequest::Write(proposal) => {
+                let timeout = self.inner.config.quorum_timeout;
+                match tokio::time::timeout(timeout, self.write(proposal, false)).await {
+                    Ok(result) => result.map(ForwardResponse::Written),
+                    Err(_) => Err(no_quorum(timeout)),
+                }
+            }
+            ForwardRequest::ReadIndex => {
+                let timeout = self.inner.config.quorum_timeout;
+                match tokio::time::timeout(timeout, self.inner.raft.ensure_linearizable()).await {
+                    Ok(Ok(log_id)) => {
+                        Ok(ForwardResponse::ReadIndex(log_id.map(|id| id.index).unwrap_or(0)))
+                    }
+                    Ok(Err(e)) => Err(Error::Unavailable(format!("read index: {e}"))),
+                    Err(_) => Err(no_quorum(timeout)),
+                }
+            }
+        };
+        match result {
+            Ok(answer) => answer,
+            Err(error) => ForwardResponse::Failed {
+                retryable: matches!(error, Error::Unavailable(_)),
+                message: error.to_string(),
+            },
+        }
+    }
+}
+
+fn no_quorum(timeout: Duration) -> Error {
+    Error::Unavailable(format!("no quorum: not committed within {} ms", timeout.as_millis()))
+}

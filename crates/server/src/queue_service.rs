@@ -1,0 +1,316 @@
+//! The public `leasehold.v1.Queue` service: validates input, proposes journal
+//! commands, and turns responses and refusals into replies and statuses.
+
+use std::time::Duration;
+
+use leasehold_core::validate::{self, validate_command};
+use leasehold_core::{
+    Command, JobFilter, RedriveTarget, Response, ValidationError, ValidationKind,
+};
+use leasehold_proto::convert;
+use leasehold_proto::v1;
+use leasehold_proto::v1::queue_server::Queue;
+use tonic::{Request, Response as Reply, Status};
+
+use crate::error::Error;
+use crate::journal::Journal;
+
+/// Longest long-poll a claim may ask for.
+pub const MAX_CLAIM_WAIT: Duration = Duration::from_secs(30);
+/// Page size when a list request names none.
+const DEFAULT_PAGE_SIZE: u32 = 100;
+/// How often a long-poll re-checks when nothing wakes it (a job may become
+/// due on its own clock, which no apply announces).
+const CLAIM_RECHECK: Duration = Duration::from_millis(250);
+
+/// Serves `leasehold.v1.Queue`.
+#[derive(Clone)]
+pub struct QueueService {
+    journal: Journal,
+}
+
+impl QueueService {
+    /// A service proposing through `journal`.
+    pub fn new(journal: Journal) -> Self {
+        QueueService { journal }
+    }
+
+    async fn submit(&self, command: Command) -> Result<Response, Error> {
+        validate_command(&command, self.journal.limits())?;
+        match self.journal.propose(command).await? {
+            Response::Refused(refusal) => Err(refusal.into()),
+            response => Ok(response),
+        }
+    }
+
+    async fn claim_once(&self, command: &Command) -> Result<Vec<v1::Grant>, Error> {
+        match self.submit(command.clone()).await? {
+            Response::Claimed(grants) => Ok(grants.iter().map(convert::grant_to_wire).collect()),
+            other => Err(unexpected(&other)),
+        }
+    }
+}
+
+fn unexpected(response: &Response) -> Error {
+    Error::Internal(format!("unexpected journal response {response:?}"))
+}
+
+fn invalid(field: &str, problem: impl Into<String>) -> Error {
+    Error::Invalid(ValidationError {
+        kind: ValidationKind::Invalid,
+        field: field.to_string(),
+        problem: problem.into(),
+    })
+}
+
+#[tonic::async_trait]
+impl Queue for QueueService {
+    async fn enqueue(
+        &self,
+        request: Request<v1::EnqueueRequest>,
+    ) -> Result<Reply<v1::EnqueueResponse>, Status> {
+        let now_ms = self.journal.clock().now_ms();
+        let jobs = request
+            .into_inner()
+            .jobs
+            .into_iter()
+            .enumerate()
+            .map(|(index, spec)| convert::job_spec_from_wire(spec, index, now_ms))
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(Error::from)?;
+        match self.submit(Command::Enqueue { jobs }).await? {
+            Response::Enqueued(outcomes) => Ok(Reply::new(v1::EnqueueResponse {
+                results: outcomes
+                    .iter()
+                    .map(|o| v1::EnqueueResult { job_id: o.job_id, duplicate: o.duplicate })
+                    .collect(),
+            })),
+            other => Err(unexpected(&other).into()),
+        }
+    }
+
+    async fn claim(
+        &self,
+        request: Request<v1::ClaimRequest>,
+    ) -> Result<Reply<v1::ClaimResponse>, Status> {
+        let request = request.into_inner();
+        if self.journal.is_draining() {
+            return Err(Error::Unavailable("draining: this node takes no new claims".into()).into());
+        }
+        let wait = Duration::from_millis(request.wait_ms);
+        if wait > MAX_CLAIM_WAIT {
+            return Err(invalid(
+                "wait_ms",
+                format!("is {}, limit {}", request.wait_ms, MAX_CLAIM_WAIT.as_millis()),
+            )
+            .into());
+        }
+        let command = Command::Claim {
+            worker: request.worker,
+            queue: request.queue,
+            max: request.max,
+            lease_ttl_ms: request.lease_ttl_ms,
+            selector: request.selector,
+        };
+        validate_command(&command, self.journal.limits()).map_err(Error::from)?;
+        let Command::Claim { queue, selector, .. } = &command else {
+            return Err(Error::Internal("claim command changed shape".into()).into());
+        };
+        let deadline = tokio::time::Instant::now() + wait;
+        let mut applied = self.journal.state_machine().subscribe();
+        loop {
+            // On the leader the local state is current, so an empty queue
+            // needs no Raft round; a follower cannot know and always proposes.
+            let worth_proposing = !self.journal.is_leader()
+                || self.journal.read_stale(|state| {
+                    state.has_claimable(queue, selector, self.journal.clock().now_ms())
+                });
+            if worth_proposing {
+                let grants = self.claim_once(&command).await?;
+                if !grants.is_empty() {
+                    return Ok(Reply::new(v1::ClaimResponse { grants }));
+                }
+            }
+            let now = tokio::time::Instant::now();
+            if now >= deadline {
+                return Ok(Reply::new(v1::ClaimResponse { grants: Vec::new() }));
+            }
+            if self.journal.is_draining() {
+                return Err(
+                    Error::Unavailable("draining: this node takes no new claims".into()).into()
+                );
+            }
+            let next_check = (now + CLAIM_RECHECK).min(deadline);
+            applied.borrow_and_update();
+            let _ = tokio::time::timeout_at(next_check, applied.changed()).await;
+        }
+    }
+
+    async fn refresh(
+        &self,
+        request: Request<v1::RefreshRequest>,
+    ) -> Result<Reply<v1::RefreshResponse>, Status> {
+        let request = request.into_inner();
+        let command = Command::Refresh {
+            worker: request.worker,
+            leases: request.leases.iter().map(|l| (l.job_id, l.token)).collect(),
+            lease_ttl_ms: request.lease_ttl_ms,
+        };
+        match self.submit(command).await? {
+            Response::Refreshed { renewed, lost } => Ok(Reply::new(v1::RefreshResponse {
+                renewed: renewed.iter().map(convert::lease_to_wire).collect(),
+                lost,
+            })),
+            other => Err(unexpected(&other).into()),
+        }
+    }
+
+    async fn ack(
+        &self,
+        request: Request<v1::AckRequest>,
+    ) -> Result<Reply<v1::AckResponse>, Status> {
+        let request = request.into_inner();
+        match self.submit(Command::Ack { job_id: request.job_id, token: request.token }).await? {
+            Response::Acked => Ok(Reply::new(v1::AckResponse {})),
+            other => Err(unexpected(&other).into()),
+        }
+    }
+
+    async fn nack(
+        &self,
+        request: Request<v1::NackRequest>,
+    ) -> Result<Reply<v1::NackResponse>, Status> {
+        let request = request.into_inner();
+        let command = Command::Nack {
+            job_id: request.job_id,
+            token: request.token,
+            error: request.error,
+            retry_after_ms: request.retry_after_ms,
+        };
+        match self.submit(command).await? {
+            Response::Nacked { state, not_before_ms } => Ok(Reply::new(v1::NackResponse {
+                state: convert::job_state_to_wire(state) as i32,
+                not_before_ms,
+            })),
+            other => Err(unexpected(&other).into()),
+        }
+    }
+
+    async fn release(
+        &self,
+        request: Request<v1::ReleaseRequest>,
+    ) -> Result<Reply<v1::ReleaseResponse>, Status> {
+        let request = request.into_inner();
+        match self.submit(Command::Release { job_id: request.job_id, token: request.token }).await?
+        {
+            Response::Released => Ok(Reply::new(v1::ReleaseResponse {})),
+            other => Err(unexpected(&other).into()),
+        }
+    }
+
+    async fn get_job(
+        &self,
+        request: Request<v1::GetJobRequest>,
+    ) -> Result<Reply<v1::GetJobResponse>, Status> {
+        let request = request.into_inner();
+        if request.job_id == 0 {
+            return Err(invalid("job_id", "must be at least 1").into());
+        }
+        let job = self
+            .journal
+            .read(request.stale, |state| state.job(request.job_id).map(convert::job_to_wire))
+            .await?
+            .ok_or(Error::NotFound(request.job_id))?;
+        Ok(Reply::new(v1::GetJobResponse { job: Some(job) }))
+    }
+
+    async fn list_jobs(
+        &self,
+        request: Request<v1::ListJobsRequest>,
+    ) -> Result<Reply<v1::ListJobsResponse>, Status> {
+        let request = request.into_inner();
+        let limits = self.journal.limits();
+        if let Some(queue) = &request.queue {
+            validate::queue_name("queue", queue).map_err(Error::from)?;
+        }
+        let state =
+            convert::job_state_filter_from_wire("state", request.state).map_err(Error::from)?;
+        let page_size = match request.page_size {
+            0 => DEFAULT_PAGE_SIZE,
+            n if n as usize > limits.max_batch => {
+                return Err(
+                    invalid("page_size", format!("is {n}, limit {}", limits.max_batch)).into()
+                );
+            }
+            n => n,
+        };
+        let after_id = if request.page_token.is_empty() {
+            0
+        } else {
+            request
+                .page_token
+                .parse::<u64>()
+                .map_err(|_| invalid("page_token", "is not a token this server issued"))?
+        };
+        let filter = JobFilter { queue: request.queue, state };
+        let (jobs, more) = self
+            .journal
+            .read(request.stale, |state| {
+                let mut jobs = state.jobs(&filter, after_id, page_size as usize + 1);
+                let more = jobs.len() > page_size as usize;
+                jobs.truncate(page_size as usize);
+                (jobs.into_iter().map(convert::job_to_wire).collect::<Vec<_>>(), more)
+            })
+            .await?;
+        let next_page_token = match (more, jobs.last()) {
+            (true, Some(last)) => last.id.to_string(),
+            _ => String::new(),
+        };
+        Ok(Reply::new(v1::ListJobsResponse { jobs, next_page_token }))
+    }
+
+    async fn stats(
+        &self,
+        request: Request<v1::StatsRequest>,
+    ) -> Result<Reply<v1::StatsResponse>, Status> {
+        let request = request.into_inner();
+        if let Some(queue) = &request.queue {
+            validate::queue_name("queue", queue).map_err(Error::from)?;
+        }
+        let now_ms = self.journal.clock().now_ms();
+        let reply = self
+            .journal
+            .read(request.stale, |state| v1::StatsResponse {
+                queues: state
+                    .stats(now_ms)
+                    .iter()
+                    .filter(|(queue, _)| request.queue.as_ref().is_none_or(|q| q == *queue))
+                    .map(|(queue, stats)| convert::queue_stats_to_wire(queue, stats))
+                    .collect(),
+                cluster_time_ms: state.cluster_time_ms(),
+                last_token: state.last_token(),
+                last_job_id: state.last_job_id(),
+            })
+            .await?;
+        Ok(Reply::new(reply))
+    }
+
+    async fn redrive(
+        &self,
+        request: Request<v1::RedriveRequest>,
+    ) -> Result<Reply<v1::RedriveResponse>, Status> {
+        let request = request.into_inner();
+        let target = match (request.queue, request.job_ids.is_empty()) {
+            (Some(queue), true) => RedriveTarget::Queue(queue),
+            (None, false) => RedriveTarget::Ids(request.job_ids),
+            (Some(_), false) => {
+                return Err(invalid("queue", "give either queue or job_ids, not both").into());
+            }
+            (None, true) => return Err(invalid("queue", "give a queue or job_ids").into()),
+        };
+        match self.submit(Command::Redrive { target }).await? {
+            Response::Redriven(count) => Ok(Reply::new(v1::RedriveResponse { redriven: count })),
+            other => Err(unexpected(&other).into()),
+        }
+    }
+}

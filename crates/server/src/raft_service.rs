@@ -1,0 +1,67 @@
+//! The internal `leasehold.v1.Raft` service: hands peers' Raft messages to
+//! openraft and serves forwarded writes and read-index requests.
+
+use leasehold_proto::v1::RaftEnvelope;
+use leasehold_proto::v1::raft_server::Raft as RaftRpc;
+use leasehold_raft::envelope;
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+use tonic::{Request, Response, Status};
+
+use crate::forward::ForwardRequest;
+use crate::journal::Journal;
+
+/// Serves `leasehold.v1.Raft`.
+#[derive(Clone)]
+pub struct RaftService {
+    journal: Journal,
+}
+
+impl RaftService {
+    /// A service feeding `journal`'s Raft instance.
+    pub fn new(journal: Journal) -> Self {
+        RaftService { journal }
+    }
+}
+
+fn open<T: DeserializeOwned>(request: Request<RaftEnvelope>) -> Result<T, Status> {
+    envelope::decode(&request.into_inner().data)
+        .map_err(|e| Status::invalid_argument(format!("data: {e}")))
+}
+
+fn seal<T: Serialize>(value: &T) -> Result<Response<RaftEnvelope>, Status> {
+    let data = envelope::encode(value).map_err(|e| Status::internal(e.to_string()))?;
+    Ok(Response::new(RaftEnvelope { data }))
+}
+
+#[tonic::async_trait]
+impl RaftRpc for RaftService {
+    async fn append_entries(
+        &self,
+        request: Request<RaftEnvelope>,
+    ) -> Result<Response<RaftEnvelope>, Status> {
+        let rpc = open(request)?;
+        seal(&self.journal.raft().append_entries(rpc).await)
+    }
+
+    async fn vote(&self, request: Request<RaftEnvelope>) -> Result<Response<RaftEnvelope>, Status> {
+        let rpc = open(request)?;
+        seal(&self.journal.raft().vote(rpc).await)
+    }
+
+    async fn install_snapshot(
+        &self,
+        request: Request<RaftEnvelope>,
+    ) -> Result<Response<RaftEnvelope>, Status> {
+        let rpc = open(request)?;
+        seal(&self.journal.raft().install_snapshot(rpc).await)
+    }
+
+    async fn forward(
+        &self,
+        request: Request<RaftEnvelope>,
+    ) -> Result<Response<RaftEnvelope>, Status> {
+        let forwarded: ForwardRequest = open(request)?;
+        seal(&self.journal.serve_forwarded(forwarded).await)
+    }
+}
