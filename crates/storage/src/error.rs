@@ -1,0 +1,82 @@
+//! The storage crate's error type. Every failure names what was being done
+//! and, for a bad record, the tree and key that hold it, so an operator can
+//! find the damage with nothing but the message.
+//!
+//! Display strings never repeat their cause: the cause is reachable through
+//! [`std::error::Error::source`] (openraft's `AnyError` keeps that chain when
+//! the error crosses into Raft).
+
+use std::path::PathBuf;
+
+/// What went wrong in the sled-backed stores.
+#[derive(Debug, thiserror::Error)]
+pub enum StorageError {
+    /// The data directory could not be created.
+    #[error("cannot create data directory {path}")]
+    CreateDir {
+        /// The directory asked for.
+        path: PathBuf,
+        /// Why it failed.
+        #[source]
+        source: std::io::Error,
+    },
+    /// sled reported an IO or internal error.
+    #[error("sled operation failed")]
+    Sled(#[from] sled::Error),
+    /// A value could not be encoded (a bug: every stored type is plain serde).
+    #[error("cannot encode {what}")]
+    Encode {
+        /// What was being encoded.
+        what: &'static str,
+        /// The encoder's complaint.
+        #[source]
+        source: bincode::Error,
+    },
+    /// A stored record does not decode: the disk holds bytes we never wrote.
+    #[error("corrupt record in tree `{tree}` under key {key}")]
+    Corrupt {
+        /// The sled tree.
+        tree: &'static str,
+        /// The key, in readable form (a log index, or a meta key name).
+        key: String,
+        /// The decoder's complaint.
+        #[source]
+        source: bincode::Error,
+    },
+    /// A stored record decodes but contradicts where it is stored or what
+    /// stands next to it (an entry under another index's key, a snapshot
+    /// whose body disagrees with its meta).
+    #[error("inconsistent record in tree `{tree}` under key {key}: {detail}")]
+    Inconsistent {
+        /// The sled tree.
+        tree: &'static str,
+        /// The key, in readable form.
+        key: String,
+        /// What disagrees with what.
+        detail: String,
+    },
+    /// An entry arrived for apply at or below the last applied index: applying
+    /// it would run a command twice, so the store refuses.
+    #[error("entry {index} is not after the last applied entry {last_applied}")]
+    ApplyOutOfOrder {
+        /// Index of the refused entry.
+        index: u64,
+        /// Index of the last applied entry.
+        last_applied: u64,
+    },
+    /// A previous apply panicked while holding the state lock, so the state
+    /// may be half-changed; nothing more is applied on top of it.
+    #[error("state machine lock poisoned by a panic during apply")]
+    Poisoned,
+    /// The readiness probe read back something other than what it wrote.
+    #[error("probe read back {found:?}, wrote {wrote:?}")]
+    ProbeMismatch {
+        /// Bytes written.
+        wrote: Vec<u8>,
+        /// Bytes read back (`None`: the record vanished).
+        found: Option<Vec<u8>>,
+    },
+    /// The test failpoint is on: the store behaves as if the disk failed.
+    #[error("injected storage fault (failpoint on)")]
+    Fault,
+}

@@ -1,0 +1,64 @@
+//! The on-disk layout: which sled trees one leasehold database holds, the
+//! keys inside them, and how keys are spelled. Kept in one place so the
+//! stores, the tests and an operator poking at a data directory agree.
+//!
+//! | tree | key | value |
+//! | --- | --- | --- |
+//! | [`LOG_TREE`] | log index, big-endian `u64` | bincode `Entry<TypeConfig>` |
+//! | [`META_TREE`] | [`VOTE_KEY`], [`COMMITTED_KEY`], [`LAST_PURGED_KEY`] | bincode `Vote` / `LogId` |
+//! | [`SNAPSHOT_TREE`] | [`SNAPSHOT_META_KEY`], [`SNAPSHOT_DATA_KEY`] | bincode `SnapshotMeta` / snapshot bytes |
+//! | [`PROBE_TREE`] | [`PROBE_KEY`] | the last readiness probe's nonce |
+//!
+//! Log keys are big-endian so sled's byte order is index order: `last()` is
+//! the newest entry and a range scan walks the log forwards.
+
+/// Raft log entries, keyed by [`log_key`].
+pub const LOG_TREE: &str = "logs";
+/// Raft's small durable facts: vote, committed log id, last purged log id.
+pub const META_TREE: &str = "meta";
+/// The one current snapshot: its meta and its bytes, written together.
+pub const SNAPSHOT_TREE: &str = "snapshot";
+/// Scratch record written and read back by the readiness probe.
+pub const PROBE_TREE: &str = "probe";
+
+/// Key of the last saved vote in [`META_TREE`].
+pub const VOTE_KEY: &str = "vote";
+/// Key of the last saved committed log id in [`META_TREE`].
+pub const COMMITTED_KEY: &str = "committed";
+/// Key of the last purged log id in [`META_TREE`].
+pub const LAST_PURGED_KEY: &str = "last_purged";
+/// Key of the current snapshot's meta in [`SNAPSHOT_TREE`].
+pub const SNAPSHOT_META_KEY: &str = "meta";
+/// Key of the current snapshot's bytes in [`SNAPSHOT_TREE`].
+pub const SNAPSHOT_DATA_KEY: &str = "data";
+/// Key of the probe record in [`PROBE_TREE`].
+pub const PROBE_KEY: &str = "probe";
+
+/// The sled key of the log entry at `index`.
+pub fn log_key(index: u64) -> [u8; 8] {
+    index.to_be_bytes()
+}
+
+/// The log index a [`LOG_TREE`] key stands for; `None` when the key is not
+/// eight bytes long (a foreign or damaged key).
+pub fn log_index(key: &[u8]) -> Option<u64> {
+    let bytes: [u8; 8] = key.try_into().ok()?;
+    Some(u64::from_be_bytes(bytes))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn log_keys_sort_like_indexes_and_round_trip() {
+        let indexes = [0_u64, 1, 255, 256, 65_536, u64::MAX - 1, u64::MAX];
+        for pair in indexes.windows(2) {
+            assert!(log_key(pair[0]) < log_key(pair[1]), "{pair:?}");
+        }
+        for index in indexes {
+            assert_eq!(log_index(&log_key(index)), Some(index));
+        }
+        assert_eq!(log_index(b"short"), None);
+    }
+}

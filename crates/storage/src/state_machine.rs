@@ -1,0 +1,415 @@
+//! The replicated scheduler state as openraft's state machine:
+//! [`StateMachineStore`] implements [`RaftStateMachine`] and builds its own
+//! snapshots.
+//!
+//! The live [`State`] is in memory; only snapshots reach the disk. That keeps
+//! `apply` free of IO (it is on the commit path of every command) and relies
+//! on openraft's restart rule instead: on open the state comes back from the
+//! last persisted snapshot, and openraft re-applies the log from there up to
+//! the committed log id the log store saved. So a snapshot must be durable
+//! before openraft may purge the entries it covers: `build_snapshot` and
+//! `install_snapshot` flush before they return.
+
+use std::io::Cursor;
+use std::sync::{Arc, PoisonError, RwLock, RwLockReadGuard};
+
+use leasehold_core::{Response, State};
+use leasehold_raft::{NodeId, TypeConfig};
+use openraft::storage::RaftStateMachine;
+use openraft::{
+    BasicNode, Entry, EntryPayload, LogId, OptionalSend, RaftSnapshotBuilder, Snapshot,
+    SnapshotMeta, StorageError as RaftStorageError, StorageIOError, StoredMembership,
+};
+use serde::{Deserialize, Serialize};
+use tokio::sync::watch;
+
+use crate::StorageError;
+use crate::codec::{decode, digest, encode};
+use crate::failpoint::Failpoint;
+use crate::layout::{SNAPSHOT_DATA_KEY, SNAPSHOT_META_KEY, SNAPSHOT_TREE};
+
+/// Snapshot meta as openraft describes it for this type config.
+type Meta = SnapshotMeta<NodeId, BasicNode>;
+/// Membership as recorded by the state machine.
+type Membership = StoredMembership<NodeId, BasicNode>;
+
+/// Everything apply changes, kept under one lock so readers never see a
+/// state without the log position it belongs to.
+#[derive(Debug, Default)]
+struct Applied {
+    last_applied: Option<LogId<NodeId>>,
+    last_membership: Membership,
+    state: State,
+}
+
+/// The snapshot body as written: field for field the same bincode as
+/// [`SnapshotBody`], but borrowing, so building a snapshot does not copy the
+/// state first.
+#[derive(Serialize)]
+struct SnapshotBodyRef<'a> {
+    last_applied: &'a Option<LogId<NodeId>>,
+    last_membership: &'a Membership,
+    state: &'a State,
+}
+
+/// The snapshot body as read back.
+#[derive(Deserialize)]
+struct SnapshotBody {
+    last_applied: Option<LogId<NodeId>>,
+    last_membership: Membership,
+    state: State,
+}
+
+impl SnapshotBody {
+    /// Decodes snapshot bytes and checks they describe the same log position
+    /// and membership as `meta`, so a body is never installed under the wrong
+    /// label.
+    fn decode_for(meta: &Meta, bytes: &[u8]) -> Result<Self, StorageError> {
+        let body: SnapshotBody = decode(SNAPSHOT_TREE, SNAPSHOT_DATA_KEY, bytes)?;
+        if body.last_applied != meta.last_log_id || body.last_membership != meta.last_membership {
+            return Err(StorageError::Inconsistent {
+                tree: SNAPSHOT_TREE,
+                key: SNAPSHOT_DATA_KEY.to_string(),
+                detail: format!(
+                    "body is at {:?} with membership {:?}, meta {} says {:?} with {:?}",
+                    body.last_applied,
+                    body.last_membership,
+                    meta.snapshot_id,
+                    meta.last_log_id,
+                    meta.last_membership
+                ),
+            });
+        }
+        Ok(body)
+    }
+}
+
+/// The state machine: live [`State`] in memory, snapshots in sled. Cheap to
+/// clone; clones share the state, so the node can keep one for reads while
+/// openraft owns another.
+#[derive(Clone, Debug)]
+pub struct StateMachineStore {
+    applied: Arc<RwLock<Applied>>,
+    /// Carries the last applied log index to long-poll waiters.
+    applied_index: Arc<watch::Sender<u64>>,
+    /// Serializes snapshot writes so an older snapshot never overwrites a
+    /// newer one that finished first.
+    snapshot_write: Arc<tokio::sync::Mutex<()>>,
+    db: sled::Db,
+    snapshots: sled::Tree,
+    failpoint: Failpoint,
+}
+
+impl StateMachineStore {
+    /// Opens the state machine of `db`, starting from the persisted snapshot
+    /// when there is one (openraft then re-applies the log after it).
+    pub(crate) fn open_db(db: sled::Db, failpoint: Failpoint) -> Result<Self, StorageError> {
+        let snapshots = db.open_tree(SNAPSHOT_TREE)?;
+        let applied = match read_snapshot(&snapshots)? {
+            Some((meta, bytes)) => {
+                let body = SnapshotBody::decode_for(&meta, &bytes)?;
+                tracing::info!(snapshot_id = %meta.snapshot_id, last_applied = ?body.last_applied,
+                    "state machine loaded from snapshot");
+                Applied {
+                    last_applied: body.last_applied,
+                    last_membership: body.last_membership,
+                    state: body.state,
+                }
+            }
+            None => Applied::default(),
+        };
+        let (applied_index, _) = watch::channel(index_of(&applied.last_applied));
+        Ok(StateMachineStore {
+            applied: Arc::new(RwLock::new(applied)),
+            applied_index: Arc::new(applied_index),
+            snapshot_write: Arc::new(tokio::sync::Mutex::new(())),
+            db,
+            snapshots,
+            failpoint,
+        })
+    }
+
+    /// Runs `f` on the current state under the read lock. Keep `f` brief:
+    /// apply waits while it runs.
+    pub fn read<T>(&self, f: impl FnOnce(&State) -> T) -> T {
+        f(&self.lock_read().state)
+    }
+
+    /// A receiver of the last applied log index, updated after every applied
+    /// batch and every installed snapshot; long-poll claims wait on it.
+    ///
+    /// `0` stands both for "nothing applied" and for "entry 0 applied": a
+    /// waiter only ever asks whether the index moved past one it saw.
+    pub fn subscribe(&self) -> watch::Receiver<u64> {
+        self.applied_index.subscribe()
+    }
+
+    /// FNV-1a 64 over the bincode encoding of the current state: equal on
+    /// every replica that applied the same log prefix.
+    pub fn digest(&self) -> u64 {
+        self.read(digest)
+    }
+
+    /// Index of the last applied log entry (`0` when none).
+    pub fn last_applied_index(&self) -> u64 {
+        index_of(&self.lock_read().last_applied)
+    }
+
+    /// Failpoint for tests: the same switch as [`crate::LogStore::set_fault`]
+    /// (both stores of one database share it). While on, snapshot writes
+    /// fail as a broken disk would; apply, which does no IO, is unaffected.
+    pub fn set_fault(&self, on: bool) {
+        self.failpoint.set(on);
+    }
+
+    /// Reads stay possible after a panicking apply poisoned the lock: the node
+    /// is going down anyway (openraft treats the panic as fatal), and health
+    /// and debug endpoints should still answer meanwhile.
+    fn lock_read(&self) -> RwLockReadGuard<'_, Applied> {
+        self.applied.read().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn apply_entries(
+        &self,
+        entries: impl IntoIterator<Item = Entry<TypeConfig>>,
+    ) -> Result<Vec<Response>, StorageError> {
+        let mut applied = self.applied.write().map_err(|_| StorageError::Poisoned)?;
+        let entries = entries.into_iter();
+        let mut responses = Vec::with_capacity(entries.size_hint().0);
+        let mut outcome = Ok(());
+        for entry in entries {
+            if let Some(last) = &applied.last_applied
+                && entry.log_id.index <= last.index
+            {
+                outcome = Err(StorageError::ApplyOutOfOrder {
+                    index: entry.log_id.index,
+                    last_applied: last.index,
+                });
+                break;
+            }
+            // Exactly one response per entry, Raft-internal ones included.
+            let response = match &entry.payload {
+                EntryPayload::Normal(proposal) => {
+                    // The epoch of a lease is the term of the leader that
+                    // committed the entry carrying the claim.
+                    applied.state.apply(entry.log_id.leader_id.term, proposal)
+                }
+                EntryPayload::Blank => Response::Empty,
+                EntryPayload::Membership(membership) => {
+                    applied.last_membership =
+                        StoredMembership::new(Some(entry.log_id), membership.clone());
+                    Response::Empty
+                }
+            };
+            applied.last_applied = Some(entry.log_id);
+            responses.push(response);
+        }
+        let index = index_of(&applied.last_applied);
+        drop(applied);
+        self.applied_index.send_replace(index);
+        outcome.map(|()| responses)
+    }
+
+    /// Encodes the current state as a snapshot body plus its meta.
+    fn encode_snapshot(&self) -> Result<(Meta, Vec<u8>), StorageError> {
+        let applied = self.applied.read().map_err(|_| StorageError::Poisoned)?;
+        let bytes = encode(
+            "snapshot",
+            &SnapshotBodyRef {
+                last_applied: &applied.last_applied,
+                last_membership: &applied.last_membership,
+                state: &applied.state,
+            },
+        )?;
+        // sled's id generator survives restarts, so a snapshot id is never
+        // reused even for the same log position.
+        let serial = self.db.generate_id()?;
+        let position = match &applied.last_applied {
+            Some(log_id) => format!("{}-{}", log_id.leader_id.term, log_id.index),
+            None => "empty".to_string(),
+        };
+        let meta = Meta {
+            last_log_id: applied.last_applied,
+            last_membership: applied.last_membership.clone(),
+            snapshot_id: format!("{position}-{serial}"),
+        };
+        Ok((meta, bytes))
+    }
+
+    /// Writes `meta` and `bytes` as the current snapshot in one atomic batch
+    /// and flushes. With `keep_newer`, a persisted snapshot further along the
+    /// log is left in place (a slow build must not undo a faster one).
+    async fn persist_snapshot(
+        &self,
+        meta: &Meta,
+        bytes: &[u8],
+        keep_newer: bool,
+    ) -> Result<(), StorageError> {
+        let _writer = self.snapshot_write.lock().await;
+        self.failpoint.check()?;
+        if keep_newer
+            && let Some(current) = read_snapshot_meta(&self.snapshots)?
+            && current.last_log_id > meta.last_log_id
+        {
+            tracing::info!(kept = %current.snapshot_id, dropped = %meta.snapshot_id,
+                "a newer snapshot is already persisted");
+            return Ok(());
+        }
+        let mut batch = sled::Batch::default();
+        batch.insert(SNAPSHOT_META_KEY, encode("snapshot meta", meta)?);
+        batch.insert(SNAPSHOT_DATA_KEY, bytes);
+        self.snapshots.apply_batch(batch)?;
+        self.db.flush_async().await?;
+        tracing::info!(snapshot_id = %meta.snapshot_id, bytes = bytes.len(), "snapshot persisted");
+        Ok(())
+    }
+
+    async fn build(&self) -> Result<Snapshot<TypeConfig>, StorageError> {
+        let (meta, bytes) = self.encode_snapshot()?;
+        self.persist_snapshot(&meta, &bytes, true).await?;
+        Ok(Snapshot { meta, snapshot: Box::new(Cursor::new(bytes)) })
+    }
+
+    async fn install(&self, meta: &Meta, bytes: Vec<u8>) -> Result<(), StorageError> {
+        let body = SnapshotBody::decode_for(meta, &bytes)?;
+        // Persist first: once the in-memory state moves, openraft may purge
+        // the log the snapshot covers, and a restart must find the snapshot.
+        self.persist_snapshot(meta, &bytes, false).await?;
+        let index = index_of(&body.last_applied);
+        {
+            // The whole state is replaced, so a lock poisoned by an earlier
+            // panic holds nothing worth keeping.
+            let mut applied = self.applied.write().unwrap_or_else(PoisonError::into_inner);
+            *applied = Applied {
+                last_applied: body.last_applied,
+                last_membership: body.last_membership,
+                state: body.state,
+            };
+            self.applied.clear_poison();
+        }
+        self.applied_index.send_replace(index);
+        tracing::info!(snapshot_id = %meta.snapshot_id, "snapshot installed");
+        Ok(())
+    }
+}
+
+/// The log index of `log_id`, `0` for none.
+fn index_of(log_id: &Option<LogId<NodeId>>) -> u64 {
+    log_id.as_ref().map_or(0, |log_id| log_id.index)
+}
+
+/// The persisted snapshot's meta alone, without copying its body.
+fn read_snapshot_meta(snapshots: &sled::Tree) -> Result<Option<Meta>, StorageError> {
+    match snapshots.get(SNAPSHOT_META_KEY)? {
+        Some(meta) => Ok(Some(decode(SNAPSHOT_TREE, SNAPSHOT_META_KEY, &meta)?)),
+        None => Ok(None),
+    }
+}
+
+/// The persisted snapshot's meta and bytes, if one was ever written.
+fn read_snapshot(snapshots: &sled::Tree) -> Result<Option<(Meta, Vec<u8>)>, StorageError> {
+    let meta = snapshots.get(SNAPSHOT_META_KEY)?;
+    let bytes = snapshots.get(SNAPSHOT_DATA_KEY)?;
+    match (meta, bytes) {
+        (None, None) => Ok(None),
+        (Some(meta), Some(bytes)) => {
+            let meta: Meta = decode(SNAPSHOT_TREE, SNAPSHOT_META_KEY, &meta)?;
+            Ok(Some((meta, bytes.to_vec())))
+        }
+        // Both halves are written in one batch: one without the other means
+        // the tree was damaged.
+        (meta, _) => Err(StorageError::Inconsistent {
+            tree: SNAPSHOT_TREE,
+            key: if meta.is_some() { SNAPSHOT_DATA_KEY } else { SNAPSHOT_META_KEY }.to_string(),
+            detail: "missing while the other half of the snapshot is present".to_string(),
+        }),
+    }
+}
+
+impl RaftSnapshotBuilder<TypeConfig> for StateMachineStore {
+    async fn build_snapshot(&mut self) -> Result<Snapshot<TypeConfig>, RaftStorageError<NodeId>> {
+        self.build().await.map_err(|error| StorageIOError::write_snapshot(None, &error).into())
+    }
+}
+
+impl RaftStateMachine<TypeConfig> for StateMachineStore {
+    type SnapshotBuilder = StateMachineStore;
+
+    async fn applied_state(
+        &mut self,
+    ) -> Result<(Option<LogId<NodeId>>, Membership), RaftStorageError<NodeId>> {
+        let applied = self.lock_read();
+        Ok((applied.last_applied, applied.last_membership.clone()))
+    }
+
+    async fn apply<I>(&mut self, entries: I) -> Result<Vec<Response>, RaftStorageError<NodeId>>
+    where
+        I: IntoIterator<Item = Entry<TypeConfig>> + OptionalSend,
+        I::IntoIter: OptionalSend,
+    {
+        self.apply_entries(entries)
+            .map_err(|error| StorageIOError::write_state_machine(&error).into())
+    }
+
+    async fn get_snapshot_builder(&mut self) -> Self::SnapshotBuilder {
+        self.clone()
+    }
+
+    async fn begin_receiving_snapshot(
+        &mut self,
+    ) -> Result<Box<Cursor<Vec<u8>>>, RaftStorageError<NodeId>> {
+        Ok(Box::new(Cursor::new(Vec::new())))
+    }
+
+    async fn install_snapshot(
+        &mut self,
+        meta: &Meta,
+        snapshot: Box<Cursor<Vec<u8>>>,
+    ) -> Result<(), RaftStorageError<NodeId>> {
+        self.install(meta, snapshot.into_inner())
+            .await
+            .map_err(|error| StorageIOError::write_snapshot(Some(meta.signature()), &error).into())
+    }
+
+    async fn get_current_snapshot(
+        &mut self,
+    ) -> Result<Option<Snapshot<TypeConfig>>, RaftStorageError<NodeId>> {
+        let snapshot = read_snapshot(&self.snapshots)
+            .map_err(|error| RaftStorageError::from(StorageIOError::read_snapshot(None, &error)))?;
+        Ok(snapshot.map(|(meta, bytes)| Snapshot { meta, snapshot: Box::new(Cursor::new(bytes)) }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn borrowed_and_owned_snapshot_bodies_share_one_encoding() {
+        let last_applied = Some(LogId::new(openraft::CommittedLeaderId::new(3, 1), 9));
+        let last_membership = Membership::default();
+        let state = State::new();
+        let bytes = encode(
+            "snapshot",
+            &SnapshotBodyRef {
+                last_applied: &last_applied,
+                last_membership: &last_membership,
+                state: &state,
+            },
+        )
+        .expect("encodes");
+        let meta = Meta {
+            last_log_id: last_applied,
+            last_membership: last_membership.clone(),
+            snapshot_id: "test".to_string(),
+        };
+        let body = SnapshotBody::decode_for(&meta, &bytes).expect("decodes");
+        assert_eq!(body.last_applied, last_applied);
+        assert_eq!(body.last_membership, last_membership);
+        assert_eq!(body.state, state);
+
+        let elsewhere = Meta { last_log_id: None, ..meta };
+        let err = SnapshotBody::decode_for(&elsewhere, &bytes).err();
+        assert!(matches!(err, Some(StorageError::Inconsistent { .. })), "{err:?}");
+    }
+}

@@ -1,0 +1,17 @@
+//! Integration tests of the sled stores, in one binary to keep link time low.
+//!
+//! - `conformance`: openraft's own storage suite over the sled stores.
+//! - `reopen`: what was made durable comes back identical after the stores
+//!   are dropped and the directory is opened again.
+//! - `corruption`: damaged records are errors, never skipped.
+//! - `crash`: durable writes survive the process exiting without cleanup.
+//! - `failpoint`: the test switch breaks every durable write, and only those.
+//! - `reads`: bounded log reads keep to their entry and byte budgets.
+
+mod conformance;
+mod corruption;
+mod crash;
+mod failpoint;
+mod reads;
+mod reopen;
+mod support;
