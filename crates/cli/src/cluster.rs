@@ -23,6 +23,11 @@ enum ClusterCommand {
         #[arg(long, value_enum, default_value_t)]
         output: Output,
     },
+    /// Remove a member (the leader included: it hands over once the change commits).
+    Remove {
+        /// The member's node id.
+        id: u64,
+    },
 }
 
 /// Runs a cluster subcommand.
@@ -50,6 +55,10 @@ pub async fn run(args: ClusterArgs) -> anyhow::Result<ExitCode> {
                     }
                 }
             }
+        }
+        ClusterCommand::Remove { id } => {
+            let voters = client.remove_member(id).await?;
+            println!("node {id} removed; voters now {voters:?}");
         }
     }
     Ok(ExitCode::SUCCESS)

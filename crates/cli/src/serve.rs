@@ -85,9 +85,6 @@ fn resolve(args: &ServeArgs) -> anyhow::Result<Config> {
 pub async fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
     init_logging(args.log_format);
     let config = resolve(&args)?;
-    if config.join.is_some() {
-        anyhow::bail!("--join: joining an existing cluster is not supported by this build yet");
-    }
     let transport = Transport::bind(&config).await?;
     let node = Node::start(config, transport).await.context("starting the node")?;
     println!("leasehold node listening: grpc {} http {}", node.grpc_addr(), node.http_addr());

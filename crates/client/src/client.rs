@@ -1,6 +1,8 @@
 //! The typed client: one channel, generated stubs, and retries of
 //! UNAVAILABLE answers that are safe to repeat.
 
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use leasehold_proto::v1;
@@ -20,6 +22,9 @@ pub enum ClientError {
         /// Why it is invalid.
         source: tonic::transport::Error,
     },
+    /// No address was given.
+    #[error("no node address given")]
+    NoAddress,
     /// The server answered with an error status.
     #[error("{} ({:?})", .0.message(), .0.code())]
     Status(tonic::Status),
@@ -35,7 +40,7 @@ impl ClientError {
     /// The gRPC code of the failure (`Unavailable` for connection problems).
     pub fn code(&self) -> tonic::Code {
         match self {
-            ClientError::Address { .. } => tonic::Code::InvalidArgument,
+            ClientError::Address { .. } | ClientError::NoAddress => tonic::Code::InvalidArgument,
             ClientError::Status(status) => status.code(),
         }
     }
@@ -62,11 +67,20 @@ impl Default for RetryPolicy {
     }
 }
 
-/// A connection to a leasehold node.
+/// Stubs over one node's channel.
 #[derive(Clone)]
-pub struct Client {
+struct Stubs {
     queue: QueueClient<Channel>,
     cluster: ClusterClient<Channel>,
+}
+
+/// A connection to one or more leasehold nodes. Calls go to one node at a
+/// time; an UNAVAILABLE answer (including a refused connection) moves the
+/// client to the next address before it retries.
+#[derive(Clone)]
+pub struct Client {
+    nodes: Arc<Vec<Stubs>>,
+    current: Arc<AtomicUsize>,
     retry: RetryPolicy,
     call_timeout: Duration,
 }
@@ -77,23 +91,55 @@ const CALL_TIMEOUT: Duration = Duration::from_secs(10);
 const MAX_MESSAGE_BYTES: usize = 512 * 1024 * 1024;
 
 impl Client {
-    /// A client for `addr` (`host:port` or `http://host:port`). Connects
-    /// lazily, so a node that is still starting is not an error here.
-    pub fn connect(addr: &str) -> Result<Client, ClientError> {
-        let uri = if addr.contains("://") { addr.to_string() } else { format!("http://{addr}") };
-        let endpoint = Endpoint::from_shared(uri)
-            .map_err(|source| ClientError::Address { addr: addr.to_string(), source })?
-            .connect_timeout(Duration::from_secs(2))
-            .tcp_nodelay(true);
-        let channel = endpoint.connect_lazy();
+    /// A client for `addrs`: one address or several separated by commas
+    /// (`host:port` or `http://host:port` each). Connects lazily, so a node
+    /// that is still starting is not an error here.
+    pub fn connect(addrs: &str) -> Result<Client, ClientError> {
+        let mut nodes = Vec::new();
+        for addr in addrs.split(',').map(str::trim).filter(|a| !a.is_empty()) {
+            let uri =
+                if addr.contains("://") { addr.to_string() } else { format!("http://{addr}") };
+            let endpoint = Endpoint::from_shared(uri)
+                .map_err(|source| ClientError::Address { addr: addr.to_string(), source })?
+                .connect_timeout(Duration::from_secs(2))
+                .tcp_nodelay(true);
+            let channel = endpoint.connect_lazy();
+            nodes.push(Stubs {
+                queue: QueueClient::new(channel.clone())
+                    .max_decoding_message_size(MAX_MESSAGE_BYTES)
+                    .max_encoding_message_size(MAX_MESSAGE_BYTES),
+                cluster: ClusterClient::new(channel),
+            });
+        }
+        if nodes.is_empty() {
+            return Err(ClientError::NoAddress);
+        }
         Ok(Client {
-            queue: QueueClient::new(channel.clone())
-                .max_decoding_message_size(MAX_MESSAGE_BYTES)
-                .max_encoding_message_size(MAX_MESSAGE_BYTES),
-            cluster: ClusterClient::new(channel),
+            nodes: Arc::new(nodes),
+            current: Arc::new(AtomicUsize::new(0)),
             retry: RetryPolicy::default(),
             call_timeout: CALL_TIMEOUT,
         })
+    }
+
+    fn stubs(&self) -> &Stubs {
+        let index = self.current.load(Ordering::Relaxed) % self.nodes.len();
+        &self.nodes[index]
+    }
+
+    fn queue(&self) -> QueueClient<Channel> {
+        self.stubs().queue.clone()
+    }
+
+    fn cluster(&self) -> ClusterClient<Channel> {
+        self.stubs().cluster.clone()
+    }
+
+    /// Moves to the next address (after an UNAVAILABLE answer).
+    fn rotate(&self) {
+        if self.nodes.len() > 1 {
+            self.current.fetch_add(1, Ordering::Relaxed);
+        }
     }
 
     /// The same client with another retry policy.
@@ -102,9 +148,10 @@ impl Client {
         self
     }
 
-    /// The generated Queue stub, for calls this client does not wrap.
+    /// The generated Queue stub of the current node, for calls this client
+    /// does not wrap.
     pub fn queue_stub(&self) -> QueueClient<Channel> {
-        self.queue.clone()
+        self.queue()
     }
 
     async fn retrying<T, F, Fut>(&self, retry: bool, mut call: F) -> Result<T, ClientError>
@@ -121,6 +168,7 @@ impl Client {
                 Ok(value) => return Ok(value),
                 Err(status) if status.code() == tonic::Code::Unavailable && tried < attempts => {
                     tracing::debug!(%status, tried, "retrying after unavailable");
+                    self.rotate();
                     tokio::time::sleep(delay).await;
                     delay = (delay * 2).min(self.retry.max_delay);
                 }
@@ -145,7 +193,7 @@ impl Client {
         let retry = !jobs.is_empty() && jobs.iter().all(|j| j.idempotency_key.is_some());
         let message = v1::EnqueueRequest { jobs };
         self.retrying(retry, || {
-            let mut stub = self.queue.clone();
+            let mut stub = self.queue();
             let request = self.request(message.clone(), self.call_timeout);
             async move { stub.enqueue(request).await.map(|r| r.into_inner().results) }
         })
@@ -156,7 +204,7 @@ impl Client {
     pub async fn claim(&self, request: v1::ClaimRequest) -> Result<Vec<v1::Grant>, ClientError> {
         let timeout = self.call_timeout + Duration::from_millis(request.wait_ms);
         self.retrying(true, || {
-            let mut stub = self.queue.clone();
+            let mut stub = self.queue();
             let request = self.request(request.clone(), timeout);
             async move { stub.claim(request).await.map(|r| r.into_inner().grants) }
         })
@@ -169,7 +217,7 @@ impl Client {
         request: v1::RefreshRequest,
     ) -> Result<v1::RefreshResponse, ClientError> {
         self.retrying(true, || {
-            let mut stub = self.queue.clone();
+            let mut stub = self.queue();
             let request = self.request(request.clone(), self.call_timeout);
             async move { stub.refresh(request).await.map(|r| r.into_inner()) }
         })
@@ -179,7 +227,7 @@ impl Client {
     /// Acks a job (idempotent for the same token, so retried).
     pub async fn ack(&self, job_id: u64, token: u64) -> Result<(), ClientError> {
         self.retrying(true, || {
-            let mut stub = self.queue.clone();
+            let mut stub = self.queue();
             let request = self.request(v1::AckRequest { job_id, token }, self.call_timeout);
             async move { stub.ack(request).await.map(|_| ()) }
         })
@@ -189,7 +237,7 @@ impl Client {
     /// Fails an attempt. Not retried: a lost answer may have charged it.
     pub async fn nack(&self, request: v1::NackRequest) -> Result<v1::NackResponse, ClientError> {
         self.retrying(false, || {
-            let mut stub = self.queue.clone();
+            let mut stub = self.queue();
             let request = self.request(request.clone(), self.call_timeout);
             async move { stub.nack(request).await.map(|r| r.into_inner()) }
         })
@@ -199,7 +247,7 @@ impl Client {
     /// Gives a job back without charging an attempt.
     pub async fn release(&self, job_id: u64, token: u64) -> Result<(), ClientError> {
         self.retrying(true, || {
-            let mut stub = self.queue.clone();
+            let mut stub = self.queue();
             let request = self.request(v1::ReleaseRequest { job_id, token }, self.call_timeout);
             async move { stub.release(request).await.map(|_| ()) }
         })
@@ -210,7 +258,7 @@ impl Client {
     pub async fn get_job(&self, job_id: u64, stale: bool) -> Result<v1::Job, ClientError> {
         let job = self
             .retrying(true, || {
-                let mut stub = self.queue.clone();
+                let mut stub = self.queue();
                 let request = self.request(v1::GetJobRequest { job_id, stale }, self.call_timeout);
                 async move { stub.get_job(request).await.map(|r| r.into_inner().job) }
             })
@@ -224,7 +272,7 @@ impl Client {
         request: v1::ListJobsRequest,
     ) -> Result<v1::ListJobsResponse, ClientError> {
         self.retrying(true, || {
-            let mut stub = self.queue.clone();
+            let mut stub = self.queue();
             let request = self.request(request.clone(), self.call_timeout);
             async move { stub.list_jobs(request).await.map(|r| r.into_inner()) }
         })
@@ -238,7 +286,7 @@ impl Client {
         stale: bool,
     ) -> Result<v1::StatsResponse, ClientError> {
         self.retrying(true, || {
-            let mut stub = self.queue.clone();
+            let mut stub = self.queue();
             let request =
                 self.request(v1::StatsRequest { queue: queue.clone(), stale }, self.call_timeout);
             async move { stub.stats(request).await.map(|r| r.into_inner()) }
@@ -249,7 +297,7 @@ impl Client {
     /// Dead jobs back to ready.
     pub async fn redrive(&self, request: v1::RedriveRequest) -> Result<u64, ClientError> {
         self.retrying(true, || {
-            let mut stub = self.queue.clone();
+            let mut stub = self.queue();
             let request = self.request(request.clone(), self.call_timeout);
             async move { stub.redrive(request).await.map(|r| r.into_inner().redriven) }
         })
@@ -259,9 +307,19 @@ impl Client {
     /// Cluster status as the answering node sees it.
     pub async fn status(&self) -> Result<v1::StatusResponse, ClientError> {
         self.retrying(true, || {
-            let mut stub = self.cluster.clone();
-            let request = self.request(v1::StatusRequest {}, self.call_timeout);
+            let mut stub = self.cluster();
+            let request = self.request(v1::StatusRequest { local_only: false }, self.call_timeout);
             async move { stub.status(request).await.map(|r| r.into_inner()) }
+        })
+        .await
+    }
+
+    /// Removes a member (learner or voter, the leader included).
+    pub async fn remove_member(&self, id: u64) -> Result<Vec<u64>, ClientError> {
+        self.retrying(true, || {
+            let mut stub = self.cluster();
+            let request = self.request(v1::RemoveRequest { id }, self.call_timeout);
+            async move { stub.remove(request).await.map(|r| r.into_inner().voters) }
         })
         .await
     }

@@ -55,9 +55,9 @@ impl Default for Config {
             quorum_timeout_ms: 5_000,
             sweep_interval_ms: 1_000,
             purge_interval_ms: 60_000,
-            heartbeat_ms: 100,
-            election_timeout_min_ms: 400,
-            election_timeout_max_ms: 800,
+            heartbeat_ms: 150,
+            election_timeout_min_ms: 500,
+            election_timeout_max_ms: 1_000,
             snapshot_every_entries: 10_000,
         }
     }

@@ -8,6 +8,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use leasehold_core::Limits;
+use leasehold_proto::v1::JoinRequest;
+use leasehold_proto::v1::cluster_client::ClusterClient;
 use leasehold_proto::v1::cluster_server::ClusterServer;
 use leasehold_proto::v1::queue_server::QueueServer;
 use leasehold_proto::v1::raft_server::RaftServer;
@@ -66,6 +68,9 @@ pub enum NodeError {
     /// openraft refused to start or bootstrap.
     #[error("raft: {0}")]
     Raft(String),
+    /// The cluster refused to add this node, or could not be reached in time.
+    #[error("join: {0}")]
+    Join(String),
     /// A serving task failed.
     #[error("serve: {0}")]
     Serve(String),
@@ -166,7 +171,59 @@ impl Node {
             Ok(())
         }));
         tracing::info!(node = config.id, grpc = %grpc_addr, http = %http_addr, "node started");
-        Ok(NodeHandle { grpc_addr, http_addr, journal, shutdown, tasks })
+        let handle = NodeHandle { grpc_addr, http_addr, journal, shutdown, tasks };
+        if let Some(member) = &config.join {
+            let initialized =
+                raft.is_initialized().await.map_err(|e| NodeError::Raft(e.to_string()))?;
+            if initialized {
+                tracing::info!(node = config.id, "data dir holds a membership; not joining again");
+            } else if let Err(error) = join(config.id, &advertise, member).await {
+                let _ = handle.shutdown(Duration::from_secs(5)).await;
+                return Err(error);
+            }
+        }
+        Ok(handle)
+    }
+}
+
+/// How long a joining node keeps asking before it gives up.
+const JOIN_DEADLINE: Duration = Duration::from_secs(180);
+
+/// Asks `member` to add this node (learner, then voter once caught up).
+/// Retries while the cluster is unavailable; a refusal (id or address in use,
+/// bad input) ends the attempt with its message.
+async fn join(id: u64, advertise: &str, member: &str) -> Result<(), NodeError> {
+    let channel = leasehold_raft::network::endpoint(member)
+        .map_err(|e| NodeError::Join(format!("--join {member}: {e}")))?
+        .connect_lazy();
+    let mut client = ClusterClient::new(channel);
+    let deadline = tokio::time::Instant::now() + JOIN_DEADLINE;
+    loop {
+        let request = JoinRequest { id, addr: advertise.to_string() };
+        match client.join(request).await {
+            Ok(reply) => {
+                let reply = reply.into_inner();
+                tracing::info!(node = id, leader = reply.leader, voters = ?reply.voters, "joined the cluster");
+                return Ok(());
+            }
+            Err(status)
+                if matches!(
+                    status.code(),
+                    tonic::Code::AlreadyExists
+                        | tonic::Code::InvalidArgument
+                        | tonic::Code::FailedPrecondition
+                ) =>
+            {
+                return Err(NodeError::Join(status.message().to_string()));
+            }
+            Err(status) if tokio::time::Instant::now() < deadline => {
+                tracing::info!(node = id, member, error = %status.message(), "join not done yet; retrying");
+                tokio::time::sleep(Duration::from_millis(500)).await;
+            }
+            Err(status) => {
+                return Err(NodeError::Join(format!("--join {member}: {}", status.message())));
+            }
+        }
     }
 }
 

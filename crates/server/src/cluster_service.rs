@@ -1,11 +1,24 @@
-//! The `leasehold.v1.Cluster` service: membership and per-node status.
+//! The `leasehold.v1.Cluster` service: membership changes (run on the
+//! leader; other members forward them) and per-node status, gathered from
+//! every member.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::Duration;
 
 use leasehold_proto::v1;
+use leasehold_proto::v1::cluster_client::ClusterClient;
 use leasehold_proto::v1::cluster_server::Cluster;
-use openraft::ServerState;
+use openraft::error::{ClientWriteError, RaftError};
+use openraft::{BasicNode, ChangeMembers, ServerState};
 use tonic::{Request, Response, Status};
 
+use crate::error::Error;
 use crate::journal::Journal;
+
+/// How long a member's local status may take before it counts as unreachable.
+const STATUS_TIMEOUT: Duration = Duration::from_secs(1);
+/// How long a learner may take to catch up before it is promoted.
+const CATCH_UP_TIMEOUT: Duration = Duration::from_secs(120);
 
 /// Serves `leasehold.v1.Cluster`.
 #[derive(Clone)]
@@ -14,9 +27,57 @@ pub struct ClusterService {
 }
 
 impl ClusterService {
-    /// A service reporting on `journal`'s node.
+    /// A service reporting on and changing `journal`'s cluster.
     pub fn new(journal: Journal) -> Self {
         ClusterService { journal }
+    }
+
+    /// This node's own view of itself.
+    async fn local_status(&self) -> v1::NodeStatus {
+        let metrics = self.journal.raft().metrics().borrow().clone();
+        let me = self.journal.node_id();
+        let membership = metrics.membership_config.membership();
+        let voter = membership.voter_ids().any(|id| id == me);
+        let addr = membership.get_node(&me).map(|n| n.addr.clone()).unwrap_or_default();
+        v1::NodeStatus {
+            id: me,
+            addr,
+            role: role_name(metrics.state).to_string(),
+            term: metrics.current_term,
+            commit_index: self.journal.committed_index().await,
+            applied_index: metrics.last_applied.map(|l| l.index).unwrap_or(0),
+            digest: self.journal.state_machine().digest(),
+            voter,
+            reachable: true,
+        }
+    }
+
+    /// A client for the leader's Cluster service, or `None` when this node leads.
+    fn leader_client(&self) -> Result<Option<ClusterClient<tonic::transport::Channel>>, Error> {
+        let metrics = self.journal.raft().metrics().borrow().clone();
+        let Some(leader) = metrics.current_leader else {
+            return Err(Error::Unavailable("no leader is known yet".into()));
+        };
+        if leader == self.journal.node_id() {
+            return Ok(None);
+        }
+        let addr = metrics
+            .membership_config
+            .membership()
+            .get_node(&leader)
+            .map(|n| n.addr.clone())
+            .ok_or_else(|| Error::Unavailable(format!("leader {leader} has no known address")))?;
+        let channel = self
+            .journal
+            .peers()
+            .channel(&addr)
+            .map_err(|e| Error::Unavailable(format!("leader {leader} at {addr}: {e}")))?;
+        Ok(Some(ClusterClient::new(channel)))
+    }
+
+    fn voters(&self) -> Vec<u64> {
+        let metrics = self.journal.raft().metrics().borrow().clone();
+        metrics.membership_config.membership().voter_ids().collect()
     }
 }
 
@@ -31,58 +92,160 @@ pub fn role_name(state: ServerState) -> &'static str {
     }
 }
 
+fn membership_error(error: RaftError<u64, ClientWriteError<u64, BasicNode>>) -> Error {
+    match error {
+        RaftError::APIError(ClientWriteError::ForwardToLeader(_)) => {
+            Error::Unavailable("leadership moved; retry".into())
+        }
+        RaftError::APIError(ClientWriteError::ChangeMembershipError(e)) => {
+            Error::Unavailable(format!("membership change: {e}"))
+        }
+        RaftError::Fatal(e) => Error::Unavailable(format!("raft stopped: {e}")),
+    }
+}
+
 #[tonic::async_trait]
 impl Cluster for ClusterService {
     async fn status(
         &self,
-        _request: Request<v1::StatusRequest>,
+        request: Request<v1::StatusRequest>,
     ) -> Result<Response<v1::StatusResponse>, Status> {
+        let local_only = request.into_inner().local_only;
         let metrics = self.journal.raft().metrics().borrow().clone();
-        let membership = metrics.membership_config.membership();
-        let voters: std::collections::BTreeSet<u64> = membership.voter_ids().collect();
         let me = self.journal.node_id();
-        let digest = self.journal.state_machine().digest();
-        let nodes = membership
-            .nodes()
-            .map(|(id, node)| {
-                let mine = *id == me;
-                v1::NodeStatus {
-                    id: *id,
-                    addr: node.addr.clone(),
-                    role: if mine {
-                        role_name(metrics.state).to_string()
-                    } else if metrics.current_leader == Some(*id) {
-                        "leader".to_string()
-                    } else if voters.contains(id) {
-                        "follower".to_string()
-                    } else {
-                        "learner".to_string()
-                    },
-                    term: if mine { metrics.current_term } else { 0 },
-                    commit_index: if mine {
-                        metrics.last_log_index.unwrap_or(0)
-                    } else {
-                        metrics
-                            .replication
-                            .as_ref()
-                            .and_then(|r| r.get(id).cloned().flatten())
-                            .map(|log_id| log_id.index)
-                            .unwrap_or(0)
-                    },
-                    applied_index: if mine {
-                        metrics.last_applied.map(|l| l.index).unwrap_or(0)
-                    } else {
-                        0
-                    },
-                    digest: if mine { digest } else { 0 },
-                    voter: voters.contains(id),
+        let mine = self.local_status().await;
+        let membership = metrics.membership_config.membership().clone();
+        let voters: BTreeSet<u64> = membership.voter_ids().collect();
+        let mut nodes = BTreeMap::new();
+        nodes.insert(me, mine);
+        if !local_only {
+            let asks = membership.nodes().filter(|(id, _)| **id != me).map(|(id, node)| {
+                let id = *id;
+                let addr = node.addr.clone();
+                let channel = self.journal.peers().channel(&addr);
+                async move {
+                    let answer = async {
+                        let mut client = ClusterClient::new(channel.ok()?);
+                        let mut request = Request::new(v1::StatusRequest { local_only: true });
+                        request.set_timeout(STATUS_TIMEOUT);
+                        let reply = tokio::time::timeout(STATUS_TIMEOUT, client.status(request))
+                            .await
+                            .ok()?
+                            .ok()?;
+                        reply.into_inner().nodes.into_iter().find(|n| n.id == id)
+                    }
+                    .await;
+                    (id, addr, answer)
                 }
-            })
-            .collect();
+            });
+            for (id, addr, answer) in futures::future::join_all(asks).await {
+                let status = answer.unwrap_or_else(|| v1::NodeStatus {
+                    id,
+                    addr,
+                    role: "unknown".to_string(),
+                    voter: voters.contains(&id),
+                    reachable: false,
+                    ..Default::default()
+                });
+                nodes.insert(id, status);
+            }
+        }
         Ok(Response::new(v1::StatusResponse {
             leader: metrics.current_leader.unwrap_or(0),
             node_id: me,
-            nodes,
+            nodes: nodes.into_values().collect(),
         }))
+    }
+
+    async fn join(
+        &self,
+        request: Request<v1::JoinRequest>,
+    ) -> Result<Response<v1::JoinResponse>, Status> {
+        let request = request.into_inner();
+        if request.id == 0 {
+            return Err(Status::invalid_argument("id: must be at least 1"));
+        }
+        if request.addr.trim().is_empty() {
+            return Err(Status::invalid_argument("addr: must not be empty"));
+        }
+        if let Some(mut leader) = self.leader_client()? {
+            return leader.join(Request::new(request)).await;
+        }
+        let metrics = self.journal.raft().metrics().borrow().clone();
+        let membership = metrics.membership_config.membership().clone();
+        if let Some(existing) = membership.get_node(&request.id)
+            && existing.addr != request.addr
+        {
+            return Err(Status::already_exists(format!(
+                "id: node id {} is already a member at {}; remove it first or pick another id",
+                request.id, existing.addr
+            )));
+        }
+        if let Some((other, _)) =
+            membership.nodes().find(|(id, n)| **id != request.id && n.addr == request.addr)
+        {
+            return Err(Status::already_exists(format!(
+                "addr: {} is already member {other}'s address",
+                request.addr
+            )));
+        }
+        let raft = self.journal.raft();
+        if membership.get_node(&request.id).is_none() {
+            tracing::info!(node = request.id, addr = %request.addr, "adding learner");
+            let node = BasicNode { addr: request.addr.clone() };
+            match tokio::time::timeout(CATCH_UP_TIMEOUT, raft.add_learner(request.id, node, true))
+                .await
+            {
+                Ok(Ok(_)) => {}
+                Ok(Err(e)) => return Err(membership_error(e).into()),
+                Err(_) => {
+                    return Err(Error::Unavailable(format!(
+                        "node {} did not catch up within {} s",
+                        request.id,
+                        CATCH_UP_TIMEOUT.as_secs()
+                    ))
+                    .into());
+                }
+            }
+        }
+        if !membership.voter_ids().any(|id| id == request.id) {
+            tracing::info!(node = request.id, "promoting learner to voter");
+            let change = ChangeMembers::AddVoterIds(BTreeSet::from([request.id]));
+            raft.change_membership(change, false).await.map_err(membership_error)?;
+        }
+        Ok(Response::new(v1::JoinResponse {
+            leader: self.journal.node_id(),
+            voters: self.voters(),
+        }))
+    }
+
+    async fn remove(
+        &self,
+        request: Request<v1::RemoveRequest>,
+    ) -> Result<Response<v1::RemoveResponse>, Status> {
+        let request = request.into_inner();
+        if let Some(mut leader) = self.leader_client()? {
+            return leader.remove(Request::new(request)).await;
+        }
+        let metrics = self.journal.raft().metrics().borrow().clone();
+        let membership = metrics.membership_config.membership().clone();
+        if membership.get_node(&request.id).is_none() {
+            return Err(Status::not_found(format!("id: node {} is not a member", request.id)));
+        }
+        let is_voter = membership.voter_ids().any(|id| id == request.id);
+        if is_voter && membership.voter_ids().count() == 1 {
+            return Err(Status::failed_precondition(format!(
+                "id: node {} is the only voter; a cluster cannot remove its last voter",
+                request.id
+            )));
+        }
+        let change = if is_voter {
+            ChangeMembers::RemoveVoters(BTreeSet::from([request.id]))
+        } else {
+            ChangeMembers::RemoveNodes(BTreeSet::from([request.id]))
+        };
+        tracing::info!(node = request.id, "removing member");
+        self.journal.raft().change_membership(change, false).await.map_err(membership_error)?;
+        Ok(Response::new(v1::RemoveResponse { voters: self.voters() }))
     }
 }

@@ -12,6 +12,7 @@ use leasehold_proto::v1::raft_client::RaftClient;
 use leasehold_raft::{NetworkFactory, NodeId, Raft, envelope};
 use leasehold_storage::{LogStore, StateMachineStore};
 use openraft::error::{CheckIsLeaderError, ClientWriteError, RaftError};
+use openraft::storage::RaftLogStorage;
 
 use crate::clock::Clock;
 use crate::error::Error;
@@ -91,6 +92,23 @@ impl Journal {
     /// The state machine store.
     pub fn state_machine(&self) -> &StateMachineStore {
         &self.inner.state
+    }
+
+    /// Channels to peers, one per address.
+    pub fn peers(&self) -> &NetworkFactory {
+        &self.inner.peers
+    }
+
+    /// The last committed log index this node has recorded.
+    pub async fn committed_index(&self) -> u64 {
+        let mut log = self.inner.log.clone();
+        match log.read_committed().await {
+            Ok(committed) => committed.map(|id| id.index).unwrap_or(0),
+            Err(error) => {
+                tracing::warn!(%error, "reading the committed index failed");
+                0
+            }
+        }
     }
 
     /// The node's clock.

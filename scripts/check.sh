@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# The read-only gate: formatting, lints, tests, docs and core purity.
+# This is the README's test command and what CI runs. It changes no file.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+step() { printf '\n==> %s\n' "$*"; }
+
+step "core purity: leasehold-core depends on no IO crate"
+impure=$(cargo tree -q -p leasehold-core -e normal --prefix none \
+  | awk '{print $1}' | grep -xE 'tokio|sled|tonic|openraft|prost|tracing' | sort -u || true)
+if [ -n "$impure" ]; then
+  echo "leasehold-core must stay pure, but depends on: $impure" >&2
+  exit 1
+fi
+echo "ok"
+
+step "cargo fmt --check"
+cargo fmt --all -- --check
+
+step "cargo clippy (warnings are errors)"
+cargo clippy --workspace --all-targets --locked -- -D warnings
+
+step "cargo test"
+cargo test --workspace --locked
+
+step "cargo doc (warnings are errors)"
+RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --locked
