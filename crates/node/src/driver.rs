@@ -49,6 +49,8 @@ pub async fn sweep_once(journal: &Journal) {
     }
     match journal.propose(Command::Sweep).await {
         Ok(Response::Swept { requeued, dead }) => {
+            journal.metrics().sweeps.inc();
+            journal.metrics().lease_expiries.inc_by((requeued.len() + dead.len()) as u64);
             tracing::info!(
                 event = "sweep",
                 requeued = requeued.len(),

@@ -1,5 +1,5 @@
-//! The HTTP side of a node: `/livez` (process up) and `/readyz` (safe to
-//! schedule; the body names each check).
+//! The HTTP side of a node: `/livez` (process up), `/readyz` (safe to
+//! schedule; the body names each check) and `/metrics` (Prometheus text).
 
 use axum::Router;
 use axum::extract::State;
@@ -18,8 +18,21 @@ pub async fn serve(
     let app = Router::new()
         .route("/livez", get(|| async { "ok\n" }))
         .route("/readyz", get(readyz))
+        .route("/metrics", get(metrics))
         .with_state(readiness);
     axum::serve(listener, app).with_graceful_shutdown(shutdown).await
+}
+
+async fn metrics(
+    State(readiness): State<Readiness>,
+) -> (StatusCode, [(&'static str, &'static str); 1], String) {
+    let journal = readiness.journal();
+    journal.refresh_gauges().await;
+    let content_type = [("content-type", "text/plain; version=0.0.4; charset=utf-8")];
+    match journal.metrics().encode() {
+        Ok(text) => (StatusCode::OK, content_type, text),
+        Err(error) => (StatusCode::INTERNAL_SERVER_ERROR, content_type, error.to_string()),
+    }
 }
 
 async fn readyz(State(readiness): State<Readiness>) -> (StatusCode, String) {

@@ -17,6 +17,7 @@ use openraft::storage::RaftLogStorage;
 use crate::clock::Clock;
 use crate::error::Error;
 use crate::forward::{ForwardRequest, ForwardResponse};
+use crate::metrics::{Metrics, QueueLabels};
 
 /// Settings of the journal handle.
 #[derive(Clone, Debug)]
@@ -38,6 +39,7 @@ struct Inner {
     clock: Clock,
     peers: NetworkFactory,
     draining: AtomicBool,
+    metrics: Metrics,
 }
 
 /// Cheap to clone; shared by every service and the node's driver.
@@ -65,6 +67,7 @@ impl Journal {
                 clock,
                 peers,
                 draining: AtomicBool::new(false),
+                metrics: Metrics::new(),
             }),
         }
     }
@@ -92,6 +95,39 @@ impl Journal {
     /// The state machine store.
     pub fn state_machine(&self) -> &StateMachineStore {
         &self.inner.state
+    }
+
+    /// The node's metrics.
+    pub fn metrics(&self) -> &Metrics {
+        &self.inner.metrics
+    }
+
+    /// Brings the state-describing gauges up to date (called at each scrape).
+    pub async fn refresh_gauges(&self) {
+        let metrics = &self.inner.metrics;
+        let raft = self.inner.raft.metrics().borrow().clone();
+        metrics.raft_term.set(raft.current_term as i64);
+        metrics.raft_leader.set(i64::from(raft.current_leader == Some(self.inner.config.node_id)));
+        metrics.raft_last_log_index.set(raft.last_log_index.unwrap_or(0) as i64);
+        metrics.raft_applied_index.set(raft.last_applied.map(|l| l.index).unwrap_or(0) as i64);
+        metrics.raft_commit_index.set(self.committed_index().await as i64);
+        metrics.draining.set(i64::from(self.is_draining()));
+        let now_ms = self.inner.clock.now_ms();
+        let (stats, last_token) =
+            self.read_stale(|state| (state.stats(now_ms), state.last_token()));
+        metrics.last_token.set(last_token as i64);
+        for (queue, counts) in stats {
+            for (state, count) in [
+                ("ready", counts.ready),
+                ("delayed", counts.delayed),
+                ("claimed", counts.claimed),
+                ("acked", counts.acked),
+                ("dead", counts.dead),
+            ] {
+                let labels = QueueLabels { queue: queue.clone(), state: state.to_string() };
+                metrics.queue_jobs.get_or_create(&labels).set(count as i64);
+            }
+        }
     }
 
     /// Channels to peers, one per address.

@@ -9,6 +9,7 @@ pub mod error;
 pub mod forward;
 pub mod http;
 pub mod journal;
+pub mod metrics;
 pub mod queue_service;
 pub mod raft_service;
 pub mod readiness;

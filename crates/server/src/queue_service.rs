@@ -51,6 +51,23 @@ impl QueueService {
     }
 }
 
+impl QueueService {
+    async fn observed<T>(
+        &self,
+        method: &'static str,
+        call: impl std::future::Future<Output = Result<Reply<T>, Status>>,
+    ) -> Result<Reply<T>, Status> {
+        let started = std::time::Instant::now();
+        let result = call.await;
+        let code = match &result {
+            Ok(_) => tonic::Code::Ok,
+            Err(status) => status.code(),
+        };
+        self.journal.metrics().observe_rpc(method, code, started.elapsed());
+        result
+    }
+}
+
 fn unexpected(response: &Response) -> Error {
     Error::Internal(format!("unexpected journal response {response:?}"))
 }
@@ -63,9 +80,8 @@ fn invalid(field: &str, problem: impl Into<String>) -> Error {
     })
 }
 
-#[tonic::async_trait]
-impl Queue for QueueService {
-    async fn enqueue(
+impl QueueService {
+    async fn enqueue_call(
         &self,
         request: Request<v1::EnqueueRequest>,
     ) -> Result<Reply<v1::EnqueueResponse>, Status> {
@@ -89,7 +105,7 @@ impl Queue for QueueService {
         }
     }
 
-    async fn claim(
+    async fn claim_call(
         &self,
         request: Request<v1::ClaimRequest>,
     ) -> Result<Reply<v1::ClaimResponse>, Status> {
@@ -128,6 +144,7 @@ impl Queue for QueueService {
             if worth_proposing {
                 let grants = self.claim_once(&command).await?;
                 if !grants.is_empty() {
+                    self.journal.metrics().leases_granted.inc_by(grants.len() as u64);
                     return Ok(Reply::new(v1::ClaimResponse { grants }));
                 }
             }
@@ -146,7 +163,7 @@ impl Queue for QueueService {
         }
     }
 
-    async fn refresh(
+    async fn refresh_call(
         &self,
         request: Request<v1::RefreshRequest>,
     ) -> Result<Reply<v1::RefreshResponse>, Status> {
@@ -165,7 +182,7 @@ impl Queue for QueueService {
         }
     }
 
-    async fn ack(
+    async fn ack_call(
         &self,
         request: Request<v1::AckRequest>,
     ) -> Result<Reply<v1::AckResponse>, Status> {
@@ -176,7 +193,7 @@ impl Queue for QueueService {
         }
     }
 
-    async fn nack(
+    async fn nack_call(
         &self,
         request: Request<v1::NackRequest>,
     ) -> Result<Reply<v1::NackResponse>, Status> {
@@ -196,7 +213,7 @@ impl Queue for QueueService {
         }
     }
 
-    async fn release(
+    async fn release_call(
         &self,
         request: Request<v1::ReleaseRequest>,
     ) -> Result<Reply<v1::ReleaseResponse>, Status> {
@@ -208,7 +225,7 @@ impl Queue for QueueService {
         }
     }
 
-    async fn get_job(
+    async fn get_job_call(
         &self,
         request: Request<v1::GetJobRequest>,
     ) -> Result<Reply<v1::GetJobResponse>, Status> {
@@ -224,7 +241,7 @@ impl Queue for QueueService {
         Ok(Reply::new(v1::GetJobResponse { job: Some(job) }))
     }
 
-    async fn list_jobs(
+    async fn list_jobs_call(
         &self,
         request: Request<v1::ListJobsRequest>,
     ) -> Result<Reply<v1::ListJobsResponse>, Status> {
@@ -269,7 +286,7 @@ impl Queue for QueueService {
         Ok(Reply::new(v1::ListJobsResponse { jobs, next_page_token }))
     }
 
-    async fn stats(
+    async fn stats_call(
         &self,
         request: Request<v1::StatsRequest>,
     ) -> Result<Reply<v1::StatsResponse>, Status> {
@@ -295,7 +312,7 @@ impl Queue for QueueService {
         Ok(Reply::new(reply))
     }
 
-    async fn redrive(
+    async fn redrive_call(
         &self,
         request: Request<v1::RedriveRequest>,
     ) -> Result<Reply<v1::RedriveResponse>, Status> {
@@ -312,5 +329,78 @@ impl Queue for QueueService {
             Response::Redriven(count) => Ok(Reply::new(v1::RedriveResponse { redriven: count })),
             other => Err(unexpected(&other).into()),
         }
+    }
+}
+
+#[tonic::async_trait]
+impl Queue for QueueService {
+    async fn enqueue(
+        &self,
+        request: Request<v1::EnqueueRequest>,
+    ) -> Result<Reply<v1::EnqueueResponse>, Status> {
+        self.observed("enqueue", self.enqueue_call(request)).await
+    }
+
+    async fn claim(
+        &self,
+        request: Request<v1::ClaimRequest>,
+    ) -> Result<Reply<v1::ClaimResponse>, Status> {
+        self.observed("claim", self.claim_call(request)).await
+    }
+
+    async fn refresh(
+        &self,
+        request: Request<v1::RefreshRequest>,
+    ) -> Result<Reply<v1::RefreshResponse>, Status> {
+        self.observed("refresh", self.refresh_call(request)).await
+    }
+
+    async fn ack(
+        &self,
+        request: Request<v1::AckRequest>,
+    ) -> Result<Reply<v1::AckResponse>, Status> {
+        self.observed("ack", self.ack_call(request)).await
+    }
+
+    async fn nack(
+        &self,
+        request: Request<v1::NackRequest>,
+    ) -> Result<Reply<v1::NackResponse>, Status> {
+        self.observed("nack", self.nack_call(request)).await
+    }
+
+    async fn release(
+        &self,
+        request: Request<v1::ReleaseRequest>,
+    ) -> Result<Reply<v1::ReleaseResponse>, Status> {
+        self.observed("release", self.release_call(request)).await
+    }
+
+    async fn get_job(
+        &self,
+        request: Request<v1::GetJobRequest>,
+    ) -> Result<Reply<v1::GetJobResponse>, Status> {
+        self.observed("get_job", self.get_job_call(request)).await
+    }
+
+    async fn list_jobs(
+        &self,
+        request: Request<v1::ListJobsRequest>,
+    ) -> Result<Reply<v1::ListJobsResponse>, Status> {
+        self.observed("list_jobs", self.list_jobs_call(request)).await
+    }
+
+    async fn stats(
+        &self,
+        request: Request<v1::StatsRequest>,
+    ) -> Result<Reply<v1::StatsResponse>, Status> {
+        self.observed("stats", self.stats_call(request)).await
+    }
+
+    async fn redrive(
+        &self,
+        request: Request<v1::RedriveRequest>,
+    ) -> Result<Reply<v1::RedriveResponse>, Status> {
+        self.observed("redrive", self.redrive_call(request)).await
     }
 }

@@ -48,6 +48,11 @@ impl Readiness {
         Readiness { journal, cached: Arc::new(Mutex::new(None)) }
     }
 
+    /// The journal whose node this describes.
+    pub fn journal(&self) -> &Journal {
+        &self.journal
+    }
+
     /// The current report, at most about a second old.
     pub async fn report(&self) -> ReadinessReport {
         if let Ok(cached) = self.cached.lock()

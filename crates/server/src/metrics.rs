@@ -1,0 +1,197 @@
+//! Prometheus metrics of a node, served on `/metrics` in the text format.
+//!
+//! Counters and histograms are updated where things happen (the services,
+//! the driver); gauges that describe state (queue depth, Raft progress,
+//! draining) are refreshed from the state machine and Raft metrics at each
+//! scrape, so they can never drift from the truth.
+
+use std::sync::Mutex;
+use std::time::Duration;
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::registry::Registry;
+
+/// Labels of an RPC outcome.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RpcLabels {
+    /// The RPC, e.g. `claim`.
+    pub method: String,
+    /// The gRPC code name, e.g. `ok`, `failed_precondition`.
+    pub code: String,
+}
+
+/// Labels naming one RPC.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct MethodLabels {
+    /// The RPC.
+    pub method: String,
+}
+
+/// Labels of a per-queue, per-state gauge.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct QueueLabels {
+    /// Queue name.
+    pub queue: String,
+    /// ready, delayed, claimed, acked or dead.
+    pub state: String,
+}
+
+/// Every metric a node exports.
+pub struct Metrics {
+    registry: Registry,
+    /// Finished RPCs by method and code.
+    pub rpcs: Family<RpcLabels, Counter>,
+    /// RPC latency in seconds by method.
+    pub rpc_seconds: Family<MethodLabels, Histogram>,
+    /// Leases granted by claims served here.
+    pub leases_granted: Counter,
+    /// Leases that lapsed and were swept (by this node while leader).
+    pub lease_expiries: Counter,
+    /// Sweeps committed by this node while leader.
+    pub sweeps: Counter,
+    /// Jobs per queue and state (refreshed at scrape).
+    pub queue_jobs: Family<QueueLabels, Gauge>,
+    /// Raft term.
+    pub raft_term: Gauge,
+    /// 1 when this node leads.
+    pub raft_leader: Gauge,
+    /// Last log index.
+    pub raft_last_log_index: Gauge,
+    /// Committed index recorded by this node.
+    pub raft_commit_index: Gauge,
+    /// Last applied index.
+    pub raft_applied_index: Gauge,
+    /// 1 while draining.
+    pub draining: Gauge,
+    /// The last fencing token issued.
+    pub last_token: Gauge,
+    encode_lock: Mutex<()>,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Metrics {
+    /// A registry with every metric registered under the `leasehold` prefix.
+    pub fn new() -> Metrics {
+        let mut registry = Registry::with_prefix("leasehold");
+        let rpcs = Family::<RpcLabels, Counter>::default();
+        registry.register("rpc_requests", "Finished RPCs by method and gRPC code", rpcs.clone());
+        let rpc_seconds = Family::<MethodLabels, Histogram>::new_with_constructor(
+            (|| Histogram::new(exponential_buckets(0.0005, 2.0, 16))) as fn() -> Histogram,
+        );
+        registry.register("rpc_duration_seconds", "RPC latency by method", rpc_seconds.clone());
+        let leases_granted = Counter::default();
+        registry.register("leases_granted", "Leases granted by claims", leases_granted.clone());
+        let lease_expiries = Counter::default();
+        registry.register(
+            "lease_expiries",
+            "Leases that lapsed and were swept",
+            lease_expiries.clone(),
+        );
+        let sweeps = Counter::default();
+        registry.register("sweeps", "Sweeps committed while leader", sweeps.clone());
+        let queue_jobs = Family::<QueueLabels, Gauge>::default();
+        registry.register("queue_jobs", "Jobs per queue and state", queue_jobs.clone());
+        let gauge = |registry: &mut Registry, name: &str, help: &str| {
+            let gauge = Gauge::default();
+            registry.register(name, help, gauge.clone());
+            gauge
+        };
+        let raft_term = gauge(&mut registry, "raft_term", "Raft term");
+        let raft_leader = gauge(&mut registry, "raft_leader", "1 when this node leads");
+        let raft_last_log_index = gauge(&mut registry, "raft_last_log_index", "Last log index");
+        let raft_commit_index =
+            gauge(&mut registry, "raft_commit_index", "Committed index recorded here");
+        let raft_applied_index = gauge(&mut registry, "raft_applied_index", "Last applied index");
+        let draining = gauge(&mut registry, "draining", "1 while the node drains");
+        let last_token = gauge(&mut registry, "last_fencing_token", "Last fencing token issued");
+        Metrics {
+            registry,
+            rpcs,
+            rpc_seconds,
+            leases_granted,
+            lease_expiries,
+            sweeps,
+            queue_jobs,
+            raft_term,
+            raft_leader,
+            raft_last_log_index,
+            raft_commit_index,
+            raft_applied_index,
+            draining,
+            last_token,
+            encode_lock: Mutex::new(()),
+        }
+    }
+
+    /// Records one finished RPC.
+    pub fn observe_rpc(&self, method: &str, code: tonic::Code, elapsed: Duration) {
+        self.rpcs
+            .get_or_create(&RpcLabels { method: method.to_string(), code: code_name(code) })
+            .inc();
+        self.rpc_seconds
+            .get_or_create(&MethodLabels { method: method.to_string() })
+            .observe(elapsed.as_secs_f64());
+    }
+
+    /// The registry in the text exposition format.
+    pub fn encode(&self) -> Result<String, std::fmt::Error> {
+        let _guard = self.encode_lock.lock();
+        let mut text = String::new();
+        prometheus_client::encoding::text::encode(&mut text, &self.registry)?;
+        Ok(text)
+    }
+}
+
+/// Lower-case snake name of a gRPC code (`failed_precondition`).
+pub fn code_name(code: tonic::Code) -> String {
+    let debug = format!("{code:?}");
+    let mut name = String::with_capacity(debug.len() + 4);
+    for (i, c) in debug.chars().enumerate() {
+        if c.is_uppercase() {
+            if i > 0 {
+                name.push('_');
+            }
+            name.extend(c.to_lowercase());
+        } else {
+            name.push(c);
+        }
+    }
+    name
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn code_names_are_snake_case() {
+        assert_eq!(code_name(tonic::Code::Ok), "ok");
+        assert_eq!(code_name(tonic::Code::FailedPrecondition), "failed_precondition");
+    }
+
+    #[test]
+    fn observed_rpcs_show_up_in_the_text() -> Result<(), std::fmt::Error> {
+        let metrics = Metrics::new();
+        metrics.observe_rpc("claim", tonic::Code::Ok, Duration::from_millis(3));
+        metrics.observe_rpc("claim", tonic::Code::Ok, Duration::from_millis(3));
+        let text = metrics.encode()?;
+        assert!(
+            text.contains("leasehold_rpc_requests_total{method=\"claim\",code=\"ok\"} 2"),
+            "{text}"
+        );
+        assert!(
+            text.contains("leasehold_rpc_duration_seconds_count{method=\"claim\"} 2"),
+            "{text}"
+        );
+        Ok(())
+    }
+}
