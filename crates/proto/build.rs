@@ -5,11 +5,20 @@ use std::path::PathBuf;
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let root = PathBuf::from(std::env::var("CARGO_MANIFEST_DIR")?).join("../../proto");
-    let files =
-        ["leasehold/v1/queue.proto", "leasehold/v1/cluster.proto", "leasehold/v1/raft.proto"];
+    // Every .proto of the package, in a stable order, so a new file cannot be
+    // forgotten here.
+    let mut files = Vec::new();
+    for entry in std::fs::read_dir(root.join("leasehold/v1"))? {
+        let name = entry?.file_name().to_string_lossy().into_owned();
+        if name.ends_with(".proto") {
+            files.push(format!("leasehold/v1/{name}"));
+        }
+    }
+    files.sort();
     println!("cargo:rerun-if-changed={}", root.display());
+    println!("cargo:rerun-if-changed={}", root.join("leasehold/v1").display());
     println!("cargo:rerun-if-env-changed=PROTOC");
-    for file in files {
+    for file in &files {
         println!("cargo:rerun-if-changed={}", root.join(file).display());
     }
     let fds = protox::compile(files, [&root])?;

@@ -32,6 +32,9 @@ pub struct ServeArgs {
     /// TOML configuration file.
     #[arg(long, env = "LEASEHOLD_CONFIG")]
     config: Option<PathBuf>,
+    /// Expose the Faults service (clock skew, store faults) for tests.
+    #[arg(long, env = "LEASEHOLD_FAULT_INJECTION", hide = true)]
+    fault_injection: bool,
     /// Log format.
     #[arg(long, env = "LEASEHOLD_LOG_FORMAT", default_value = "text")]
     log_format: LogFormat,
@@ -76,6 +79,9 @@ fn resolve(args: &ServeArgs) -> anyhow::Result<Config> {
     }
     if let Some(join) = &args.join {
         config.join = Some(join.clone());
+    }
+    if args.fault_injection {
+        config.fault_injection = true;
     }
     config.validate()?;
     Ok(config)

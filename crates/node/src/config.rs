@@ -40,6 +40,8 @@ pub struct Config {
     pub election_timeout_max_ms: u64,
     /// Build a snapshot after this many log entries since the last one.
     pub snapshot_every_entries: u64,
+    /// Expose the Faults service (clock skew, store faults). Tests only.
+    pub fault_injection: bool,
 }
 
 impl Default for Config {
@@ -59,6 +61,7 @@ impl Default for Config {
             election_timeout_min_ms: 500,
             election_timeout_max_ms: 1_000,
             snapshot_every_entries: 10_000,
+            fault_injection: false,
         }
     }
 }

@@ -11,10 +11,12 @@ use leasehold_core::Limits;
 use leasehold_proto::v1::JoinRequest;
 use leasehold_proto::v1::cluster_client::ClusterClient;
 use leasehold_proto::v1::cluster_server::ClusterServer;
+use leasehold_proto::v1::faults_server::FaultsServer;
 use leasehold_proto::v1::queue_server::QueueServer;
 use leasehold_proto::v1::raft_server::RaftServer;
 use leasehold_raft::{NetworkFactory, Raft, envelope};
 use leasehold_server::cluster_service::ClusterService;
+use leasehold_server::faults_service::FaultsService;
 use leasehold_server::queue_service::QueueService;
 use leasehold_server::raft_service::RaftService;
 use leasehold_server::{Clock, Journal, JournalConfig, Readiness};
@@ -108,7 +110,13 @@ impl Node {
             .map_err(|e| NodeError::Serve(e.to_string()))??;
 
         let raft_config = raft_config(&config)?;
-        let peers = NetworkFactory::new();
+        // Peer connections leave from the gRPC listen address when it names
+        // one, so per-link network faults can tell nodes apart.
+        let local_ip = grpc_addr.ip();
+        let peers = NetworkFactory::with_local_address(
+            (!local_ip.is_unspecified() && local_ip != std::net::Ipv4Addr::LOCALHOST)
+                .then_some(local_ip),
+        );
         let raft = Raft::new(config.id, raft_config, peers.clone(), log.clone(), state.clone())
             .await
             .map_err(|e| NodeError::Raft(e.to_string()))?;
@@ -140,7 +148,16 @@ impl Node {
             .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
             .build_v1()
             .map_err(|e| NodeError::Serve(e.to_string()))?;
+        let faults =
+            config.fault_injection.then(|| FaultsServer::new(FaultsService::new(journal.clone())));
+        if faults.is_some() {
+            tracing::warn!(
+                node = config.id,
+                "fault injection is on: the Faults service is exposed"
+            );
+        }
         let grpc = tonic::transport::Server::builder()
+            .add_optional_service(faults)
             .add_service(health_service)
             .add_service(reflection)
             .add_service(QueueServer::new(QueueService::new(journal.clone())))

@@ -7,6 +7,7 @@
 //! read), and every call carries the deadline openraft gives it.
 
 use std::collections::HashMap;
+use std::net::IpAddr;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -37,12 +38,19 @@ const DEFAULT_RPC_TIMEOUT: Duration = Duration::from_secs(2);
 #[derive(Clone, Default)]
 pub struct NetworkFactory {
     channels: Arc<Mutex<HashMap<String, Channel>>>,
+    local_address: Option<IpAddr>,
 }
 
 impl NetworkFactory {
     /// A factory with no channels yet.
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// A factory whose connections leave from `local_address`, so a peer (or
+    /// a test proxy in front of it) can tell which node is calling.
+    pub fn with_local_address(local_address: Option<IpAddr>) -> Self {
+        NetworkFactory { local_address, ..Self::default() }
     }
 
     /// The cached channel to `addr`, created lazily (no IO here).
@@ -54,7 +62,7 @@ impl NetworkFactory {
         if let Some(channel) = channels.get(addr) {
             return Ok(channel.clone());
         }
-        let channel = endpoint(addr)?.connect_lazy();
+        let channel = endpoint(addr)?.local_address(self.local_address).connect_lazy();
         channels.insert(addr.to_string(), channel.clone());
         Ok(channel)
     }

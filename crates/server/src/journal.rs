@@ -39,6 +39,7 @@ struct Inner {
     clock: Clock,
     peers: NetworkFactory,
     draining: AtomicBool,
+    probe_fault: AtomicBool,
     metrics: Metrics,
 }
 
@@ -67,6 +68,7 @@ impl Journal {
                 clock,
                 peers,
                 draining: AtomicBool::new(false),
+                probe_fault: AtomicBool::new(false),
                 metrics: Metrics::new(),
             }),
         }
@@ -160,6 +162,16 @@ impl Journal {
     /// Marks this node draining.
     pub fn set_draining(&self, draining: bool) {
         self.inner.draining.store(draining, Ordering::SeqCst);
+    }
+
+    /// Makes the readiness store probe fail (fault injection).
+    pub fn set_probe_fault(&self, on: bool) {
+        self.inner.probe_fault.store(on, Ordering::SeqCst);
+    }
+
+    /// Whether the readiness store probe is made to fail.
+    pub fn probe_fault(&self) -> bool {
+        self.inner.probe_fault.load(Ordering::SeqCst)
     }
 
     /// Whether this node currently believes it is the leader.

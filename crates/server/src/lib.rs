@@ -6,6 +6,7 @@
 pub mod clock;
 pub mod cluster_service;
 pub mod error;
+pub mod faults_service;
 pub mod forward;
 pub mod http;
 pub mod journal;

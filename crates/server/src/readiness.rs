@@ -70,7 +70,11 @@ impl Readiness {
 
     async fn check(&self) -> ReadinessReport {
         let mut checks = Vec::new();
-        let probe = self.journal.log_store().probe().await.map_err(|e| e.to_string());
+        let probe = if self.journal.probe_fault() {
+            Err("injected probe fault".to_string())
+        } else {
+            self.journal.log_store().probe().await.map_err(|e| e.to_string())
+        };
         if let Err(why) = &probe {
             tracing::warn!(event = "probe.fail", error = %why, "store probe failed");
         }
