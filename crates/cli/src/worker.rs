@@ -4,19 +4,15 @@
 //! of stderr. SIGTERM stops claiming, lets running commands finish within
 //! the grace period, then exits.
 
-use std::process::{ExitCode, Stdio};
+use std::process::ExitCode;
 use std::time::Duration;
 
-use leasehold_client::Client;
 use leasehold_client::worker::{self, Outcome, WorkerConfig};
+use leasehold_client::{Client, exec};
 use leasehold_proto::v1;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::watch;
 
 use crate::Connection;
-
-/// Most bytes of stderr kept as a nack's error text.
-const STDERR_TAIL_BYTES: usize = 4 * 1024;
 
 /// `leasehold worker` arguments.
 #[derive(clap::Args, Debug)]
@@ -95,69 +91,17 @@ pub async fn run(args: WorkerArgs) -> anyhow::Result<ExitCode> {
 
 /// Runs the command for one job. The child is killed if this future is
 /// dropped (the lease was lost).
-async fn run_command(command: &[String], grant: v1::Grant) -> Outcome {
+async fn run_command(argv: &[String], grant: v1::Grant) -> Outcome {
     let (Some(job), Some(lease)) = (grant.job, grant.lease) else {
         return Outcome::Release;
     };
-    let Some((program, arguments)) = command.split_first() else {
-        return Outcome::Release;
-    };
-    let spawned = tokio::process::Command::new(program)
-        .args(arguments)
-        .env("LEASEHOLD_JOB_ID", job.id.to_string())
-        .env("LEASEHOLD_FENCING_TOKEN", lease.token.to_string())
-        .env("LEASEHOLD_ATTEMPT", (job.attempts + 1).to_string())
-        .env("LEASEHOLD_QUEUE", &job.queue)
-        .env("LEASEHOLD_LEASE_EXPIRES_AT_MS", lease.expires_at_ms.to_string())
-        .stdin(Stdio::piped())
-        .stdout(Stdio::inherit())
-        .stderr(Stdio::piped())
-        .kill_on_drop(true)
-        .spawn();
-    let mut child = match spawned {
-        Ok(child) => child,
-        Err(error) => {
-            return Outcome::Nack {
-                error: format!("cannot start {program}: {error}"),
-                retry_after_ms: None,
-            };
-        }
-    };
     tracing::info!(event = "lease.acquire", job = job.id, token = lease.token, "running command");
-    if let Some(mut stdin) = child.stdin.take() {
-        let payload = job.payload.clone();
-        tokio::spawn(async move {
-            // A command that ignores stdin closes the pipe; that is not an error.
-            let _ = stdin.write_all(&payload).await;
-        });
-    }
-    let stderr = child.stderr.take();
-    let tail = tokio::spawn(async move {
-        let mut tail = Vec::new();
-        if let Some(mut stderr) = stderr {
-            let mut buffer = [0u8; 4096];
-            while let Ok(n) = stderr.read(&mut buffer).await {
-                if n == 0 {
-                    break;
-                }
-                tail.extend_from_slice(&buffer[..n]);
-                if tail.len() > STDERR_TAIL_BYTES {
-                    tail.drain(..tail.len() - STDERR_TAIL_BYTES);
-                }
-            }
-        }
-        tail
-    });
-    let status = child.wait().await;
-    let tail = tail.await.unwrap_or_default();
-    match status {
-        Ok(status) if status.success() => Outcome::Ack,
-        Ok(status) => Outcome::Nack {
-            error: format!("{status}: {}", String::from_utf8_lossy(&tail).trim()),
-            retry_after_ms: None,
-        },
-        Err(error) => {
-            Outcome::Nack { error: format!("waiting for {program}: {error}"), retry_after_ms: None }
-        }
-    }
+    let command =
+        exec::CommandLine { argv: argv.to_vec(), env: exec::job_env(&job, &lease), timeout: None };
+    let run = exec::run(&command, job.payload).await;
+    // The command's output is captured (so the executor can keep it); the
+    // worker passes it on once the command is done.
+    print!("{}", run.stdout);
+    eprint!("{}", run.stderr);
+    run.outcome
 }

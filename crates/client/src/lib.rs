@@ -6,6 +6,7 @@
 //! client needs one address.
 
 pub mod client;
+pub mod exec;
 pub mod worker;
 
 pub use client::{Client, ClientError, RetryPolicy};
