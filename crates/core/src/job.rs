@@ -48,6 +48,19 @@ impl Default for Backoff {
     }
 }
 
+impl Backoff {
+    /// Delay before the retry that follows failed attempt number `attempt`
+    /// (1-based): `min(cap_ms, base_ms * 2^(attempt-1))`, saturating, so a
+    /// job with a thousand attempts waits `cap_ms` rather than overflowing.
+    /// Attempt 0 is treated as attempt 1.
+    pub fn delay_ms(&self, attempt: u32) -> u64 {
+        let doublings = attempt.saturating_sub(1);
+        // 2^64 and beyond saturate: shifting by 64 or more is not defined.
+        let factor = 1u64.checked_shl(doublings).unwrap_or(u64::MAX);
+        self.base_ms.saturating_mul(factor).min(self.cap_ms)
+    }
+}
+
 /// What a producer asks to enqueue. Optional fields take the defaults of
 /// [`crate::Limits`].
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]

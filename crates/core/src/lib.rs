@@ -18,8 +18,20 @@
 //!
 //! Refusals (a stale token, an unknown job) are [`Response::Refused`] values
 //! that replicate like any other response; they are not errors.
+//!
+//! Where things live: [`command`] is the journal's vocabulary, [`state`]
+//! applies it (with private indexes so a claim or a sweep never scans every
+//! job), [`validate`] checks every field against [`Limits`] — the server
+//! calls [`validate_command`] before proposing and `apply` calls it again —
+//! and [`response`] is what comes back. Most of the crate's tests are unit
+//! tests beside `state` and `validate`, plus property tests in
+//! `tests/properties.rs` that drive random command sequences (with clocks
+//! running backwards) and check the fencing and replication guarantees
+//! after every step.
 
 pub mod command;
+pub mod cron;
+mod index;
 pub mod job;
 pub mod lease;
 pub mod limits;
@@ -31,6 +43,6 @@ pub use command::{Command, Proposal, RedriveTarget};
 pub use job::{Backoff, Job, JobSpec, JobState};
 pub use lease::Lease;
 pub use limits::Limits;
-pub use response::{Refusal, Response, Grant, EnqueueOutcome, QueueStats};
+pub use response::{EnqueueOutcome, Grant, QueueStats, Refusal, Response};
 pub use state::{JobFilter, State};
-pub use validate::{ValidationError, ValidationKind};
+pub use validate::{ValidationError, ValidationKind, validate_command};

@@ -81,7 +81,7 @@ pub enum Response {
     Nacked {
         /// `Ready` or `Dead`.
         state: JobState,
-        /// When it is claimable again (for `Ready`).
+        /// When it is claimable again (for `Ready`; 0 for `Dead`).
         not_before_ms: u64,
     },
     /// The job is ready again.

@@ -1,31 +1,708 @@
-//! The replicated scheduler state and its deterministic `apply`.
+//! The replicated scheduler state and its deterministic [`State::apply`], the
+//! only place scheduler state changes.
 //!
-//! PUBLIC API CONTRACT (other crates call exactly these):
-//!
-//! ```ignore
-//! #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-//! pub struct State { /* private; BTreeMaps only */ }
-//! impl State {
-//!     pub fn new() -> State;
-//!     /// `epoch` = Raft term of the log entry carrying the proposal.
-//!     pub fn apply(&mut self, epoch: u64, proposal: &Proposal) -> Response;
-//!     pub fn cluster_time_ms(&self) -> u64;
-//!     pub fn last_token(&self) -> u64;      // last fencing token issued (0 = none)
-//!     pub fn last_job_id(&self) -> u64;     // last job id assigned (0 = none)
-//!     pub fn job(&self, job_id: u64) -> Option<&Job>;
-//!     /// Jobs with id > after_id matching the filter, ascending id, at most `limit`.
-//!     pub fn jobs(&self, filter: &JobFilter, after_id: u64, limit: usize) -> Vec<&Job>;
-//!     /// Per-queue counts; "due" judged at max(cluster time, now_ms).
-//!     pub fn stats(&self, now_ms: u64) -> BTreeMap<String, QueueStats>;
-//!     /// Whether a Claim at now_ms would grant anything (lets a long-poll avoid empty proposals).
-//!     pub fn has_claimable(&self, queue: &str, selector: &[String], now_ms: u64) -> bool;
-//!     /// Earliest not_before_ms of a ready, not-yet-due job in `queue`.
-//!     pub fn next_due_ms(&self, queue: &str) -> Option<u64>;
-//!     /// Earliest expires_at_ms of any current lease (drives Sweep).
-//!     pub fn next_expiry_ms(&self) -> Option<u64>;
-//!     /// Whether a Purge at now_ms would drop anything.
-//!     pub fn has_purgeable(&self, now_ms: u64) -> bool;
-//! }
-//! #[derive(Clone, Debug, Default, PartialEq, Eq)]
-//! pub struct JobFilter { pub queue: Option<String>, pub state: Option<JobState> }
-//! ```
+//! The state is the job table plus three counters (cluster time, last job id,
+//! last fencing token). Replicas reach identical states because `apply` reads
+//! nothing but its arguments, iterates only ordered maps, and takes time from
+//! the proposal rather than a clock. Secondary indexes (see the private
+//! `index` module) keep claims, sweeps and purges from scanning every job;
+//! snapshots leave them out and rebuild them on load.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+use crate::command::{Command, Proposal, RedriveTarget};
+use crate::index::Indexes;
+use crate::job::{Job, JobSpec, JobState};
+use crate::lease::Lease;
+use crate::limits::Limits;
+use crate::response::{EnqueueOutcome, Grant, QueueStats, Refusal, Response};
+use crate::validate::{ValidationError, truncate_text, validate_command};
+
+/// Error text recorded on a job whose lease lapsed before it was acked.
+pub const LEASE_EXPIRED_ERROR: &str = "lease expired";
+
+/// Which jobs [`State::jobs`] lists. Every field left `None` matches all.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct JobFilter {
+    /// Only jobs of this queue.
+    pub queue: Option<String>,
+    /// Only jobs in this state.
+    pub state: Option<JobState>,
+}
+
+impl JobFilter {
+    /// Whether `job` passes the filter.
+    pub fn matches(&self, job: &Job) -> bool {
+        self.queue.as_ref().is_none_or(|queue| *queue == job.queue)
+            && self.state.is_none_or(|state| state == job.state)
+    }
+}
+
+/// The replicated scheduler state: every job (ready, claimed, dead, and acked
+/// tombstones until purged), cluster time, and the id and token counters.
+///
+/// Build one with [`State::new`] and feed it committed proposals in log
+/// order; every replica that does so holds an equal state and returns equal
+/// responses:
+///
+/// ```
+/// use leasehold_core::{Command, JobSpec, Proposal, Response, State};
+///
+/// let mut state = State::new();
+/// let enqueue = Command::Enqueue {
+///     jobs: vec![JobSpec { queue: "emails".into(), ..JobSpec::default() }],
+/// };
+/// state.apply(1, &Proposal { now_ms: 1_000, command: enqueue });
+///
+/// let claim = Command::Claim {
+///     worker: "worker-1".into(),
+///     queue: "emails".into(),
+///     max: 1,
+///     lease_ttl_ms: None,
+///     selector: vec![],
+/// };
+/// let Response::Claimed(grants) = state.apply(1, &Proposal { now_ms: 2_000, command: claim })
+/// else { panic!("a claim answers with grants") };
+/// assert_eq!(grants[0].lease.token, 1);
+/// assert_eq!(grants[0].lease.expires_at_ms, 2_000 + 30_000);
+///
+/// let ack = Command::Ack { job_id: grants[0].job.id, token: 1 };
+/// assert_eq!(state.apply(1, &Proposal { now_ms: 3_000, command: ack }), Response::Acked);
+/// ```
+///
+/// Serialization carries the job table and counters only; deserializing
+/// rebuilds the indexes, so a round trip yields an equal state that behaves
+/// identically.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(from = "Snapshot")]
+pub struct State {
+    /// Largest `now_ms` seen; never decreases.
+    cluster_time_ms: u64,
+    /// Last fencing token issued (0 = none yet).
+    last_token: u64,
+    /// Last job id assigned (0 = none yet).
+    last_job_id: u64,
+    /// Every retained job by id.
+    jobs: BTreeMap<u64, Job>,
+    /// Derived from `jobs`; rebuilt on deserialize.
+    #[serde(skip)]
+    indexes: Indexes,
+}
+
+/// The serialized form of [`State`]: its fields in the same order, without
+/// the derived indexes.
+#[derive(Deserialize)]
+struct Snapshot {
+    cluster_time_ms: u64,
+    last_token: u64,
+    last_job_id: u64,
+    jobs: BTreeMap<u64, Job>,
+}
+
+impl From<Snapshot> for State {
+    fn from(snapshot: Snapshot) -> State {
+        let indexes = Indexes::rebuild(&snapshot.jobs);
+        State {
+            cluster_time_ms: snapshot.cluster_time_ms,
+            last_token: snapshot.last_token,
+            last_job_id: snapshot.last_job_id,
+            jobs: snapshot.jobs,
+            indexes,
+        }
+    }
+}
+
+impl State {
+    /// An empty state: no jobs, cluster time 0, no ids or tokens issued.
+    pub fn new() -> State {
+        State::default()
+    }
+
+    /// Applies one committed proposal and answers it. `epoch` is the Raft
+    /// term of the log entry carrying the proposal; it is stamped on every
+    /// lease the proposal grants.
+    ///
+    /// Cluster time first advances to `max(cluster time, proposal.now_ms)`,
+    /// even for a command that is then refused: the entry was committed, and
+    /// time only moves forward. The command is then validated against
+    /// [`Limits::default`] — never the proposer's configuration, which a
+    /// replica cannot see — and an invalid command changes nothing else.
+    /// Refusals are [`Response::Refused`] values; `apply` never panics.
+    pub fn apply(&mut self, epoch: u64, proposal: &Proposal) -> Response {
+        self.cluster_time_ms = self.cluster_time_ms.max(proposal.now_ms);
+        let limits = Limits::default();
+        if let Err(error) = validate_command(&proposal.command, &limits) {
+            return Response::Refused(Refusal::Invalid(error));
+        }
+        match &proposal.command {
+            Command::Enqueue { jobs } => self.enqueue(jobs, &limits),
+            Command::Claim { worker, queue, max, lease_ttl_ms, selector } => {
+                self.claim(epoch, worker, queue, *max, *lease_ttl_ms, selector)
+            }
+            Command::Refresh { worker: _, leases, lease_ttl_ms } => {
+                self.refresh(leases, *lease_ttl_ms)
+            }
+            Command::Ack { job_id, token } => self.ack(*job_id, *token),
+            Command::Nack { job_id, token, error, retry_after_ms } => {
+                self.nack(*job_id, *token, error, *retry_after_ms, &limits)
+            }
+            Command::Release { job_id, token } => self.release(*job_id, *token),
+            Command::Sweep => self.sweep(),
+            Command::Redrive { target } => self.redrive(target),
+            Command::Purge => self.purge(&limits),
+        }
+    }
+
+    /// Cluster time: the largest `now_ms` of any applied proposal.
+    pub fn cluster_time_ms(&self) -> u64 {
+        self.cluster_time_ms
+    }
+
+    /// The last fencing token issued (0 = none yet).
+    pub fn last_token(&self) -> u64 {
+        self.last_token
+    }
+
+    /// The last job id assigned (0 = none yet).
+    pub fn last_job_id(&self) -> u64 {
+        self.last_job_id
+    }
+
+    /// The job with this id, while retained.
+    pub fn job(&self, job_id: u64) -> Option<&Job> {
+        self.jobs.get(&job_id)
+    }
+
+    /// Jobs with id greater than `after_id` that match `filter`, ascending by
+    /// id, at most `limit`: one page of a listing, resumed from the last id
+    /// of the previous page.
+    pub fn jobs(&self, filter: &JobFilter, after_id: u64, limit: usize) -> Vec<&Job> {
+        let Some(first_id) = after_id.checked_add(1) else {
+            return Vec::new();
+        };
+        let ids: Vec<u64> = match (&filter.queue, filter.state) {
+            (None, None) => {
+                return self.jobs.range(first_id..).take(limit).map(|(_, job)| job).collect();
+            }
+            (Some(queue), Some(state)) => match self.indexes.queues.get(queue) {
+                Some(index) => index.ids(state).range(first_id..).take(limit).copied().collect(),
+                None => Vec::new(),
+            },
+            (Some(queue), None) => match self.indexes.queues.get(queue) {
+                Some(index) => {
+                    first_page(ALL_STATES.iter().map(|&s| index.ids(s)), first_id, limit)
+                }
+                None => Vec::new(),
+            },
+            (None, Some(state)) => first_page(
+                self.indexes.queues.values().map(|index| index.ids(state)),
+                first_id,
+                limit,
+            ),
+        };
+        ids.iter().filter_map(|id| self.jobs.get(id)).collect()
+    }
+
+    /// Counts per queue, for every queue that holds a job. Whether a ready
+    /// job is due is judged at `max(cluster time, now_ms)`, so a reader's
+    /// fresher clock shows delayed jobs becoming ready between proposals.
+    pub fn stats(&self, now_ms: u64) -> BTreeMap<String, QueueStats> {
+        let at_ms = self.cluster_time_ms.max(now_ms);
+        self.indexes
+            .queues
+            .iter()
+            .map(|(queue, index)| {
+                let due = index.due_order.range(..=(at_ms, u64::MAX)).count();
+                let ready = index.due_order.len();
+                let stats = QueueStats {
+                    ready: count(due),
+                    delayed: count(ready.saturating_sub(due)),
+                    claimed: count(index.claimed.len()),
+                    acked: count(index.acked.len()),
+                    dead: count(index.dead.len()),
+                };
+                (queue.clone(), stats)
+            })
+            .collect()
+    }
+
+    /// Whether a claim on `queue` with `selector`, applied at `now_ms`, would
+    /// grant anything. Lets a long-poll wait instead of proposing empty
+    /// claims. Judged at `max(cluster time, now_ms)`, as `apply` would.
+    pub fn has_claimable(&self, queue: &str, selector: &[String], now_ms: u64) -> bool {
+        let at_ms = self.cluster_time_ms.max(now_ms);
+        self.indexes
+            .queues
+            .get(queue)
+            .is_some_and(|index| !index.claimable(&self.jobs, selector, at_ms, 1).is_empty())
+    }
+
+    /// The earliest `not_before_ms` of a ready job in `queue` that is not yet
+    /// due at cluster time: when a long-poll should look again.
+    pub fn next_due_ms(&self, queue: &str) -> Option<u64> {
+        let index = self.indexes.queues.get(queue)?;
+        let after_now = (self.cluster_time_ms, u64::MAX);
+        index
+            .due_order
+            .range((std::ops::Bound::Excluded(after_now), std::ops::Bound::Unbounded))
+            .next()
+            .map(|&(not_before_ms, _)| not_before_ms)
+    }
+
+    /// The earliest `expires_at_ms` of any current lease: when the leader
+    /// should next propose a `Sweep`.
+    pub fn next_expiry_ms(&self) -> Option<u64> {
+        self.indexes.expiries.first().map(|&(expires_at_ms, _)| expires_at_ms)
+    }
+
+    /// Whether a `Purge` applied at `now_ms` would drop any tombstone.
+    pub fn has_purgeable(&self, now_ms: u64) -> bool {
+        let at_ms = self.cluster_time_ms.max(now_ms);
+        let retention_ms = Limits::default().retention_ms;
+        self.indexes.tombstones.first().is_some_and(|&(finished_at_ms, _)| {
+            finished_at_ms.saturating_add(retention_ms) <= at_ms
+        })
+    }
+
+    /// Checks every structural invariant and returns the first violation:
+    /// each job's fields agree with its state, ids and tokens never exceed
+    /// their counters, no two jobs share a lease token or an idempotency key,
+    /// and the indexes equal a rebuild from the job table. For tests, and for
+    /// a storage layer that wants to verify a snapshot it loaded.
+    #[doc(hidden)]
+    pub fn check_invariants(&self) -> Result<(), String> {
+        let mut tokens = BTreeMap::new();
+        let mut keys = BTreeMap::new();
+        for (&job_id, job) in &self.jobs {
+            check_job(job_id, job, self.last_job_id, self.last_token)?;
+            if let Some(lease) = &job.lease
+                && let Some(other) = tokens.insert(lease.token, job_id)
+            {
+                return Err(format!("jobs {other} and {job_id} both hold token {}", lease.token));
+            }
+            if let Some(key) = &job.idempotency_key
+                && let Some(other) = keys.insert((job.queue.as_str(), key.as_str()), job_id)
+            {
+                return Err(format!(
+                    "jobs {other} and {job_id} share idempotency key {key:?} in queue {}",
+                    job.queue
+                ));
+            }
+        }
+        let rebuilt = Indexes::rebuild(&self.jobs);
+        if self.indexes != rebuilt {
+            return Err(format!(
+                "indexes drifted from the job table:\n kept:    {:?}\n rebuilt: {:?}",
+                self.indexes, rebuilt
+            ));
+        }
+        Ok(())
+    }
+
+    /// Inserts the specs as ready jobs, in order, or answers each duplicate
+    /// with the id of the job that first used its idempotency key. Validation
+    /// already passed, so nothing below can fail half way: the batch is
+    /// atomic.
+    fn enqueue(&mut self, specs: &[JobSpec], limits: &Limits) -> Response {
+        let batch = u64::try_from(specs.len()).unwrap_or(u64::MAX);
+        if self.last_job_id.checked_add(batch).is_none() {
+            // Unreachable in practice (2^64 jobs), but a refusal is the only
+            // answer that keeps ids strictly increasing.
+            return Response::Refused(Refusal::Invalid(ValidationError::too_large(
+                "jobs",
+                "job id space exhausted",
+            )));
+        }
+        let now_ms = self.cluster_time_ms;
+        let mut outcomes = Vec::with_capacity(specs.len());
+        for spec in specs {
+            if let Some(key) = &spec.idempotency_key
+                && let Some(first_id) = self.indexes.key_owner(&spec.queue, key)
+            {
+                outcomes.push(EnqueueOutcome { job_id: first_id, duplicate: true });
+                continue;
+            }
+            self.last_job_id = self.last_job_id.saturating_add(1);
+            let job = new_job(self.last_job_id, spec, now_ms, limits);
+            self.indexes.insert(&job);
+            self.indexes.insert_key(&job);
+            outcomes.push(EnqueueOutcome { job_id: job.id, duplicate: false });
+            self.jobs.insert(job.id, job);
+        }
+        Response::Enqueued(outcomes)
+    }
+
+    /// Grants a lease, with a fresh token, on each of up to `max` claimable
+    /// jobs of `queue`.
+    fn claim(
+        &mut self,
+        epoch: u64,
+        worker: &str,
+        queue: &str,
+        max: u32,
+        lease_ttl_ms: Option<u64>,
+        selector: &[String],
+    ) -> Response {
+        let now_ms = self.cluster_time_ms;
+        let max = usize::try_from(max).unwrap_or(usize::MAX);
+        let candidates = match self.indexes.queues.get(queue) {
+            Some(index) => index.claimable(&self.jobs, selector, now_ms, max),
+            None => Vec::new(),
+        };
+        let mut grants = Vec::with_capacity(candidates.len());
+        for job_id in candidates {
+            // A token is never reused: when the counter is exhausted the
+            // claim grants nothing more rather than wrap.
+            let Some(token) = self.last_token.checked_add(1) else {
+                break;
+            };
+            let grant = self.change_job(job_id, |job| {
+                let ttl_ms = lease_ttl_ms.unwrap_or(job.lease_ttl_ms);
+                let lease = Lease {
+                    job_id,
+                    holder: worker.to_owned(),
+                    token,
+                    epoch,
+                    granted_at_ms: now_ms,
+                    expires_at_ms: now_ms.saturating_add(ttl_ms),
+                };
+                job.state = JobState::Claimed;
+                job.lease = Some(lease.clone());
+                Grant { job: job.clone(), lease }
+            });
+            if let Some(grant) = grant {
+                self.last_token = token;
+                grants.push(grant);
+            }
+        }
+        Response::Claimed(grants)
+    }
+
+    /// Extends each lease whose token is exactly the job's current one. The
+    /// token alone identifies a lease (tokens are never reused), so the
+    /// worker id is not compared. A lapsed lease that no sweep has taken
+    /// back is still current: nobody else can hold the job, so renewing it
+    /// is safe.
+    fn refresh(&mut self, leases: &[(u64, u64)], lease_ttl_ms: Option<u64>) -> Response {
+        let now_ms = self.cluster_time_ms;
+        let mut renewed = Vec::new();
+        let mut lost = Vec::new();
+        for &(job_id, token) in leases {
+            let current = self.jobs.get(&job_id).is_some_and(|job| holds_current_lease(job, token));
+            let lease = if current {
+                self.change_job(job_id, |job| {
+                    let ttl_ms = lease_ttl_ms.unwrap_or(job.lease_ttl_ms);
+                    job.lease.as_mut().map(|lease| {
+                        lease.granted_at_ms = now_ms;
+                        lease.expires_at_ms = now_ms.saturating_add(ttl_ms);
+                        lease.clone()
+                    })
+                })
+                .flatten()
+            } else {
+                None
+            };
+            match lease {
+                Some(lease) => renewed.push(lease),
+                None => lost.push(job_id),
+            }
+        }
+        Response::Refreshed { renewed, lost }
+    }
+
+    /// Finishes a job held under `token`. Acking again with the same token is
+    /// answered `Acked` again, so a worker whose first ack response was lost
+    /// can retry safely.
+    fn ack(&mut self, job_id: u64, token: u64) -> Response {
+        let Some(job) = self.jobs.get(&job_id) else {
+            return Response::Refused(Refusal::NotFound { job_id });
+        };
+        if holds_current_lease(job, token) {
+            let now_ms = self.cluster_time_ms;
+            self.change_job(job_id, |job| {
+                // The lease stays on the tombstone: it is the audit record of
+                // who finished the job, and what makes a retried ack idempotent.
+                job.state = JobState::Acked;
+                job.finished_at_ms = Some(now_ms);
+            });
+            return Response::Acked;
+        }
+        let acked_with_token = job.state == JobState::Acked
+            && job.lease.as_ref().is_some_and(|lease| lease.token == token);
+        if acked_with_token {
+            return Response::Acked;
+        }
+        stale(job_id, token)
+    }
+
+    /// Fails the attempt held under `token`: back to ready after the backoff
+    /// (or `retry_after_ms`), or dead once attempts reach `max_attempts`.
+    fn nack(
+        &mut self,
+        job_id: u64,
+        token: u64,
+        error: &str,
+        retry_after_ms: Option<u64>,
+        limits: &Limits,
+    ) -> Response {
+        let Some(job) = self.jobs.get(&job_id) else {
+            return Response::Refused(Refusal::NotFound { job_id });
+        };
+        if !holds_current_lease(job, token) {
+            return stale(job_id, token);
+        }
+        let now_ms = self.cluster_time_ms;
+        let error = truncate_text(error, limits.max_error_bytes);
+        let outcome = self.change_job(job_id, |job| {
+            let backoff = job.backoff;
+            fail_attempt(job, error, now_ms, |attempt| {
+                retry_after_ms.unwrap_or_else(|| backoff.delay_ms(attempt))
+            })
+        });
+        match outcome {
+            Some((state, not_before_ms)) => Response::Nacked { state, not_before_ms },
+            None => Response::Refused(Refusal::NotFound { job_id }),
+        }
+    }
+
+    /// Returns the job held under `token` to ready now, charging no attempt:
+    /// the worker gave it up (drain), it did not fail.
+    fn release(&mut self, job_id: u64, token: u64) -> Response {
+        let Some(job) = self.jobs.get(&job_id) else {
+            return Response::Refused(Refusal::NotFound { job_id });
+        };
+        if !holds_current_lease(job, token) {
+            return stale(job_id, token);
+        }
+        let now_ms = self.cluster_time_ms;
+        self.change_job(job_id, |job| {
+            job.state = JobState::Ready;
+            job.lease = None;
+            job.not_before_ms = now_ms;
+        });
+        Response::Released
+    }
+
+    /// Takes back every lease that lapsed at or before cluster time, charging
+    /// the attempt. Leases still valid are untouched, so a repeated sweep
+    /// finds nothing.
+    fn sweep(&mut self) -> Response {
+        let now_ms = self.cluster_time_ms;
+        let lapsed: Vec<u64> =
+            self.indexes.expiries.range(..=(now_ms, u64::MAX)).map(|&(_, job_id)| job_id).collect();
+        let mut requeued = Vec::new();
+        let mut dead = Vec::new();
+        for job_id in lapsed {
+            let outcome = self.change_job(job_id, |job| {
+                // A lapsed lease is retried at once: the worker may simply
+                // have died, which says nothing about the job.
+                fail_attempt(job, LEASE_EXPIRED_ERROR.to_owned(), now_ms, |_| 0)
+            });
+            match outcome {
+                Some((JobState::Dead, _)) => dead.push(job_id),
+                Some(_) => requeued.push(job_id),
+                None => {}
+            }
+        }
+        requeued.sort_unstable();
+        dead.sort_unstable();
+        Response::Swept { requeued, dead }
+    }
+
+    /// Returns dead jobs to ready now with a fresh set of attempts. Jobs
+    /// that are not dead (or not known) are left alone and not counted.
+    fn redrive(&mut self, target: &RedriveTarget) -> Response {
+        let candidates: Vec<u64> = match target {
+            RedriveTarget::Queue(queue) => self
+                .indexes
+                .queues
+                .get(queue)
+                .map(|index| index.dead.iter().copied().collect())
+                .unwrap_or_default(),
+            RedriveTarget::Ids(ids) => ids.clone(),
+        };
+        let now_ms = self.cluster_time_ms;
+        let mut redriven = 0u64;
+        for job_id in candidates {
+            let is_dead = self.jobs.get(&job_id).is_some_and(|job| job.state == JobState::Dead);
+            if !is_dead {
+                continue;
+            }
+            self.change_job(job_id, |job| {
+                // last_error stays: it tells the operator why the job died.
+                job.state = JobState::Ready;
+                job.attempts = 0;
+                job.not_before_ms = now_ms;
+                job.finished_at_ms = None;
+            });
+            redriven = redriven.saturating_add(1);
+        }
+        Response::Redriven(redriven)
+    }
+
+    /// Drops acked tombstones whose retention has passed, and with them
+    /// their idempotency keys: after that a producer may reuse the key.
+    fn purge(&mut self, limits: &Limits) -> Response {
+        let now_ms = self.cluster_time_ms;
+        let expired: Vec<u64> = self
+            .indexes
+            .tombstones
+            .iter()
+            .take_while(|&&(finished_at_ms, _)| {
+                finished_at_ms.saturating_add(limits.retention_ms) <= now_ms
+            })
+            .map(|&(_, job_id)| job_id)
+            .collect();
+        let mut purged = 0u64;
+        for job_id in expired {
+            if let Some(job) = self.jobs.remove(&job_id) {
+                self.indexes.remove(&job);
+                self.indexes.remove_key(&job);
+                purged = purged.saturating_add(1);
+            }
+        }
+        Response::Purged(purged)
+    }
+
+    /// Changes one job and keeps the indexes in step: the job's entries are
+    /// removed, `change` runs, and the entries for its new state are added.
+    /// Every transition goes through here, so no index can miss one.
+    fn change_job<R>(&mut self, job_id: u64, change: impl FnOnce(&mut Job) -> R) -> Option<R> {
+        let job = self.jobs.get_mut(&job_id)?;
+        self.indexes.remove(job);
+        let result = change(job);
+        self.indexes.insert(job);
+        Some(result)
+    }
+}
+
+/// The four states, in the order listings merge them.
+const ALL_STATES: [JobState; 4] =
+    [JobState::Ready, JobState::Claimed, JobState::Acked, JobState::Dead];
+
+/// The first `limit` ids at or above `first_id` across several ascending id
+/// sets. Each set contributes at most `limit`, so the work is bounded by
+/// `sets × limit`, not by the number of jobs.
+fn first_page<'a>(
+    sets: impl Iterator<Item = &'a std::collections::BTreeSet<u64>>,
+    first_id: u64,
+    limit: usize,
+) -> Vec<u64> {
+    let mut ids: Vec<u64> =
+        sets.flat_map(|set| set.range(first_id..).take(limit).copied()).collect();
+    ids.sort_unstable();
+    ids.truncate(limit);
+    ids
+}
+
+/// A length as a count on the wire.
+fn count(length: usize) -> u64 {
+    u64::try_from(length).unwrap_or(u64::MAX)
+}
+
+/// Builds the job for a validated spec, filling defaults from `limits`.
+fn new_job(job_id: u64, spec: &JobSpec, now_ms: u64, limits: &Limits) -> Job {
+    // Sorted and deduplicated so the subset test at claim time is cheap and
+    // two specs that differ only in tag order produce equal jobs.
+    let mut tags = spec.tags.clone();
+    tags.sort();
+    tags.dedup();
+    Job {
+        id: job_id,
+        queue: spec.queue.clone(),
+        payload: spec.payload.clone(),
+        priority: spec.priority,
+        not_before_ms: spec.not_before_ms.unwrap_or(now_ms),
+        max_attempts: spec.max_attempts.unwrap_or(limits.default_max_attempts),
+        backoff: spec.backoff.unwrap_or_default(),
+        lease_ttl_ms: spec.lease_ttl_ms.unwrap_or(limits.default_lease_ttl_ms),
+        idempotency_key: spec.idempotency_key.clone(),
+        tags,
+        attempts: 0,
+        last_error: None,
+        state: JobState::Ready,
+        lease: None,
+        enqueued_at_ms: now_ms,
+        finished_at_ms: None,
+    }
+}
+
+/// Whether `token` is the current lease of a claimed job. A lapsed lease
+/// counts until a sweep takes it back or it is re-granted.
+fn holds_current_lease(job: &Job, token: u64) -> bool {
+    job.state == JobState::Claimed && job.lease.as_ref().is_some_and(|lease| lease.token == token)
+}
+
+/// The refusal for a token that is not the job's current one.
+fn stale(job_id: u64, presented: u64) -> Response {
+    Response::Refused(Refusal::StaleToken { job_id, presented })
+}
+
+/// Charges one failed attempt to a claimed job and drops its lease: dead
+/// once attempts reach `max_attempts`, otherwise ready after
+/// `delay_ms(attempt)`. Returns the new state and, for `Ready`, when the job
+/// is due (0 for `Dead`).
+fn fail_attempt(
+    job: &mut Job,
+    error: String,
+    now_ms: u64,
+    delay_ms: impl FnOnce(u32) -> u64,
+) -> (JobState, u64) {
+    job.attempts = job.attempts.saturating_add(1);
+    job.last_error = Some(error);
+    job.lease = None;
+    if job.attempts >= job.max_attempts {
+        job.state = JobState::Dead;
+        job.finished_at_ms = Some(now_ms);
+        (JobState::Dead, 0)
+    } else {
+        job.state = JobState::Ready;
+        job.not_before_ms = now_ms.saturating_add(delay_ms(job.attempts));
+        (JobState::Ready, job.not_before_ms)
+    }
+}
+
+/// Checks the fields of one job against its state and the counters.
+fn check_job(job_id: u64, job: &Job, last_job_id: u64, last_token: u64) -> Result<(), String> {
+    let fail = |what: &str| Err(format!("job {job_id} ({}): {what}", job.state.as_str()));
+    if job.id != job_id {
+        return fail(&format!("stored under id {job_id} but names id {}", job.id));
+    }
+    if job_id == 0 || job_id > last_job_id {
+        return fail(&format!("id outside 1..={last_job_id}"));
+    }
+    if job.tags.windows(2).any(|pair| pair[0] >= pair[1]) {
+        return fail("tags not sorted and deduplicated");
+    }
+    if let Some(lease) = &job.lease {
+        if lease.job_id != job_id {
+            return fail(&format!("lease names job {}", lease.job_id));
+        }
+        if lease.token == 0 || lease.token > last_token {
+            return fail(&format!("lease token {} outside 1..={last_token}", lease.token));
+        }
+        if lease.expires_at_ms < lease.granted_at_ms {
+            return fail("lease expires before it was granted");
+        }
+    }
+    let live = job.attempts < job.max_attempts;
+    match job.state {
+        JobState::Ready if job.lease.is_some() => fail("ready job holds a lease"),
+        JobState::Ready if job.finished_at_ms.is_some() => fail("ready job has finished"),
+        JobState::Ready if !live => fail("ready job has used all attempts"),
+        JobState::Claimed if job.lease.is_none() => fail("claimed job has no lease"),
+        JobState::Claimed if job.finished_at_ms.is_some() => fail("claimed job has finished"),
+        JobState::Claimed if !live => fail("claimed job has used all attempts"),
+        JobState::Acked if job.lease.is_none() => fail("acked job lost its last lease"),
+        JobState::Acked if job.finished_at_ms.is_none() => fail("acked job has no finish time"),
+        JobState::Dead if job.lease.is_some() => fail("dead job holds a lease"),
+        JobState::Dead if job.finished_at_ms.is_none() => fail("dead job has no finish time"),
+        JobState::Dead if live => fail("dead job has attempts left"),
+        _ => Ok(()),
+    }
+}
+
+#[cfg(test)]
+mod tests;

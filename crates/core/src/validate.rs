@@ -2,8 +2,20 @@
 //! The server calls it before proposing (so bad input changes nothing and
 //! gets a clear error) and `apply` calls it again with the default limits (so
 //! a replica never trusts the proposer).
+//!
+//! Fields are named as the API spells them, with indexes into lists
+//! (`jobs[3].queue`, `selector[2]`, `leases[1].job_id`), so a client can find
+//! the offending value without guessing. Validation stops at the first
+//! problem: one clear message beats a list nobody reads.
+
+use std::collections::BTreeSet;
+use std::fmt::Display;
 
 use serde::{Deserialize, Serialize};
+
+use crate::command::{Command, RedriveTarget};
+use crate::job::{Backoff, JobSpec};
+use crate::limits::Limits;
 
 /// Whether a field is malformed or merely too large; the server maps these to
 /// `INVALID_ARGUMENT` and `RESOURCE_EXHAUSTED`.
@@ -26,4 +38,637 @@ pub struct ValidationError {
     pub field: String,
     /// Lower-case description of the problem.
     pub problem: String,
+}
+
+impl ValidationError {
+    /// A malformed, empty or out-of-range field.
+    pub fn invalid(field: impl Into<String>, problem: impl Into<String>) -> ValidationError {
+        ValidationError {
+            kind: ValidationKind::Invalid,
+            field: field.into(),
+            problem: problem.into(),
+        }
+    }
+
+    /// A field over a size limit.
+    pub fn too_large(field: impl Into<String>, problem: impl Into<String>) -> ValidationError {
+        ValidationError {
+            kind: ValidationKind::TooLarge,
+            field: field.into(),
+            problem: problem.into(),
+        }
+    }
+}
+
+/// The queue-name pattern, as error messages quote it.
+pub const QUEUE_NAME_PATTERN: &str = "[a-z0-9][a-z0-9._-]{0,63}";
+
+/// Longest queue name (bytes), from [`QUEUE_NAME_PATTERN`].
+const MAX_QUEUE_NAME_BYTES: usize = 64;
+
+/// Checks one command against `limits`. `apply` calls this with
+/// [`Limits::default`]; the server may call it with tighter limits first.
+pub fn validate_command(command: &Command, limits: &Limits) -> Result<(), ValidationError> {
+    match command {
+        Command::Enqueue { jobs } => {
+            batch_size("jobs", "jobs", jobs.len(), limits)?;
+            for (index, spec) in jobs.iter().enumerate() {
+                job_spec(&format!("jobs[{index}]"), spec, limits)?;
+            }
+            Ok(())
+        }
+        Command::Claim { worker, queue, max, lease_ttl_ms, selector } => {
+            worker_id("worker", worker, limits)?;
+            queue_name("queue", queue)?;
+            claim_max("max", *max, limits)?;
+            if let Some(ttl_ms) = lease_ttl_ms {
+                lease_ttl("lease_ttl_ms", *ttl_ms, limits)?;
+            }
+            tags("selector", selector, limits)
+        }
+        Command::Refresh { worker, leases, lease_ttl_ms } => {
+            worker_id("worker", worker, limits)?;
+            batch_size("leases", "leases", leases.len(), limits)?;
+            // A job listed twice would be renewed once and then reported
+            // lost (or renewed twice), which no client could interpret.
+            let mut seen = BTreeSet::new();
+            for (index, (job_id, _token)) in leases.iter().enumerate() {
+                if !seen.insert(*job_id) {
+                    return Err(ValidationError::invalid(
+                        format!("leases[{index}].job_id"),
+                        format!("job {job_id} is listed twice"),
+                    ));
+                }
+            }
+            if let Some(ttl_ms) = lease_ttl_ms {
+                lease_ttl("lease_ttl_ms", *ttl_ms, limits)?;
+            }
+            Ok(())
+        }
+        // A job id and a token are any u64: an unknown job or a stale token
+        // is a refusal decided by `apply`, not malformed input. The nack's
+        // error text is truncated, never refused, so a failing worker can
+        // always report its failure.
+        Command::Ack { .. } | Command::Nack { .. } | Command::Release { .. } => Ok(()),
+        Command::Sweep | Command::Purge => Ok(()),
+        Command::Redrive { target } => match target {
+            RedriveTarget::Queue(queue) => queue_name("queue", queue),
+            RedriveTarget::Ids(ids) => batch_size("ids", "ids", ids.len(), limits),
+        },
+    }
+}
+
+/// Checks a queue name against [`QUEUE_NAME_PATTERN`], by hand: the pattern
+/// is small and a regex engine is not worth a dependency in core.
+pub fn queue_name(field: &str, name: &str) -> Result<(), ValidationError> {
+    let bytes = name.as_bytes();
+    let first_ok = bytes.first().is_some_and(|b| b.is_ascii_lowercase() || b.is_ascii_digit());
+    let rest_ok = bytes
+        .iter()
+        .skip(1)
+        .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || matches!(b, b'.' | b'_' | b'-'));
+    if first_ok && rest_ok && bytes.len() <= MAX_QUEUE_NAME_BYTES {
+        Ok(())
+    } else {
+        Err(ValidationError::invalid(field, format!("must match {QUEUE_NAME_PATTERN}")))
+    }
+}
+
+/// Checks a worker id: non-empty, at most `max_text_bytes`, printable (it
+/// ends up in logs, the CLI and lease records).
+pub fn worker_id(field: &str, worker: &str, limits: &Limits) -> Result<(), ValidationError> {
+    non_empty_text(field, worker, limits.max_text_bytes)?;
+    if worker.chars().any(char::is_control) {
+        return Err(ValidationError::invalid(field, "must be printable (no control characters)"));
+    }
+    Ok(())
+}
+
+/// Checks a lease length against `min_lease_ttl_ms ..= max_lease_ttl_ms`.
+pub fn lease_ttl(field: &str, ttl_ms: u64, limits: &Limits) -> Result<(), ValidationError> {
+    in_range(field, ttl_ms, limits.min_lease_ttl_ms, limits.max_lease_ttl_ms)
+}
+
+/// Checks a list of tags (a job's tags or a worker's selector): at most
+/// `max_tags`, each non-empty and at most `max_text_bytes`.
+pub fn tags(field: &str, tags: &[String], limits: &Limits) -> Result<(), ValidationError> {
+    if tags.len() > limits.max_tags {
+        return Err(ValidationError::too_large(
+            field,
+            format!("has {} tags, limit {}", tags.len(), limits.max_tags),
+        ));
+    }
+    for (index, tag) in tags.iter().enumerate() {
+        non_empty_text(&format!("{field}[{index}]"), tag, limits.max_text_bytes)?;
+    }
+    Ok(())
+}
+
+/// Checks one job spec; `field` is its path, such as `jobs[3]`.
+fn job_spec(field: &str, spec: &JobSpec, limits: &Limits) -> Result<(), ValidationError> {
+    queue_name(&format!("{field}.queue"), &spec.queue)?;
+    if spec.payload.len() > limits.max_payload_bytes {
+        return Err(ValidationError::too_large(
+            format!("{field}.payload"),
+            format!("is {} bytes, limit {}", spec.payload.len(), limits.max_payload_bytes),
+        ));
+    }
+    if let Some(max_attempts) = spec.max_attempts {
+        in_range(&format!("{field}.max_attempts"), max_attempts, 1, limits.max_max_attempts)?;
+    }
+    if let Some(backoff) = &spec.backoff {
+        self::backoff(&format!("{field}.backoff"), backoff)?;
+    }
+    if let Some(ttl_ms) = spec.lease_ttl_ms {
+        lease_ttl(&format!("{field}.lease_ttl_ms"), ttl_ms, limits)?;
+    }
+    if let Some(key) = &spec.idempotency_key {
+        non_empty_text(&format!("{field}.idempotency_key"), key, limits.max_text_bytes)?;
+    }
+    tags(&format!("{field}.tags"), &spec.tags, limits)
+}
+
+/// Checks a backoff: a zero base would retry in a hot loop, and a cap below
+/// the base would make the "exponential" delay shrink.
+fn backoff(field: &str, backoff: &Backoff) -> Result<(), ValidationError> {
+    if backoff.base_ms < 1 {
+        return Err(ValidationError::invalid(format!("{field}.base_ms"), "must be at least 1"));
+    }
+    if backoff.cap_ms < backoff.base_ms {
+        return Err(ValidationError::invalid(
+            format!("{field}.cap_ms"),
+            format!("must be at least base_ms ({})", backoff.base_ms),
+        ));
+    }
+    Ok(())
+}
+
+/// Checks a claim's `max`: at least one lease, at most a batch.
+fn claim_max(field: &str, max: u32, limits: &Limits) -> Result<(), ValidationError> {
+    if max == 0 {
+        return Err(ValidationError::invalid(field, "must be at least 1"));
+    }
+    // `usize` is at least 32 bits on every target we build for; if it were
+    // not, the saturated value still compares correctly.
+    let max_items = usize::try_from(max).unwrap_or(usize::MAX);
+    if max_items > limits.max_batch {
+        return Err(ValidationError::too_large(
+            field,
+            format!("is {max}, limit {}", limits.max_batch),
+        ));
+    }
+    Ok(())
+}
+
+/// Checks a list length against `1 ..= max_batch`; `noun` names the items.
+fn batch_size(
+    field: &str,
+    noun: &str,
+    length: usize,
+    limits: &Limits,
+) -> Result<(), ValidationError> {
+    if length == 0 {
+        return Err(ValidationError::invalid(field, "must not be empty"));
+    }
+    if length > limits.max_batch {
+        return Err(ValidationError::too_large(
+            field,
+            format!("has {length} {noun}, limit {}", limits.max_batch),
+        ));
+    }
+    Ok(())
+}
+
+/// Checks free text that must be present and bounded.
+fn non_empty_text(field: &str, text: &str, max_bytes: usize) -> Result<(), ValidationError> {
+    if text.is_empty() {
+        return Err(ValidationError::invalid(field, "must not be empty"));
+    }
+    if text.len() > max_bytes {
+        return Err(ValidationError::too_large(
+            field,
+            format!("is {} bytes, limit {max_bytes}", text.len()),
+        ));
+    }
+    Ok(())
+}
+
+/// Checks `min <= value <= max`.
+fn in_range<T: PartialOrd + Display>(
+    field: &str,
+    value: T,
+    min: T,
+    max: T,
+) -> Result<(), ValidationError> {
+    if value < min || value > max {
+        return Err(ValidationError::invalid(
+            field,
+            format!("must be between {min} and {max}, got {value}"),
+        ));
+    }
+    Ok(())
+}
+
+/// Cuts `text` to at most `max_bytes`, at a char boundary so the result is
+/// still valid UTF-8. Used for nack error text, which is kept, not refused.
+pub fn truncate_text(text: &str, max_bytes: usize) -> String {
+    if text.len() <= max_bytes {
+        return text.to_owned();
+    }
+    let mut end = max_bytes;
+    while end > 0 && !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    text.get(..end).unwrap_or_default().to_owned()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spec(queue: &str) -> JobSpec {
+        JobSpec { queue: queue.to_owned(), ..JobSpec::default() }
+    }
+
+    fn enqueue(jobs: Vec<JobSpec>) -> Command {
+        Command::Enqueue { jobs }
+    }
+
+    fn claim() -> Command {
+        Command::Claim {
+            worker: "w-1".to_owned(),
+            queue: "emails".to_owned(),
+            max: 10,
+            lease_ttl_ms: None,
+            selector: vec![],
+        }
+    }
+
+    fn check(command: &Command) -> Result<(), ValidationError> {
+        validate_command(command, &Limits::default())
+    }
+
+    fn assert_refused(command: &Command, kind: ValidationKind, field: &str, problem: &str) {
+        let error = check(command).expect_err("command should be refused");
+        assert_eq!(error.kind, kind, "{error}");
+        assert_eq!(error.field, field, "{error}");
+        assert_eq!(error.problem, problem, "{error}");
+    }
+
+    #[test]
+    fn queue_names_follow_the_pattern() {
+        for good in ["a", "0", "emails", "a.b_c-d", "9lives", &"q".repeat(64)] {
+            assert_eq!(queue_name("queue", good), Ok(()), "{good}");
+        }
+        for bad in ["", "Emails", "-a", ".a", "_a", "a b", "a/b", "é", "a\n", &"q".repeat(65)] {
+            let error = queue_name("queue", bad).expect_err(bad);
+            assert_eq!(error.kind, ValidationKind::Invalid);
+            assert_eq!(error.problem, "must match [a-z0-9][a-z0-9._-]{0,63}");
+        }
+    }
+
+    #[test]
+    fn a_plain_enqueue_is_valid() {
+        assert_eq!(check(&enqueue(vec![spec("emails"), spec("sms")])), Ok(()));
+    }
+
+    #[test]
+    fn enqueue_batch_must_be_one_to_max_batch() {
+        assert_refused(&enqueue(vec![]), ValidationKind::Invalid, "jobs", "must not be empty");
+        assert_eq!(check(&enqueue(vec![spec("q"); 1_000])), Ok(()));
+        assert_refused(
+            &enqueue(vec![spec("q"); 1_001]),
+            ValidationKind::TooLarge,
+            "jobs",
+            "has 1001 jobs, limit 1000",
+        );
+    }
+
+    #[test]
+    fn enqueue_names_the_offending_job() {
+        let jobs = vec![spec("a"), spec("b"), spec("c"), spec("Bad")];
+        assert_refused(
+            &enqueue(jobs),
+            ValidationKind::Invalid,
+            "jobs[3].queue",
+            "must match [a-z0-9][a-z0-9._-]{0,63}",
+        );
+    }
+
+    #[test]
+    fn payload_is_bounded() {
+        let mut job = spec("q");
+        job.payload = vec![0; 256 * 1024];
+        assert_eq!(check(&enqueue(vec![job.clone()])), Ok(()));
+        job.payload = vec![0; 300_000];
+        assert_refused(
+            &enqueue(vec![job]),
+            ValidationKind::TooLarge,
+            "jobs[0].payload",
+            "is 300000 bytes, limit 262144",
+        );
+    }
+
+    #[test]
+    fn max_attempts_is_one_to_the_limit() {
+        for (value, ok) in [(0, false), (1, true), (1_000, true), (1_001, false)] {
+            let mut job = spec("q");
+            job.max_attempts = Some(value);
+            let result = check(&enqueue(vec![job]));
+            if ok {
+                assert_eq!(result, Ok(()), "{value}");
+            } else {
+                let error = result.expect_err("out of range");
+                assert_eq!(error.field, "jobs[0].max_attempts");
+                assert_eq!(error.kind, ValidationKind::Invalid);
+                assert_eq!(error.problem, format!("must be between 1 and 1000, got {value}"));
+            }
+        }
+    }
+
+    #[test]
+    fn backoff_needs_a_base_and_a_cap_not_below_it() {
+        let mut job = spec("q");
+        job.backoff = Some(Backoff { base_ms: 0, cap_ms: 10 });
+        assert_refused(
+            &enqueue(vec![job.clone()]),
+            ValidationKind::Invalid,
+            "jobs[0].backoff.base_ms",
+            "must be at least 1",
+        );
+        job.backoff = Some(Backoff { base_ms: 100, cap_ms: 99 });
+        assert_refused(
+            &enqueue(vec![job.clone()]),
+            ValidationKind::Invalid,
+            "jobs[0].backoff.cap_ms",
+            "must be at least base_ms (100)",
+        );
+        job.backoff = Some(Backoff { base_ms: 100, cap_ms: 100 });
+        assert_eq!(check(&enqueue(vec![job])), Ok(()));
+    }
+
+    #[test]
+    fn job_lease_ttl_is_one_second_to_twelve_hours() {
+        for (value, ok) in [(999, false), (1_000, true), (43_200_000, true), (43_200_001, false)] {
+            let mut job = spec("q");
+            job.lease_ttl_ms = Some(value);
+            let result = check(&enqueue(vec![job]));
+            if ok {
+                assert_eq!(result, Ok(()), "{value}");
+            } else {
+                let error = result.expect_err("out of range");
+                assert_eq!(error.field, "jobs[0].lease_ttl_ms");
+                assert_eq!(error.kind, ValidationKind::Invalid);
+            }
+        }
+    }
+
+    #[test]
+    fn idempotency_key_is_present_and_bounded_when_given() {
+        let mut job = spec("q");
+        job.idempotency_key = Some(String::new());
+        assert_refused(
+            &enqueue(vec![job.clone()]),
+            ValidationKind::Invalid,
+            "jobs[0].idempotency_key",
+            "must not be empty",
+        );
+        job.idempotency_key = Some("k".repeat(257));
+        assert_refused(
+            &enqueue(vec![job.clone()]),
+            ValidationKind::TooLarge,
+            "jobs[0].idempotency_key",
+            "is 257 bytes, limit 256",
+        );
+        job.idempotency_key = Some("k".repeat(256));
+        assert_eq!(check(&enqueue(vec![job])), Ok(()));
+    }
+
+    #[test]
+    fn job_tags_are_bounded() {
+        let mut job = spec("q");
+        job.tags = vec!["gpu".to_owned(), String::new()];
+        assert_refused(
+            &enqueue(vec![job.clone()]),
+            ValidationKind::Invalid,
+            "jobs[0].tags[1]",
+            "must not be empty",
+        );
+        job.tags = vec!["t".repeat(257)];
+        assert_refused(
+            &enqueue(vec![job.clone()]),
+            ValidationKind::TooLarge,
+            "jobs[0].tags[0]",
+            "is 257 bytes, limit 256",
+        );
+        job.tags = vec!["t".to_owned(); 33];
+        assert_refused(
+            &enqueue(vec![job.clone()]),
+            ValidationKind::TooLarge,
+            "jobs[0].tags",
+            "has 33 tags, limit 32",
+        );
+        job.tags = vec!["t".to_owned(); 32];
+        assert_eq!(check(&enqueue(vec![job])), Ok(()));
+    }
+
+    #[test]
+    fn any_priority_and_not_before_are_valid() {
+        for priority in [i32::MIN, -1, 0, i32::MAX] {
+            let mut job = spec("q");
+            job.priority = priority;
+            job.not_before_ms = Some(u64::MAX);
+            assert_eq!(check(&enqueue(vec![job])), Ok(()));
+        }
+    }
+
+    #[test]
+    fn a_plain_claim_is_valid() {
+        assert_eq!(check(&claim()), Ok(()));
+    }
+
+    #[test]
+    fn claim_worker_must_be_present_bounded_and_printable() {
+        let with_worker = |worker: String| match claim() {
+            Command::Claim { queue, max, lease_ttl_ms, selector, .. } => {
+                Command::Claim { worker, queue, max, lease_ttl_ms, selector }
+            }
+            other => other,
+        };
+        assert_refused(
+            &with_worker(String::new()),
+            ValidationKind::Invalid,
+            "worker",
+            "must not be empty",
+        );
+        assert_refused(
+            &with_worker("w".repeat(257)),
+            ValidationKind::TooLarge,
+            "worker",
+            "is 257 bytes, limit 256",
+        );
+        assert_refused(
+            &with_worker("w\u{7}".to_owned()),
+            ValidationKind::Invalid,
+            "worker",
+            "must be printable (no control characters)",
+        );
+        assert_eq!(check(&with_worker("node-3/worker 7 ✓".to_owned())), Ok(()));
+    }
+
+    #[test]
+    fn claim_fields_are_checked() {
+        let base = claim();
+        let Command::Claim { worker, queue, lease_ttl_ms, selector, .. } = base else {
+            unreachable!("claim() builds a claim")
+        };
+        let claim_with =
+            |queue: &str, max: u32, ttl: Option<u64>, selector: Vec<String>| Command::Claim {
+                worker: worker.clone(),
+                queue: queue.to_owned(),
+                max,
+                lease_ttl_ms: ttl,
+                selector,
+            };
+        assert_refused(
+            &claim_with("", 1, lease_ttl_ms, selector.clone()),
+            ValidationKind::Invalid,
+            "queue",
+            "must match [a-z0-9][a-z0-9._-]{0,63}",
+        );
+        assert_refused(
+            &claim_with(&queue, 0, None, vec![]),
+            ValidationKind::Invalid,
+            "max",
+            "must be at least 1",
+        );
+        assert_refused(
+            &claim_with(&queue, 1_001, None, vec![]),
+            ValidationKind::TooLarge,
+            "max",
+            "is 1001, limit 1000",
+        );
+        assert_eq!(check(&claim_with(&queue, 1_000, None, vec![])), Ok(()));
+        assert_refused(
+            &claim_with(&queue, 1, Some(999), vec![]),
+            ValidationKind::Invalid,
+            "lease_ttl_ms",
+            "must be between 1000 and 43200000, got 999",
+        );
+        assert_refused(
+            &claim_with(&queue, 1, None, vec!["a".into(), "b".into(), String::new()]),
+            ValidationKind::Invalid,
+            "selector[2]",
+            "must not be empty",
+        );
+        assert_refused(
+            &claim_with(&queue, 1, None, vec!["s".into(); 33]),
+            ValidationKind::TooLarge,
+            "selector",
+            "has 33 tags, limit 32",
+        );
+    }
+
+    #[test]
+    fn refresh_fields_are_checked() {
+        let refresh = |worker: &str, leases: Vec<(u64, u64)>, ttl: Option<u64>| Command::Refresh {
+            worker: worker.to_owned(),
+            leases,
+            lease_ttl_ms: ttl,
+        };
+        assert_eq!(check(&refresh("w", vec![(1, 1), (2, 1)], None)), Ok(()));
+        assert_refused(
+            &refresh("", vec![(1, 1)], None),
+            ValidationKind::Invalid,
+            "worker",
+            "must not be empty",
+        );
+        assert_refused(
+            &refresh("w", vec![], None),
+            ValidationKind::Invalid,
+            "leases",
+            "must not be empty",
+        );
+        assert_refused(
+            &refresh("w", vec![(1, 1); 1_001], None),
+            ValidationKind::TooLarge,
+            "leases",
+            "has 1001 leases, limit 1000",
+        );
+        assert_refused(
+            &refresh("w", vec![(1, 1), (7, 2), (7, 3)], None),
+            ValidationKind::Invalid,
+            "leases[2].job_id",
+            "job 7 is listed twice",
+        );
+        assert_refused(
+            &refresh("w", vec![(1, 1)], Some(43_200_001)),
+            ValidationKind::Invalid,
+            "lease_ttl_ms",
+            "must be between 1000 and 43200000, got 43200001",
+        );
+    }
+
+    #[test]
+    fn token_commands_carry_nothing_to_refuse() {
+        let long_error = "e".repeat(100_000);
+        for command in [
+            Command::Ack { job_id: 0, token: 0 },
+            Command::Nack {
+                job_id: u64::MAX,
+                token: 1,
+                error: long_error,
+                retry_after_ms: Some(u64::MAX),
+            },
+            Command::Release { job_id: 1, token: u64::MAX },
+            Command::Sweep,
+            Command::Purge,
+        ] {
+            assert_eq!(check(&command), Ok(()));
+        }
+    }
+
+    #[test]
+    fn redrive_target_is_checked() {
+        let redrive = |target| Command::Redrive { target };
+        assert_eq!(check(&redrive(RedriveTarget::Queue("q".into()))), Ok(()));
+        assert_refused(
+            &redrive(RedriveTarget::Queue("Q".into())),
+            ValidationKind::Invalid,
+            "queue",
+            "must match [a-z0-9][a-z0-9._-]{0,63}",
+        );
+        assert_eq!(check(&redrive(RedriveTarget::Ids(vec![1, 2]))), Ok(()));
+        assert_refused(
+            &redrive(RedriveTarget::Ids(vec![])),
+            ValidationKind::Invalid,
+            "ids",
+            "must not be empty",
+        );
+        assert_refused(
+            &redrive(RedriveTarget::Ids(vec![1; 1_001])),
+            ValidationKind::TooLarge,
+            "ids",
+            "has 1001 ids, limit 1000",
+        );
+    }
+
+    #[test]
+    fn tighter_server_limits_apply() {
+        let limits = Limits { max_payload_bytes: 10, ..Limits::default() };
+        let mut job = spec("q");
+        job.payload = vec![0; 11];
+        let error = validate_command(&enqueue(vec![job]), &limits).expect_err("too large");
+        assert_eq!(error.to_string(), "jobs[0].payload: is 11 bytes, limit 10");
+    }
+
+    #[test]
+    fn truncation_keeps_whole_characters() {
+        assert_eq!(truncate_text("hello", 10), "hello");
+        assert_eq!(truncate_text("hello", 3), "hel");
+        // "é" is two bytes; cutting inside it backs off to the boundary.
+        assert_eq!(truncate_text("aé", 2), "a");
+        assert_eq!(truncate_text("aé", 3), "aé");
+        assert_eq!(truncate_text("é", 0), "");
+    }
 }

@@ -1,0 +1,237 @@
+//! Secondary indexes over the job table, so `apply` never scans every job:
+//! claim order per queue, due times per queue, ids per queue and state,
+//! lease expiries, acked tombstones by finish time, and idempotency keys.
+//!
+//! Every index is a pure function of the job table ([`Indexes::rebuild`]).
+//! The state machine keeps them up to date by removing a job's entries
+//! before it changes the job and inserting them again after
+//! ([`Indexes::remove`], [`Indexes::insert`]); snapshots do not carry them
+//! and rebuild them on load. `State::check_invariants` compares the live
+//! indexes with a rebuild, which is what lets property tests catch an index
+//! that drifted.
+
+use std::cmp::Reverse;
+use std::collections::{BTreeMap, BTreeSet};
+use std::ops::Bound;
+
+use crate::job::{Job, JobState};
+
+/// Claim order of a ready job: priority descending, then `not_before_ms`
+/// ascending, then id ascending. `Reverse` turns the set's ascending order
+/// into "highest priority first".
+pub(crate) type ClaimKey = (Reverse<i32>, u64, u64);
+
+/// A `(time_ms, job_id)` pair: orders jobs by a time, ties broken by id so
+/// every replica iterates identically.
+pub(crate) type TimedId = (u64, u64);
+
+/// The indexes of one queue. An entry exists only while the queue holds at
+/// least one job, so a rebuilt index equals an incrementally kept one.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub(crate) struct QueueIndex {
+    /// Ready jobs in claim order.
+    pub(crate) claim_order: BTreeSet<ClaimKey>,
+    /// Ready jobs by `(not_before_ms, id)`: what is due, and when the next
+    /// one will be.
+    pub(crate) due_order: BTreeSet<TimedId>,
+    /// Ids of ready jobs.
+    pub(crate) ready: BTreeSet<u64>,
+    /// Ids of claimed jobs.
+    pub(crate) claimed: BTreeSet<u64>,
+    /// Ids of acked tombstones.
+    pub(crate) acked: BTreeSet<u64>,
+    /// Ids of dead jobs.
+    pub(crate) dead: BTreeSet<u64>,
+}
+
+impl QueueIndex {
+    /// Ids of this queue's jobs in `state`, ascending.
+    pub(crate) fn ids(&self, state: JobState) -> &BTreeSet<u64> {
+        match state {
+            JobState::Ready => &self.ready,
+            JobState::Claimed => &self.claimed,
+            JobState::Acked => &self.acked,
+            JobState::Dead => &self.dead,
+        }
+    }
+
+    fn ids_mut(&mut self, state: JobState) -> &mut BTreeSet<u64> {
+        match state {
+            JobState::Ready => &mut self.ready,
+            JobState::Claimed => &mut self.claimed,
+            JobState::Acked => &mut self.acked,
+            JobState::Dead => &mut self.dead,
+        }
+    }
+
+    /// True when no job of the queue is left in any state. The claim and due
+    /// orders mirror `ready`, so checking the id sets suffices.
+    fn is_empty(&self) -> bool {
+        self.ready.is_empty()
+            && self.claimed.is_empty()
+            && self.acked.is_empty()
+            && self.dead.is_empty()
+    }
+
+    /// Up to `max` ready jobs due at `now_ms` whose tags all appear in
+    /// `selector`, in claim order. Within one priority the jobs are ordered
+    /// by `not_before_ms`, so the first job that is not yet due ends that
+    /// priority and the scan jumps to the next lower one instead of walking
+    /// the delayed jobs.
+    pub(crate) fn claimable(
+        &self,
+        jobs: &BTreeMap<u64, Job>,
+        selector: &[String],
+        now_ms: u64,
+        max: usize,
+    ) -> Vec<u64> {
+        let selector: BTreeSet<&str> = selector.iter().map(String::as_str).collect();
+        let mut found = Vec::new();
+        let mut from: Bound<ClaimKey> = Bound::Unbounded;
+        'priorities: while found.len() < max {
+            for &(Reverse(priority), not_before_ms, job_id) in
+                self.claim_order.range((from, Bound::Unbounded))
+            {
+                if not_before_ms > now_ms {
+                    match priority.checked_sub(1) {
+                        Some(lower) => {
+                            from = Bound::Included((Reverse(lower), 0, 0));
+                            continue 'priorities;
+                        }
+                        None => break 'priorities,
+                    }
+                }
+                let matches = jobs
+                    .get(&job_id)
+                    .is_some_and(|job| job.tags.iter().all(|tag| selector.contains(tag.as_str())));
+                if matches {
+                    found.push(job_id);
+                    if found.len() >= max {
+                        break 'priorities;
+                    }
+                }
+            }
+            // The range ran out: every ready job has been considered.
+            break;
+        }
+        found
+    }
+}
+
+/// All secondary indexes of the job table.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub(crate) struct Indexes {
+    /// Per-queue indexes, by queue name.
+    pub(crate) queues: BTreeMap<String, QueueIndex>,
+    /// Current leases of claimed jobs by `(expires_at_ms, job_id)`: what
+    /// `Sweep` must return, and when the next lease lapses.
+    pub(crate) expiries: BTreeSet<TimedId>,
+    /// Acked tombstones by `(finished_at_ms, job_id)`. Retention is one
+    /// constant, so this is also the order in which `Purge` drops them.
+    pub(crate) tombstones: BTreeSet<TimedId>,
+    /// Idempotency keys: queue → key → id of the job that first used it.
+    /// Independent of job state: an entry lives as long as its job.
+    pub(crate) idempotency: BTreeMap<String, BTreeMap<String, u64>>,
+}
+
+impl Indexes {
+    /// Builds every index from the job table alone. If two jobs share an
+    /// idempotency key (which `apply` never allows) the lower id wins, as it
+    /// would have at enqueue time.
+    pub(crate) fn rebuild(jobs: &BTreeMap<u64, Job>) -> Indexes {
+        let mut indexes = Indexes::default();
+        for job in jobs.values() {
+            indexes.insert(job);
+            indexes.insert_key(job);
+        }
+        indexes
+    }
+
+    /// Adds the state-dependent entries of `job` (everything but its
+    /// idempotency key).
+    pub(crate) fn insert(&mut self, job: &Job) {
+        let queue = self.queues.entry(job.queue.clone()).or_default();
+        queue.ids_mut(job.state).insert(job.id);
+        match job.state {
+            JobState::Ready => {
+                queue.claim_order.insert(claim_key(job));
+                queue.due_order.insert((job.not_before_ms, job.id));
+            }
+            JobState::Claimed => {
+                if let Some(lease) = &job.lease {
+                    self.expiries.insert((lease.expires_at_ms, job.id));
+                }
+            }
+            JobState::Acked => {
+                if let Some(finished_at_ms) = job.finished_at_ms {
+                    self.tombstones.insert((finished_at_ms, job.id));
+                }
+            }
+            JobState::Dead => {}
+        }
+    }
+
+    /// Removes the state-dependent entries of `job`, exactly those
+    /// [`Indexes::insert`] added for it in its current state.
+    pub(crate) fn remove(&mut self, job: &Job) {
+        if let Some(queue) = self.queues.get_mut(&job.queue) {
+            queue.ids_mut(job.state).remove(&job.id);
+            if job.state == JobState::Ready {
+                queue.claim_order.remove(&claim_key(job));
+                queue.due_order.remove(&(job.not_before_ms, job.id));
+            }
+            if queue.is_empty() {
+                self.queues.remove(&job.queue);
+            }
+        }
+        match job.state {
+            JobState::Claimed => {
+                if let Some(lease) = &job.lease {
+                    self.expiries.remove(&(lease.expires_at_ms, job.id));
+                }
+            }
+            JobState::Acked => {
+                if let Some(finished_at_ms) = job.finished_at_ms {
+                    self.tombstones.remove(&(finished_at_ms, job.id));
+                }
+            }
+            JobState::Ready | JobState::Dead => {}
+        }
+    }
+
+    /// The job that first used `key` in `queue`, while it is retained.
+    pub(crate) fn key_owner(&self, queue: &str, key: &str) -> Option<u64> {
+        self.idempotency.get(queue)?.get(key).copied()
+    }
+
+    /// Records `job`'s idempotency key, unless an earlier job holds it.
+    pub(crate) fn insert_key(&mut self, job: &Job) {
+        if let Some(key) = &job.idempotency_key {
+            self.idempotency
+                .entry(job.queue.clone())
+                .or_default()
+                .entry(key.clone())
+                .or_insert(job.id);
+        }
+    }
+
+    /// Forgets `job`'s idempotency key if `job` is the one holding it.
+    pub(crate) fn remove_key(&mut self, job: &Job) {
+        let Some(key) = &job.idempotency_key else {
+            return;
+        };
+        if let Some(keys) = self.idempotency.get_mut(&job.queue) {
+            if keys.get(key) == Some(&job.id) {
+                keys.remove(key);
+            }
+            if keys.is_empty() {
+                self.idempotency.remove(&job.queue);
+            }
+        }
+    }
+}
+
+/// The claim-order key of a ready job.
+fn claim_key(job: &Job) -> ClaimKey {
+    (Reverse(job.priority), job.not_before_ms, job.id)
+}

@@ -1,0 +1,1058 @@
+//! Unit tests of `State::apply`, one group per command: the happy path,
+//! each refusal, and the edges (lapsed-but-unswept leases, retention
+//! boundaries, time running backwards). Every test ends by checking the
+//! structural invariants, so an index that drifts fails here too.
+
+use super::*;
+use crate::job::Backoff;
+use crate::validate::ValidationKind;
+
+const EPOCH: u64 = 7;
+
+/// Applies `command` at `now_ms` and checks the invariants afterwards.
+fn apply(state: &mut State, now_ms: u64, command: Command) -> Response {
+    let response = state.apply(EPOCH, &Proposal { now_ms, command });
+    if let Err(violation) = state.check_invariants() {
+        panic!("invariant broken after {response:?}: {violation}");
+    }
+    response
+}
+
+fn spec(queue: &str) -> JobSpec {
+    JobSpec { queue: queue.to_owned(), ..JobSpec::default() }
+}
+
+fn keyed(queue: &str, key: &str) -> JobSpec {
+    JobSpec { idempotency_key: Some(key.to_owned()), ..spec(queue) }
+}
+
+/// Enqueues and returns the ids, panicking on anything but `Enqueued`.
+fn enqueue(state: &mut State, now_ms: u64, specs: Vec<JobSpec>) -> Vec<EnqueueOutcome> {
+    match apply(state, now_ms, Command::Enqueue { jobs: specs }) {
+        Response::Enqueued(outcomes) => outcomes,
+        other => panic!("expected Enqueued, got {other:?}"),
+    }
+}
+
+fn enqueue_one(state: &mut State, now_ms: u64, spec: JobSpec) -> u64 {
+    enqueue(state, now_ms, vec![spec])[0].job_id
+}
+
+fn claim_command(queue: &str, max: u32, selector: &[&str]) -> Command {
+    Command::Claim {
+        worker: "worker-1".to_owned(),
+        queue: queue.to_owned(),
+        max,
+        lease_ttl_ms: None,
+        selector: selector.iter().map(|tag| (*tag).to_owned()).collect(),
+    }
+}
+
+fn claim(state: &mut State, now_ms: u64, queue: &str, max: u32) -> Vec<Grant> {
+    match apply(state, now_ms, claim_command(queue, max, &[])) {
+        Response::Claimed(grants) => grants,
+        other => panic!("expected Claimed, got {other:?}"),
+    }
+}
+
+fn claim_one(state: &mut State, now_ms: u64, queue: &str) -> Lease {
+    let grants = claim(state, now_ms, queue, 1);
+    assert_eq!(grants.len(), 1, "expected one grant");
+    grants[0].lease.clone()
+}
+
+fn claimed_ids(grants: &[Grant]) -> Vec<u64> {
+    grants.iter().map(|grant| grant.job.id).collect()
+}
+
+fn job(state: &State, job_id: u64) -> &Job {
+    state.job(job_id).expect("job is retained")
+}
+
+fn ack(job_id: u64, token: u64) -> Command {
+    Command::Ack { job_id, token }
+}
+
+fn nack(job_id: u64, token: u64, retry_after_ms: Option<u64>) -> Command {
+    Command::Nack { job_id, token, error: "boom".to_owned(), retry_after_ms }
+}
+
+fn release(job_id: u64, token: u64) -> Command {
+    Command::Release { job_id, token }
+}
+
+fn refresh(leases: Vec<(u64, u64)>, lease_ttl_ms: Option<u64>) -> Command {
+    Command::Refresh { worker: "worker-1".to_owned(), leases, lease_ttl_ms }
+}
+
+fn stale_refusal(job_id: u64, presented: u64) -> Response {
+    Response::Refused(Refusal::StaleToken { job_id, presented })
+}
+
+const TTL_MS: u64 = 30_000;
+const DAY_MS: u64 = 24 * 60 * 60 * 1_000;
+
+mod cluster_time {
+    use super::*;
+
+    #[test]
+    fn never_runs_backwards() {
+        let mut state = State::new();
+        apply(&mut state, 5_000, Command::Sweep);
+        assert_eq!(state.cluster_time_ms(), 5_000);
+        let id = enqueue_one(&mut state, 1_000, spec("q"));
+        assert_eq!(state.cluster_time_ms(), 5_000);
+        // The job is stamped with cluster time, not the stale proposer clock.
+        assert_eq!(job(&state, id).enqueued_at_ms, 5_000);
+        assert_eq!(job(&state, id).not_before_ms, 5_000);
+        let lease = claim_one(&mut state, 2_000, "q");
+        assert_eq!(lease.granted_at_ms, 5_000);
+        assert_eq!(lease.expires_at_ms, 5_000 + TTL_MS);
+    }
+
+    #[test]
+    fn an_invalid_command_advances_time_and_changes_nothing_else() {
+        let mut state = State::new();
+        enqueue_one(&mut state, 1_000, spec("q"));
+        let before = state.clone();
+        let response = apply(&mut state, 9_000, claim_command("q", 0, &[]));
+        let Response::Refused(Refusal::Invalid(error)) = response else {
+            panic!("expected an invalid refusal, got {response:?}")
+        };
+        assert_eq!(error.field, "max");
+        assert_eq!(state.cluster_time_ms(), 9_000);
+        let mut expected = before;
+        expected.cluster_time_ms = 9_000;
+        assert_eq!(state, expected);
+    }
+}
+
+mod enqueue {
+    use super::*;
+
+    #[test]
+    fn assigns_increasing_ids_and_fills_defaults() {
+        let mut state = State::new();
+        let outcomes = enqueue(&mut state, 1_000, vec![spec("a"), spec("b")]);
+        let ids: Vec<u64> = outcomes.iter().map(|o| o.job_id).collect();
+        assert_eq!(ids, vec![1, 2]);
+        assert!(outcomes.iter().all(|o| !o.duplicate));
+        assert_eq!(enqueue_one(&mut state, 1_000, spec("a")), 3);
+        assert_eq!(state.last_job_id(), 3);
+
+        let first = job(&state, 1);
+        assert_eq!(first.queue, "a");
+        assert_eq!(first.state, JobState::Ready);
+        assert_eq!(first.not_before_ms, 1_000);
+        assert_eq!(first.enqueued_at_ms, 1_000);
+        assert_eq!(first.max_attempts, 5);
+        assert_eq!(first.lease_ttl_ms, TTL_MS);
+        assert_eq!(first.backoff, Backoff::default());
+        assert_eq!(first.attempts, 0);
+        assert_eq!(first.lease, None);
+        assert_eq!(first.finished_at_ms, None);
+    }
+
+    #[test]
+    fn keeps_what_the_spec_names() {
+        let mut state = State::new();
+        let full = JobSpec {
+            queue: "q".into(),
+            payload: b"hello".to_vec(),
+            priority: -3,
+            not_before_ms: Some(50_000),
+            max_attempts: Some(2),
+            backoff: Some(Backoff { base_ms: 10, cap_ms: 20 }),
+            lease_ttl_ms: Some(5_000),
+            idempotency_key: Some("k".into()),
+            tags: vec!["zeta".into(), "gpu".into(), "zeta".into()],
+        };
+        let id = enqueue_one(&mut state, 1_000, full);
+        let job = job(&state, id);
+        assert_eq!(job.payload, b"hello");
+        assert_eq!(job.priority, -3);
+        assert_eq!(job.not_before_ms, 50_000);
+        assert_eq!(job.max_attempts, 2);
+        assert_eq!(job.backoff.base_ms, 10);
+        assert_eq!(job.lease_ttl_ms, 5_000);
+        assert_eq!(job.idempotency_key.as_deref(), Some("k"));
+        // Sorted and deduplicated.
+        assert_eq!(job.tags, vec!["gpu".to_owned(), "zeta".to_owned()]);
+    }
+
+    #[test]
+    fn an_invalid_job_refuses_the_whole_batch() {
+        let mut state = State::new();
+        enqueue_one(&mut state, 1_000, spec("q"));
+        let before = state.clone();
+        let response = apply(
+            &mut state,
+            1_000,
+            Command::Enqueue { jobs: vec![spec("q"), spec("q"), spec("NOPE")] },
+        );
+        let Response::Refused(Refusal::Invalid(error)) = response else {
+            panic!("expected an invalid refusal, got {response:?}")
+        };
+        assert_eq!(error.field, "jobs[2].queue");
+        assert_eq!(state, before);
+        assert_eq!(state.last_job_id(), 1);
+    }
+
+    #[test]
+    fn an_oversized_payload_is_refused_as_too_large() {
+        let mut state = State::new();
+        let big = JobSpec { payload: vec![0; 256 * 1024 + 1], ..spec("q") };
+        let response = apply(&mut state, 1, Command::Enqueue { jobs: vec![big] });
+        let Response::Refused(Refusal::Invalid(error)) = response else {
+            panic!("expected an invalid refusal, got {response:?}")
+        };
+        assert_eq!(error.kind, ValidationKind::TooLarge);
+        assert_eq!(state.last_job_id(), 0);
+    }
+
+    #[test]
+    fn a_repeated_key_returns_the_first_job() {
+        let mut state = State::new();
+        let first = enqueue_one(&mut state, 1_000, keyed("q", "k"));
+        let again = enqueue(&mut state, 2_000, vec![keyed("q", "k")]);
+        assert_eq!(again, vec![EnqueueOutcome { job_id: first, duplicate: true }]);
+        assert_eq!(state.last_job_id(), first);
+        assert_eq!(state.jobs(&JobFilter::default(), 0, 10).len(), 1);
+    }
+
+    #[test]
+    fn keys_are_scoped_by_queue() {
+        let mut state = State::new();
+        let in_a = enqueue_one(&mut state, 1_000, keyed("a", "k"));
+        let in_b = enqueue_one(&mut state, 1_000, keyed("b", "k"));
+        assert_ne!(in_a, in_b);
+    }
+
+    #[test]
+    fn duplicates_inside_one_batch_dedupe_to_the_first() {
+        let mut state = State::new();
+        let outcomes = enqueue(
+            &mut state,
+            1_000,
+            vec![keyed("q", "k"), spec("q"), keyed("q", "k"), keyed("q", "other")],
+        );
+        let pairs: Vec<(u64, bool)> = outcomes.iter().map(|o| (o.job_id, o.duplicate)).collect();
+        assert_eq!(pairs, vec![(1, false), (2, false), (1, true), (3, false)]);
+    }
+
+    #[test]
+    fn acked_and_dead_jobs_still_hold_their_key() {
+        let mut state = State::new();
+        let acked = enqueue_one(&mut state, 1_000, keyed("q", "acked"));
+        let lease = claim_one(&mut state, 1_000, "q");
+        apply(&mut state, 1_000, ack(acked, lease.token));
+        let dead =
+            enqueue_one(&mut state, 1_000, JobSpec { max_attempts: Some(1), ..keyed("q", "dead") });
+        let lease = claim_one(&mut state, 1_000, "q");
+        apply(&mut state, 1_000, nack(dead, lease.token, None));
+        assert_eq!(job(&state, dead).state, JobState::Dead);
+
+        let outcomes = enqueue(&mut state, 2_000, vec![keyed("q", "acked"), keyed("q", "dead")]);
+        assert_eq!(
+            outcomes,
+            vec![
+                EnqueueOutcome { job_id: acked, duplicate: true },
+                EnqueueOutcome { job_id: dead, duplicate: true }
+            ]
+        );
+    }
+
+    #[test]
+    fn a_purged_tombstone_frees_its_key() {
+        let mut state = State::new();
+        let first = enqueue_one(&mut state, 1_000, keyed("q", "k"));
+        let lease = claim_one(&mut state, 1_000, "q");
+        apply(&mut state, 1_000, ack(first, lease.token));
+        assert_eq!(apply(&mut state, 1_000 + DAY_MS, Command::Purge), Response::Purged(1));
+        let second = enqueue(&mut state, 1_000 + DAY_MS, vec![keyed("q", "k")]);
+        assert!(!second[0].duplicate);
+        assert!(second[0].job_id > first);
+    }
+}
+
+mod claim {
+    use super::*;
+
+    #[test]
+    fn grants_in_priority_then_due_time_then_id_order() {
+        let mut state = State::new();
+        let with = |priority: i32, not_before_ms: u64| JobSpec {
+            priority,
+            not_before_ms: Some(not_before_ms),
+            ..spec("q")
+        };
+        // ids 1..=6
+        enqueue(
+            &mut state,
+            100,
+            vec![with(0, 50), with(5, 90), with(5, 10), with(-1, 0), with(5, 10), with(0, 20)],
+        );
+        let grants = claim(&mut state, 100, "q", 10);
+        assert_eq!(claimed_ids(&grants), vec![3, 5, 2, 6, 1, 4]);
+    }
+
+    #[test]
+    fn a_delayed_job_does_not_block_lower_priorities() {
+        let mut state = State::new();
+        let delayed = JobSpec { priority: 9, not_before_ms: Some(10_000), ..spec("q") };
+        enqueue(&mut state, 1_000, vec![delayed, spec("q")]);
+        assert_eq!(claimed_ids(&claim(&mut state, 1_000, "q", 10)), vec![2]);
+        assert!(claim(&mut state, 9_999, "q", 10).is_empty());
+        assert_eq!(claimed_ids(&claim(&mut state, 10_000, "q", 10)), vec![1]);
+    }
+
+    #[test]
+    fn grants_at_most_max() {
+        let mut state = State::new();
+        enqueue(&mut state, 1_000, vec![spec("q"); 5]);
+        assert_eq!(claimed_ids(&claim(&mut state, 1_000, "q", 2)), vec![1, 2]);
+        assert_eq!(claimed_ids(&claim(&mut state, 1_000, "q", 2)), vec![3, 4]);
+        assert_eq!(claimed_ids(&claim(&mut state, 1_000, "q", 2)), vec![5]);
+        assert!(claim(&mut state, 1_000, "q", 2).is_empty());
+    }
+
+    #[test]
+    fn an_unknown_or_empty_queue_grants_nothing() {
+        let mut state = State::new();
+        assert_eq!(
+            apply(&mut state, 1_000, claim_command("nothing", 5, &[])),
+            Response::Claimed(vec![])
+        );
+        assert_eq!(state.last_token(), 0);
+    }
+
+    #[test]
+    fn fills_the_lease_from_the_command_and_the_job() {
+        let mut state = State::new();
+        enqueue(
+            &mut state,
+            1_000,
+            vec![spec("q"), JobSpec { lease_ttl_ms: Some(5_000), ..spec("q") }],
+        );
+        let grants = claim(&mut state, 2_000, "q", 2);
+        let leases: Vec<&Lease> = grants.iter().map(|grant| &grant.lease).collect();
+        assert_eq!(leases[0].token, 1);
+        assert_eq!(leases[1].token, 2);
+        for (grant, ttl_ms) in grants.iter().zip([TTL_MS, 5_000]) {
+            assert_eq!(grant.lease.job_id, grant.job.id);
+            assert_eq!(grant.lease.holder, "worker-1");
+            assert_eq!(grant.lease.epoch, EPOCH);
+            assert_eq!(grant.lease.granted_at_ms, 2_000);
+            assert_eq!(grant.lease.expires_at_ms, 2_000 + ttl_ms);
+            assert_eq!(grant.job.state, JobState::Claimed);
+            assert_eq!(grant.job.lease.as_ref(), Some(&grant.lease));
+            assert_eq!(job(&state, grant.job.id), &grant.job);
+        }
+        assert_eq!(state.last_token(), 2);
+        assert_eq!(state.next_expiry_ms(), Some(2_000 + 5_000));
+    }
+
+    #[test]
+    fn a_claim_ttl_overrides_the_job_ttl() {
+        let mut state = State::new();
+        enqueue_one(&mut state, 1_000, spec("q"));
+        let command = Command::Claim {
+            worker: "w".into(),
+            queue: "q".into(),
+            max: 1,
+            lease_ttl_ms: Some(2_000),
+            selector: vec![],
+        };
+        let Response::Claimed(grants) = apply(&mut state, 1_000, command) else {
+            panic!("expected grants")
+        };
+        assert_eq!(grants[0].lease.expires_at_ms, 3_000);
+    }
+
+    #[test]
+    fn tokens_are_global_and_never_reused() {
+        let mut state = State::new();
+        let a = enqueue_one(&mut state, 1_000, spec("a"));
+        enqueue_one(&mut state, 1_000, spec("b"));
+        let first = claim_one(&mut state, 1_000, "a");
+        let second = claim_one(&mut state, 1_000, "b");
+        apply(&mut state, 1_000, release(a, first.token));
+        let third = claim_one(&mut state, 1_000, "a");
+        assert_eq!((first.token, second.token, third.token), (1, 2, 3));
+    }
+
+    #[test]
+    fn stamps_the_epoch_argument() {
+        let mut state = State::new();
+        enqueue_one(&mut state, 1_000, spec("q"));
+        let response =
+            state.apply(42, &Proposal { now_ms: 1_000, command: claim_command("q", 1, &[]) });
+        let Response::Claimed(grants) = response else { panic!("expected grants") };
+        assert_eq!(grants[0].lease.epoch, 42);
+    }
+
+    #[test]
+    fn a_job_is_claimable_only_by_a_selector_holding_all_its_tags() {
+        let mut state = State::new();
+        let tagged = |tags: &[&str]| JobSpec {
+            tags: tags.iter().map(|tag| (*tag).to_owned()).collect(),
+            ..spec("q")
+        };
+        enqueue(&mut state, 1_000, vec![tagged(&["gpu", "eu"]), tagged(&["gpu"]), tagged(&[])]);
+        let claim_with = |state: &mut State, selector: &[&str]| match apply(
+            state,
+            1_000,
+            claim_command("q", 10, selector),
+        ) {
+            Response::Claimed(grants) => claimed_ids(&grants),
+            other => panic!("expected grants, got {other:?}"),
+        };
+        assert!(state.has_claimable("q", &["eu".into()], 0));
+        assert_eq!(claim_with(&mut state, &["eu"]), vec![3]);
+        assert_eq!(claim_with(&mut state, &["gpu"]), vec![2]);
+        assert_eq!(claim_with(&mut state, &["x", "eu", "gpu"]), vec![1]);
+    }
+
+    #[test]
+    fn a_claimed_job_is_not_granted_again() {
+        let mut state = State::new();
+        enqueue_one(&mut state, 1_000, spec("q"));
+        claim_one(&mut state, 1_000, "q");
+        // Even after its lease lapses: only a sweep makes it ready again.
+        assert!(claim(&mut state, 1_000 + 10 * TTL_MS, "q", 10).is_empty());
+        apply(&mut state, 1_000 + 10 * TTL_MS, Command::Sweep);
+        assert_eq!(claim(&mut state, 1_000 + 10 * TTL_MS, "q", 10).len(), 1);
+    }
+}
+
+mod refresh {
+    use super::*;
+
+    #[test]
+    fn extends_a_current_lease_and_keeps_its_token() {
+        let mut state = State::new();
+        let id = enqueue_one(&mut state, 1_000, spec("q"));
+        let lease = claim_one(&mut state, 1_000, "q");
+        let response = apply(&mut state, 20_000, refresh(vec![(id, lease.token)], None));
+        let expected =
+            Lease { granted_at_ms: 20_000, expires_at_ms: 20_000 + TTL_MS, ..lease.clone() };
+        assert_eq!(response, Response::Refreshed { renewed: vec![expected.clone()], lost: vec![] });
+        assert_eq!(job(&state, id).lease.as_ref(), Some(&expected));
+        assert_eq!(state.next_expiry_ms(), Some(20_000 + TTL_MS));
+        assert_eq!(state.last_token(), lease.token);
+    }
+
+    #[test]
+    fn uses_the_command_ttl_when_given() {
+        let mut state = State::new();
+        let id = enqueue_one(&mut state, 1_000, spec("q"));
+        let lease = claim_one(&mut state, 1_000, "q");
+        let Response::Refreshed { renewed, .. } =
+            apply(&mut state, 2_000, refresh(vec![(id, lease.token)], Some(1_000)))
+        else {
+            panic!("expected Refreshed")
+        };
+        assert_eq!(renewed[0].expires_at_ms, 3_000);
+    }
+
+    #[test]
+    fn reports_stale_unknown_and_unclaimed_as_lost() {
+        let mut state = State::new();
+        let held = enqueue_one(&mut state, 1_000, spec("q"));
+        let lease = claim_one(&mut state, 1_000, "q");
+        let ready = enqueue_one(&mut state, 1_000, spec("q"));
+        let response = apply(
+            &mut state,
+            2_000,
+            refresh(vec![(held, lease.token + 1), (999, 1), (ready, lease.token)], None),
+        );
+        assert_eq!(response, Response::Refreshed { renewed: vec![], lost: vec![held, 999, ready] });
+        // The lost report changed nothing.
+        assert_eq!(job(&state, held).lease.as_ref(), Some(&lease));
+    }
+
+    #[test]
+    fn renews_a_lapsed_lease_that_no_sweep_took_back() {
+        let mut state = State::new();
+        let id = enqueue_one(&mut state, 1_000, spec("q"));
+        let lease = claim_one(&mut state, 1_000, "q");
+        let late_ms = lease.expires_at_ms + 5_000;
+        let Response::Refreshed { renewed, lost } =
+            apply(&mut state, late_ms, refresh(vec![(id, lease.token)], None))
+        else {
+            panic!("expected Refreshed")
+        };
+        assert!(lost.is_empty());
+        assert_eq!(renewed[0].expires_at_ms, late_ms + TTL_MS);
+        // Now valid again, a sweep leaves it alone.
+        assert_eq!(
+            apply(&mut state, late_ms, Command::Sweep),
+            Response::Swept { requeued: vec![], dead: vec![] }
+        );
+    }
+
+    #[test]
+    fn a_swept_lease_is_lost() {
+        let mut state = State::new();
+        let id = enqueue_one(&mut state, 1_000, spec("q"));
+        let lease = claim_one(&mut state, 1_000, "q");
+        apply(&mut state, lease.expires_at_ms, Command::Sweep);
+        assert_eq!(
+            apply(&mut state, lease.expires_at_ms, refresh(vec![(id, lease.token)], None)),
+            Response::Refreshed { renewed: vec![], lost: vec![id] }
+        );
+    }
+}
+
+mod ack {
+    use super::*;
+
+    #[test]
+    fn the_current_token_finishes_the_job() {
+        let mut state = State::new();
+        let id = enqueue_one(&mut state, 1_000, spec("q"));
+        let lease = claim_one(&mut state, 1_000, "q");
+        assert_eq!(apply(&mut state, 3_000, ack(id, lease.token)), Response::Acked);
+        let acked = job(&state, id);
+        assert_eq!(acked.state, JobState::Acked);
+        assert_eq!(acked.finished_at_ms, Some(3_000));
+        // The last lease stays as the audit record.
+        assert_eq!(acked.lease.as_ref(), Some(&lease));
+        assert_eq!(state.next_expiry_ms(), None);
+    }
+
+    #[test]
+    fn a_repeated_ack_is_answered_again_and_changes_nothing() {
+        let mut state = State::new();
+        let id = enqueue_one(&mut state, 1_000, spec("q"));
+        let lease = claim_one(&mut state, 1_000, "q");
+        apply(&mut state, 3_000, ack(id, lease.token));
+        let before = state.clone();
+        assert_eq!(apply(&mut state, 3_000, ack(id, lease.token)), Response::Acked);
+        assert_eq!(state, before);
+        // Another token on the tombstone is still stale.
+        assert_eq!(
+            apply(&mut state, 3_000, ack(id, lease.token + 1)),
+            stale_refusal(id, lease.token + 1)
+        );
+    }
+
+    #[test]
+    fn an_unknown_job_is_not_found() {
+        let mut state = State::new();
+        assert_eq!(
+            apply(&mut state, 1_000, ack(5, 1)),
+            Response::Refused(Refusal::NotFound { job_id: 5 })
+        );
+    }
+
+    #[test]
+    fn a_wrong_token_or_unclaimed_job_is_stale() {
+        let mut state = State::new();
+        let id = enqueue_one(&mut state, 1_000, spec("q"));
+        assert_eq!(apply(&mut state, 1_000, ack(id, 0)), stale_refusal(id, 0));
+        let lease = claim_one(&mut state, 1_000, "q");
+        let before = state.clone();
+        assert_eq!(
+            apply(&mut state, 1_000, ack(id, lease.token + 1)),
+            stale_refusal(id, lease.token + 1)
+        );
+        assert_eq!(state, before);
+    }
+
+    #[test]
+    fn a_lapsed_lease_not_yet_swept_still_acks() {
+        let mut state = State::new();
+        let id = enqueue_one(&mut state, 1_000, spec("q"));
+        let lease = claim_one(&mut state, 1_000, "q");
+        assert_eq!(
+            apply(&mut state, lease.expires_at_ms + 60_000, ack(id, lease.token)),
+            Response::Acked
+        );
+    }
+
+    #[test]
+    fn a_superseded_token_is_stale() {
+        let mut state = State::new();
+        let id = enqueue_one(&mut state, 1_000, spec("q"));
+        let old = claim_one(&mut state, 1_000, "q");
+        apply(&mut state, old.expires_at_ms, Command::Sweep);
+        assert_eq!(
+            apply(&mut state, old.expires_at_ms, ack(id, old.token)),
+            stale_refusal(id, old.token)
+        );
+        let new = claim_one(&mut state, old.expires_at_ms, "q");
+        assert_eq!(
+            apply(&mut state, old.expires_at_ms, ack(id, old.token)),
+            stale_refusal(id, old.token)
+        );
+        assert_eq!(apply(&mut state, old.expires_at_ms, ack(id, new.token)), Response::Acked);
+    }
+
+    #[test]
+    fn an_acked_job_is_never_claimed_again() {
+        let mut state = State::new();
+        let id = enqueue_one(&mut state, 1_000, spec("q"));
+        let lease = claim_one(&mut state, 1_000, "q");
+        apply(&mut state, 1_000, ack(id, lease.token));
+        for command in [
+            Command::Sweep,
+            Command::Redrive { target: RedriveTarget::Ids(vec![id]) },
+            Command::Redrive { target: RedriveTarget::Queue("q".into()) },
+            release(id, lease.token),
+            nack(id, lease.token, None),
+        ] {
+            apply(&mut state, 10 * TTL_MS, command);
+        }
+        assert!(claim(&mut state, 10 * TTL_MS, "q", 10).is_empty());
+        assert_eq!(job(&state, id).state, JobState::Acked);
+    }
+}
+
+mod nack {
+    use super::*;
+
+    #[test]
+    fn charges_an_attempt_and_waits_the_backoff() {
+        let mut state = State::new();
+        let id = enqueue_one(&mut state, 1_000, spec("q"));
+        let lease = claim_one(&mut state, 1_000, "q");
+        assert_eq!(
+            apply(&mut state, 2_000, nack(id, lease.token, None)),
+            Response::Nacked { state: JobState::Ready, not_before_ms: 2_000 + 1_000 }
+        );
+        let failed = job(&state, id);
+        assert_eq!(failed.state, JobState::Ready);
+        assert_eq!(failed.attempts, 1);
+        assert_eq!(failed.last_error.as_deref(), Some("boom"));
+        assert_eq!(failed.lease, None);
+        assert!(claim(&mut state, 2_999, "q", 1).is_empty());
+        let lease = claim_one(&mut state, 3_000, "q");
+        // Second failure doubles the wait.
+        assert_eq!(
+            apply(&mut state, 4_000, nack(id, lease.token, None)),
+            Response::Nacked { state: JobState::Ready, not_before_ms: 4_000 + 2_000 }
+        );
+    }
+
+    #[test]
+    fn retry_after_overrides_the_backoff() {
+        let mut state = State::new();
+        let id = enqueue_one(&mut state, 1_000, spec("q"));
+        let lease = claim_one(&mut state, 1_000, "q");
+        assert_eq!(
+            apply(&mut state, 1_000, nack(id, lease.token, Some(0))),
+            Response::Nacked { state: JobState::Ready, not_before_ms: 1_000 }
+        );
+        let lease = claim_one(&mut state, 1_000, "q");
+        assert_eq!(
+            apply(&mut state, 1_000, nack(id, lease.token, Some(u64::MAX))),
+            Response::Nacked { state: JobState::Ready, not_before_ms: u64::MAX }
+        );
+    }
+
+    #[test]
+    fn the_last_attempt_kills_the_job() {
+        let mut state = State::new();
+        let id = enqueue_one(&mut state, 1_000, JobSpec { max_attempts: Some(2), ..spec("q") });
+        let lease = claim_one(&mut state, 1_000, "q");
+        apply(&mut state, 1_000, nack(id, lease.token, Some(0)));
+        let lease = claim_one(&mut state, 1_000, "q");
+        assert_eq!(
+            apply(&mut state, 5_000, nack(id, lease.token, None)),
+            Response::Nacked { state: JobState::Dead, not_before_ms: 0 }
+        );
+        let dead = job(&state, id);
+        assert_eq!(dead.state, JobState::Dead);
+        assert_eq!(dead.attempts, 2);
+        assert_eq!(dead.finished_at_ms, Some(5_000));
+        assert_eq!(dead.lease, None);
+        assert!(claim(&mut state, 1_000_000, "q", 1).is_empty());
+    }
+
+    #[test]
+    fn long_error_text_is_truncated_at_a_char_boundary() {
+        let mut state = State::new();
+        let id = enqueue_one(&mut state, 1_000, spec("q"));
+        let lease = claim_one(&mut state, 1_000, "q");
+        // 4095 ASCII bytes, then a two-byte character straddling the limit.
+        let error = format!("{}é and more", "x".repeat(4_095));
+        apply(
+            &mut state,
+            1_000,
+            Command::Nack { job_id: id, token: lease.token, error, retry_after_ms: None },
+        );
+        let kept = job(&state, id).last_error.clone().expect("error kept");
+        assert_eq!(kept, "x".repeat(4_095));
+    }
+
+    #[test]
+    fn needs_the_current_token() {
+        let mut state = State::new();
+        assert_eq!(
+            apply(&mut state, 1_000, nack(3, 1, None)),
+            Response::Refused(Refusal::NotFound { job_id: 3 })
+        );
+        let id = enqueue_one(&mut state, 1_000, spec("q"));
+        // A refused nack must not even record its error text.
+        let refused_unchanged = |state: &mut State, token: u64| {
+            let before = state.clone();
+            assert_eq!(apply(state, 1_000, nack(id, token, None)), stale_refusal(id, token));
+            assert_eq!(*state, before);
+        };
+        refused_unchanged(&mut state, 1);
+        let lease = claim_one(&mut state, 1_000, "q");
+        refused_unchanged(&mut state, lease.token + 1);
+        apply(&mut state, 1_000, ack(id, lease.token));
+        refused_unchanged(&mut state, lease.token);
+    }
+}
+
+mod backoff {
+    use super::*;
+
+    #[test]
+    fn doubles_from_the_base_up_to_the_cap() {
+        let backoff = Backoff::default();
+        let delays: Vec<u64> = (1..=10).map(|attempt| backoff.delay_ms(attempt)).collect();
+        assert_eq!(
+            delays,
+            vec![1_000, 2_000, 4_000, 8_000, 16_000, 32_000, 64_000, 128_000, 256_000, 300_000]
+        );
+        assert_eq!(backoff.delay_ms(0), 1_000);
+    }
+
+    #[test]
+    fn saturates_instead_of_overflowing() {
+        let backoff = Backoff { base_ms: 3, cap_ms: u64::MAX };
+        assert_eq!(backoff.delay_ms(64), 3u64.saturating_mul(1 << 63));
+        assert_eq!(backoff.delay_ms(65), u64::MAX);
+        assert_eq!(backoff.delay_ms(u32::MAX), u64::MAX);
+        let capped = Backoff { base_ms: 1, cap_ms: 7 };
+        assert_eq!(capped.delay_ms(1_000), 7);
+    }
+}
+
+mod release {
+    use super::*;
+
+    #[test]
+    fn returns_the_job_now_without_charging_an_attempt() {
+        let mut state = State::new();
+        let id = enqueue_one(&mut state, 1_000, spec("q"));
+        let lease = claim_one(&mut state, 1_000, "q");
+        assert_eq!(apply(&mut state, 2_000, release(id, lease.token)), Response::Released);
+        let released = job(&state, id);
+        assert_eq!(released.state, JobState::Ready);
+        assert_eq!(released.attempts, 0);
+        assert_eq!(released.lease, None);
+        assert_eq!(released.not_before_ms, 2_000);
+        assert_eq!(state.next_expiry_ms(), None);
+        let again = claim_one(&mut state, 2_000, "q");
+        assert!(again.token > lease.token);
+    }
+
+    #[test]
+    fn needs_the_current_token() {
+        let mut state = State::new();
+        assert_eq!(
+            apply(&mut state, 1_000, release(1, 1)),
+            Response::Refused(Refusal::NotFound { job_id: 1 })
+        );
+        let id = enqueue_one(&mut state, 1_000, spec("q"));
+        let lease = claim_one(&mut state, 1_000, "q");
+        assert_eq!(
+            apply(&mut state, 1_000, release(id, lease.token - 1)),
+            stale_refusal(id, lease.token - 1)
+        );
+        apply(&mut state, 1_000, release(id, lease.token));
+        assert_eq!(
+            apply(&mut state, 1_000, release(id, lease.token)),
+            stale_refusal(id, lease.token)
+        );
+    }
+}
+
+mod sweep {
+    use super::*;
+
+    #[test]
+    fn takes_back_lapsed_leases_only() {
+        let mut state = State::new();
+        enqueue(
+            &mut state,
+            0,
+            vec![
+                JobSpec { lease_ttl_ms: Some(1_000), ..spec("q") },
+                JobSpec { lease_ttl_ms: Some(2_000), ..spec("q") },
+                spec("q"),
+            ],
+        );
+        claim(&mut state, 0, "q", 3);
+        // expires_at == cluster time counts as lapsed.
+        assert_eq!(
+            apply(&mut state, 2_000, Command::Sweep),
+            Response::Swept { requeued: vec![1, 2], dead: vec![] }
+        );
+        for id in [1, 2] {
+            let swept = job(&state, id);
+            assert_eq!(swept.state, JobState::Ready);
+            assert_eq!(swept.attempts, 1);
+            assert_eq!(swept.last_error.as_deref(), Some(LEASE_EXPIRED_ERROR));
+            assert_eq!(swept.not_before_ms, 2_000);
+            assert_eq!(swept.lease, None);
+        }
+        assert_eq!(job(&state, 3).state, JobState::Claimed);
+        assert_eq!(state.next_expiry_ms(), Some(TTL_MS));
+    }
+
+    #[test]
+    fn is_idempotent() {
+        let mut state = State::new();
+        enqueue_one(&mut state, 0, spec("q"));
+        claim_one(&mut state, 0, "q");
+        apply(&mut state, TTL_MS, Command::Sweep);
+        let before = state.clone();
+        assert_eq!(
+            apply(&mut state, TTL_MS, Command::Sweep),
+            Response::Swept { requeued: vec![], dead: vec![] }
+        );
+        assert_eq!(state, before);
+    }
+
+    #[test]
+    fn kills_a_job_on_its_last_attempt_and_lists_ids_ascending() {
+        let mut state = State::new();
+        let once = JobSpec { max_attempts: Some(1), ..spec("q") };
+        enqueue(&mut state, 0, vec![once.clone(), spec("q"), once]);
+        // Claim in two steps so expiry order differs from id order.
+        claim(&mut state, 0, "q", 1);
+        claim(&mut state, 0, "q", 1);
+        let Response::Claimed(grants) = apply(
+            &mut state,
+            0,
+            Command::Claim {
+                worker: "w".into(),
+                queue: "q".into(),
+                max: 1,
+                lease_ttl_ms: Some(1_000),
+                selector: vec![],
+            },
+        ) else {
+            panic!("expected grants")
+        };
+        assert_eq!(claimed_ids(&grants), vec![3]);
+        assert_eq!(
+            apply(&mut state, TTL_MS, Command::Sweep),
+            Response::Swept { requeued: vec![2], dead: vec![1, 3] }
+        );
+        assert_eq!(job(&state, 1).finished_at_ms, Some(TTL_MS));
+        assert_eq!(job(&state, 3).state, JobState::Dead);
+    }
+}
+
+mod redrive {
+    use super::*;
+
+    /// Enqueues `count` single-attempt jobs in `queue` and kills them all.
+    fn dead_jobs(state: &mut State, queue: &str, count: usize) -> Vec<u64> {
+        let once = JobSpec { max_attempts: Some(1), ..spec(queue) };
+        let ids: Vec<u64> =
+            enqueue(state, 0, vec![once; count]).iter().map(|outcome| outcome.job_id).collect();
+        for grant in claim(state, 0, queue, 100) {
+            apply(state, 0, nack(grant.job.id, grant.lease.token, None));
+        }
+        ids
+    }
+
+    #[test]
+    fn a_queue_redrive_revives_every_dead_job_of_the_queue() {
+        let mut state = State::new();
+        let ids = dead_jobs(&mut state, "q", 3);
+        let elsewhere = dead_jobs(&mut state, "other", 1);
+        assert_eq!(
+            apply(&mut state, 5_000, Command::Redrive { target: RedriveTarget::Queue("q".into()) }),
+            Response::Redriven(3)
+        );
+        for id in ids {
+            let revived = job(&state, id);
+            assert_eq!(revived.state, JobState::Ready);
+            assert_eq!(revived.attempts, 0);
+            assert_eq!(revived.not_before_ms, 5_000);
+            assert_eq!(revived.finished_at_ms, None);
+            assert_eq!(revived.last_error.as_deref(), Some("boom"));
+        }
+        assert_eq!(job(&state, elsewhere[0]).state, JobState::Dead);
+        assert_eq!(claim(&mut state, 5_000, "q", 10).len(), 3);
+        assert_eq!(
+            apply(
+                &mut state,
+                5_000,
+                Command::Redrive { target: RedriveTarget::Queue("empty".into()) }
+            ),
+            Response::Redriven(0)
+        );
+    }
+
+    #[test]
+    fn an_id_redrive_ignores_jobs_that_are_not_dead() {
+        let mut state = State::new();
+        let dead = dead_jobs(&mut state, "q", 1)[0];
+        let ready = enqueue_one(&mut state, 0, spec("q"));
+        assert_eq!(
+            apply(
+                &mut state,
+                0,
+                Command::Redrive { target: RedriveTarget::Ids(vec![ready, dead, 999, dead]) }
+            ),
+            Response::Redriven(1)
+        );
+        assert_eq!(job(&state, dead).state, JobState::Ready);
+    }
+
+    #[test]
+    fn an_invalid_target_is_refused() {
+        let mut state = State::new();
+        let response =
+            apply(&mut state, 0, Command::Redrive { target: RedriveTarget::Ids(vec![]) });
+        assert!(matches!(response, Response::Refused(Refusal::Invalid(_))));
+    }
+}
+
+mod purge {
+    use super::*;
+
+    #[test]
+    fn drops_tombstones_once_retention_has_passed() {
+        let mut state = State::new();
+        let acked = enqueue_one(&mut state, 1_000, keyed("q", "k"));
+        let lease = claim_one(&mut state, 1_000, "q");
+        apply(&mut state, 2_000, ack(acked, lease.token));
+        let pending = enqueue_one(&mut state, 2_000, spec("q"));
+
+        assert!(!state.has_purgeable(2_000 + DAY_MS - 1));
+        assert_eq!(apply(&mut state, 2_000 + DAY_MS - 1, Command::Purge), Response::Purged(0));
+        assert!(state.has_purgeable(2_000 + DAY_MS));
+        assert_eq!(apply(&mut state, 2_000 + DAY_MS, Command::Purge), Response::Purged(1));
+        assert_eq!(state.job(acked), None);
+        assert!(state.job(pending).is_some());
+        assert!(!state.has_purgeable(u64::MAX));
+        assert_eq!(
+            apply(&mut state, 3 * DAY_MS, ack(acked, lease.token)),
+            Response::Refused(Refusal::NotFound { job_id: acked })
+        );
+    }
+
+    #[test]
+    fn keeps_dead_jobs() {
+        let mut state = State::new();
+        let id = enqueue_one(&mut state, 0, JobSpec { max_attempts: Some(1), ..spec("q") });
+        let lease = claim_one(&mut state, 0, "q");
+        apply(&mut state, 0, nack(id, lease.token, None));
+        assert_eq!(apply(&mut state, 10 * DAY_MS, Command::Purge), Response::Purged(0));
+        assert_eq!(job(&state, id).state, JobState::Dead);
+    }
+}
+
+mod queries {
+    use super::*;
+
+    /// Queue "a": job 1 acked, 2 claimed, 3 ready, 4 delayed; queue "b": 5 ready.
+    fn mixed_state() -> State {
+        let mut state = State::new();
+        enqueue(&mut state, 1_000, vec![spec("a"), spec("a"), spec("a")]);
+        let grants = claim(&mut state, 1_000, "a", 2);
+        apply(&mut state, 1_000, ack(1, grants[0].lease.token));
+        enqueue(
+            &mut state,
+            1_000,
+            vec![JobSpec { not_before_ms: Some(60_000), ..spec("a") }, spec("b")],
+        );
+        state
+    }
+
+    fn ids(jobs: Vec<&Job>) -> Vec<u64> {
+        jobs.iter().map(|job| job.id).collect()
+    }
+
+    #[test]
+    fn jobs_filters_and_pages_by_id() {
+        let state = mixed_state();
+        let all = JobFilter::default();
+        assert_eq!(ids(state.jobs(&all, 0, 100)), vec![1, 2, 3, 4, 5]);
+        assert_eq!(ids(state.jobs(&all, 2, 2)), vec![3, 4]);
+        assert_eq!(ids(state.jobs(&all, u64::MAX, 2)), Vec::<u64>::new());
+        assert_eq!(ids(state.jobs(&all, 0, 0)), Vec::<u64>::new());
+        let queue_a = JobFilter { queue: Some("a".into()), state: None };
+        assert_eq!(ids(state.jobs(&queue_a, 0, 100)), vec![1, 2, 3, 4]);
+        assert_eq!(ids(state.jobs(&queue_a, 1, 2)), vec![2, 3]);
+        let ready = JobFilter { queue: None, state: Some(JobState::Ready) };
+        assert_eq!(ids(state.jobs(&ready, 0, 100)), vec![3, 4, 5]);
+        assert_eq!(ids(state.jobs(&ready, 3, 1)), vec![4]);
+        let ready_b = JobFilter { queue: Some("b".into()), state: Some(JobState::Ready) };
+        assert_eq!(ids(state.jobs(&ready_b, 0, 100)), vec![5]);
+        let unknown = JobFilter { queue: Some("zzz".into()), state: None };
+        assert!(state.jobs(&unknown, 0, 100).is_empty());
+        for filter in [all, queue_a, ready, ready_b] {
+            for job in state.jobs(&filter, 0, 100) {
+                assert!(filter.matches(job));
+            }
+        }
+    }
+
+    #[test]
+    fn stats_count_per_queue_and_judge_due_at_the_later_clock() {
+        let state = mixed_state();
+        let stats = state.stats(0);
+        assert_eq!(
+            stats.get("a"),
+            Some(&QueueStats { ready: 1, delayed: 1, claimed: 1, acked: 1, dead: 0 })
+        );
+        assert_eq!(stats.get("b").map(|s| s.ready), Some(1));
+        assert_eq!(state.stats(60_000).get("a").map(|s| (s.ready, s.delayed)), Some((2, 0)));
+    }
+
+    #[test]
+    fn due_and_expiry_hints() {
+        let state = mixed_state();
+        assert_eq!(state.next_due_ms("a"), Some(60_000));
+        assert_eq!(state.next_due_ms("b"), None);
+        assert_eq!(state.next_due_ms("none"), None);
+        assert_eq!(state.next_expiry_ms(), Some(1_000 + TTL_MS));
+        assert!(state.has_claimable("a", &[], 0));
+        assert!(!state.has_claimable("none", &[], 0));
+
+        let mut drained = state.clone();
+        claim(&mut drained, 1_000, "a", 10);
+        assert!(!drained.has_claimable("a", &[], 59_999));
+        assert!(drained.has_claimable("a", &[], 60_000));
+    }
+}
+
+mod snapshot {
+    use super::*;
+
+    #[test]
+    fn a_round_trip_preserves_equality_and_behaviour() {
+        let mut state = State::new();
+        enqueue(&mut state, 1_000, vec![keyed("q", "k"), spec("q"), spec("r"), spec("q")]);
+        let grants = claim(&mut state, 1_000, "q", 2);
+        apply(&mut state, 1_000, ack(grants[0].job.id, grants[0].lease.token));
+
+        let bytes = bincode::serialize(&state).expect("a state serializes");
+        let mut restored: State = bincode::deserialize(&bytes).expect("and deserializes");
+        assert_eq!(restored, state);
+        assert_eq!(restored.check_invariants(), Ok(()));
+        assert_eq!(bincode::serialize(&restored).expect("serializes"), bytes);
+
+        for command in [
+            Command::Enqueue { jobs: vec![keyed("q", "k")] },
+            claim_command("q", 5, &[]),
+            Command::Sweep,
+        ] {
+            let proposal = Proposal { now_ms: 100_000, command };
+            assert_eq!(restored.apply(3, &proposal), state.apply(3, &proposal));
+            assert_eq!(restored, state);
+        }
+    }
+}
