@@ -67,6 +67,22 @@ impl Default for RetryPolicy {
     }
 }
 
+/// Whether a failed call may be repeated: the server said UNAVAILABLE, or
+/// the call never got an answer because the connection broke under it (a
+/// node killed mid-call). tonic reports the latter as UNKNOWN "transport
+/// error", or CANCELLED "operation was canceled" for a call still queued on
+/// the dead connection, with the local cause as the status's source; a
+/// status the server sent never has a source, so the server's own UNKNOWN
+/// or CANCELLED is not retried.
+fn is_retryable(status: &tonic::Status) -> bool {
+    let local = std::error::Error::source(status).is_some();
+    match status.code() {
+        tonic::Code::Unavailable => true,
+        tonic::Code::Unknown | tonic::Code::Cancelled => local,
+        _ => false,
+    }
+}
+
 /// Stubs over one node's channel.
 #[derive(Clone)]
 struct Stubs {
@@ -75,8 +91,9 @@ struct Stubs {
 }
 
 /// A connection to one or more leasehold nodes. Calls go to one node at a
-/// time; an UNAVAILABLE answer (including a refused connection) moves the
-/// client to the next address before it retries.
+/// time; an UNAVAILABLE answer (including a refused connection) or a
+/// connection that broke mid-call moves the client to the next address
+/// before it retries.
 #[derive(Clone)]
 pub struct Client {
     nodes: Arc<Vec<Stubs>>,
@@ -166,8 +183,8 @@ impl Client {
             tried += 1;
             match call().await {
                 Ok(value) => return Ok(value),
-                Err(status) if status.code() == tonic::Code::Unavailable && tried < attempts => {
-                    tracing::debug!(%status, tried, "retrying after unavailable");
+                Err(status) if is_retryable(&status) && tried < attempts => {
+                    tracing::debug!(%status, tried, "retrying after a transient failure");
                     self.rotate();
                     tokio::time::sleep(delay).await;
                     delay = (delay * 2).min(self.retry.max_delay);
@@ -322,5 +339,29 @@ impl Client {
             async move { stub.remove(request).await.map(|r| r.into_inner().voters) }
         })
         .await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_transient_failures_are_retried() {
+        let broken = std::io::Error::other("connection closed before message completed");
+        let mut dropped = tonic::Status::cancelled("operation was canceled");
+        dropped.set_source(std::sync::Arc::new(std::io::Error::other("connection task ended")));
+        let cases = [
+            (tonic::Status::unavailable("no leader"), true),
+            (tonic::Status::from_error(Box::new(broken)), true),
+            (dropped, true),
+            (tonic::Status::unknown("the server's own unknown"), false),
+            (tonic::Status::cancelled("the server's own cancelled"), false),
+            (tonic::Status::failed_precondition("stale fencing token"), false),
+            (tonic::Status::invalid_argument("queue: must match"), false),
+        ];
+        for (status, retryable) in cases {
+            assert_eq!(is_retryable(&status), retryable, "{status:?}");
+        }
     }
 }
