@@ -1,0 +1,19 @@
+//! End-to-end acceptance tests of leasehold: real `leasehold` processes on
+//! real sockets and real sled files, driven by the real gRPC client, the
+//! worker loop and the CLI.
+//!
+//! One integration-test binary (link time matters on small CI machines); the
+//! stories live in `e2e/`, the harness they share in `e2e/support.rs`. Every
+//! test starts its own node on free 127.0.0.1 ports in its own temporary
+//! directory, so the tests run in parallel; a failing test keeps its
+//! directory and prints where its process logs are.
+
+mod e2e {
+    pub mod support;
+
+    mod bad_input;
+    mod cli_tour;
+    mod command_worker;
+    mod kill_restart;
+    mod lease_expiry;
+}

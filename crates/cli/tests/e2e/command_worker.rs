@@ -1,0 +1,163 @@
+//! Goal: `leasehold worker -- CMD…` runs the command once per job with the
+//! job id, fencing token and attempt in its environment and the payload on
+//! stdin; exit 0 acks, a failure nacks with the command's stderr as the
+//! job's last_error; SIGTERM stops the worker cleanly with status 0 (SPEC §3
+//! "Fencing", §6 CLI).
+//!
+//! Method: start a node and a worker process whose command is a shell script
+//! that appends "ID TOKEN ATTEMPT PAYLOAD" to a file and fails (saying
+//! "boom") on the payload "fail". Enqueue three good jobs and one failing job
+//! with max_attempts 1, wait for 3 acked and 1 dead, and check the file
+//! against what the server recorded.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::process::Command;
+use std::time::Duration;
+
+use anyhow::{Context, Result, bail, ensure};
+use leasehold_proto::v1;
+use nix::sys::signal::Signal;
+
+use super::support::{
+    Check, Node, Process, Sandbox, binary, deadline_in, job, phase, queue_stats, wait_until,
+};
+
+const QUEUE: &str = "q";
+const WORKER_ID: &str = "e2e-command-worker";
+/// Appends one line per run; fails on the payload "fail".
+const SCRIPT: &str = r#"payload=$(cat)
+echo "$LEASEHOLD_JOB_ID $LEASEHOLD_FENCING_TOKEN $LEASEHOLD_ATTEMPT $payload" >> "$E2E_RUNS_FILE"
+if [ "$payload" = fail ]; then echo boom >&2; exit 1; fi"#;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn worker_runs_commands_with_token_and_nacks_failures() -> Result<()> {
+    let sandbox = Sandbox::new("command-worker")?;
+    sandbox.run(Duration::from_secs(60), story(&sandbox)).await
+}
+
+/// One line of the runs file.
+#[derive(Debug)]
+struct Run {
+    token: u64,
+    attempt: u32,
+    payload: String,
+}
+
+fn parse_runs(text: &str) -> Result<BTreeMap<u64, Run>> {
+    let mut runs = BTreeMap::new();
+    for line in text.lines() {
+        let mut fields = line.splitn(4, ' ');
+        let mut next = |what: &str| fields.next().with_context(|| format!("no {what} in {line:?}"));
+        let job_id: u64 = next("job id")?.parse().with_context(|| format!("job id in {line:?}"))?;
+        let token = next("token")?.parse().with_context(|| format!("token in {line:?}"))?;
+        let attempt = next("attempt")?.parse().with_context(|| format!("attempt in {line:?}"))?;
+        let payload = next("payload")?.to_string();
+        if runs.insert(job_id, Run { token, attempt, payload }).is_some() {
+            bail!("job {job_id} ran twice: {text:?}");
+        }
+    }
+    Ok(runs)
+}
+
+async fn story(sandbox: &Sandbox) -> Result<()> {
+    phase("start node 1");
+    let node = Node::start(sandbox).await?;
+    let mut stub = node.stub()?;
+    let runs_file = sandbox.path().join("runs.txt");
+
+    phase("start `leasehold worker --queue q --concurrency 2 -- sh -c SCRIPT`");
+    let mut command = Command::new(binary());
+    command
+        .args(["worker", "--queue", QUEUE, "--concurrency", "2", "--worker-id", WORKER_ID])
+        .args(["--", "sh", "-c", SCRIPT])
+        .env("LEASEHOLD_ADDR", node.addr())
+        .env("E2E_RUNS_FILE", &runs_file)
+        .env("NO_COLOR", "1");
+    let mut worker = Process::spawn("worker", command, &sandbox.log_file("worker"))?;
+
+    phase("enqueue three good jobs and one that fails, max_attempts 1");
+    let mut specs: Vec<v1::JobSpec> =
+        (1..=3).map(|n| job(QUEUE, format!("ok-{n}").as_bytes())).collect();
+    specs.push(v1::JobSpec { max_attempts: Some(1), ..job(QUEUE, b"fail") });
+    let results = stub
+        .enqueue(v1::EnqueueRequest { jobs: specs.clone() })
+        .await
+        .context("enqueue")?
+        .into_inner()
+        .results;
+    ensure!(results.len() == 4, "enqueue answered {results:?}");
+    let payloads: BTreeMap<u64, String> = results
+        .iter()
+        .zip(&specs)
+        .map(|(r, s)| (r.job_id, String::from_utf8_lossy(&s.payload).into_owned()))
+        .collect();
+
+    phase("wait until 3 acked and 1 dead");
+    wait_until("3 jobs acked and 1 dead", deadline_in(Duration::from_secs(30)), || {
+        let running = worker.ensure_running();
+        let mut stub = stub.clone();
+        async move {
+            running?;
+            let stats = queue_stats(&mut stub, QUEUE).await?;
+            Ok(if stats.acked == 3 && stats.dead == 1 {
+                Check::Done(())
+            } else {
+                Check::NotYet(format!("{stats:?}"))
+            })
+        }
+    })
+    .await?;
+
+    phase("check each run against the job the server recorded");
+    let text = std::fs::read_to_string(&runs_file).context("reading the runs file")?;
+    let runs = parse_runs(&text)?;
+    ensure!(runs.len() == 4, "expected 4 runs, file has {text:?}");
+    let mut tokens = BTreeSet::new();
+    for (job_id, payload) in &payloads {
+        let run = runs.get(job_id).with_context(|| format!("job {job_id} never ran: {text:?}"))?;
+        ensure!(
+            &run.payload == payload,
+            "job {job_id} got stdin {:?}, not {payload:?}",
+            run.payload
+        );
+        ensure!(run.attempt == 1, "job {job_id} ran as attempt {}", run.attempt);
+        ensure!(tokens.insert(run.token), "token {} given to two runs", run.token);
+        let job = stub
+            .get_job(v1::GetJobRequest { job_id: *job_id, stale: false })
+            .await
+            .context("get job")?
+            .into_inner()
+            .job
+            .context("reply without a job")?;
+        if payload == "fail" {
+            ensure!(job.state == v1::JobState::Dead as i32, "failing job {job_id}: {job:?}");
+            ensure!(job.attempts == 1, "failing job {job_id} attempts {}", job.attempts);
+            let error = job.last_error.clone().unwrap_or_default();
+            ensure!(error.contains("boom"), "last_error {error:?} lacks the command's stderr");
+        } else {
+            ensure!(job.state == v1::JobState::Acked as i32, "job {job_id}: {job:?}");
+            let lease = job.lease.as_ref().context("acked job without its lease")?;
+            ensure!(
+                lease.token == run.token && lease.holder == WORKER_ID,
+                "job {job_id}: command saw token {}, server acked lease {lease:?}",
+                run.token
+            );
+        }
+    }
+    let last_token = stub
+        .stats(v1::StatsRequest { queue: None, stale: false })
+        .await
+        .context("stats")?
+        .into_inner()
+        .last_token;
+    ensure!(
+        tokens.iter().all(|&t| t >= 1 && t <= last_token),
+        "tokens {tokens:?} outside 1..={last_token}"
+    );
+
+    phase("SIGTERM the worker: it exits 0 within a few seconds");
+    worker.signal(Signal::SIGTERM)?;
+    let status = worker.wait_exit(deadline_in(Duration::from_secs(5))).await?;
+    ensure!(status.code() == Some(0), "worker exited with {status} after SIGTERM");
+    Ok(())
+}
