@@ -23,6 +23,12 @@ enum ClusterCommand {
         #[arg(long, value_enum, default_value_t)]
         output: Output,
     },
+    /// Drain a node: it stops taking claims, lets running commands finish,
+    /// releases what it holds, hands leadership over, and exits.
+    Drain {
+        /// The node's id.
+        id: u64,
+    },
     /// Remove a member (the leader included: it hands over once the change commits).
     Remove {
         /// The member's node id.
@@ -55,6 +61,10 @@ pub async fn run(args: ClusterArgs) -> anyhow::Result<ExitCode> {
                     }
                 }
             }
+        }
+        ClusterCommand::Drain { id } => {
+            client.drain(id).await?;
+            println!("node {id} is draining");
         }
         ClusterCommand::Remove { id } => {
             let voters = client.remove_member(id).await?;

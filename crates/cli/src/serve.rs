@@ -3,7 +3,6 @@
 
 use std::path::PathBuf;
 use std::process::ExitCode;
-use std::time::Duration;
 
 use anyhow::Context;
 use leasehold_node::{Config, Node, Transport};
@@ -32,6 +31,12 @@ pub struct ServeArgs {
     /// TOML configuration file.
     #[arg(long, env = "LEASEHOLD_CONFIG")]
     config: Option<PathBuf>,
+    /// This node's tags (repeatable).
+    #[arg(long = "tag", env = "LEASEHOLD_TAGS", value_delimiter = ',')]
+    tags: Vec<String>,
+    /// Do not run command jobs on this node.
+    #[arg(long, env = "LEASEHOLD_NO_EXECUTOR")]
+    no_executor: bool,
     /// Expose the Faults service (clock skew, store faults) for tests.
     #[arg(long, env = "LEASEHOLD_FAULT_INJECTION", hide = true)]
     fault_injection: bool,
@@ -80,6 +85,12 @@ fn resolve(args: &ServeArgs) -> anyhow::Result<Config> {
     if let Some(join) = &args.join {
         config.join = Some(join.clone());
     }
+    if !args.tags.is_empty() {
+        config.tags = args.tags.clone();
+    }
+    if args.no_executor {
+        config.executor = false;
+    }
     if args.fault_injection {
         config.fault_injection = true;
     }
@@ -96,17 +107,24 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
     println!("leasehold node listening: grpc {} http {}", node.grpc_addr(), node.http_addr());
     let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
         .context("installing the SIGTERM handler")?;
+    let mut drain_requested = node.journal().drain_requested();
     tokio::select! {
-        _ = terminate.recv() => tracing::info!("SIGTERM: shutting down"),
-        _ = tokio::signal::ctrl_c() => tracing::info!("interrupt: shutting down"),
+        _ = terminate.recv() => tracing::info!("SIGTERM: draining"),
+        _ = tokio::signal::ctrl_c() => tracing::info!("interrupt: draining"),
+        _ = drain_requested.wait_for(|asked| *asked) => tracing::info!("drain requested: draining"),
     }
-    let stop = node.shutdown(Duration::from_secs(10));
+    let drain = node.drain();
     tokio::select! {
-        result = stop => result.context("shutting down")?,
+        result = drain => result.context("draining")?,
         _ = terminate.recv() => {
             tracing::warn!("second SIGTERM: exiting at once");
             return Ok(ExitCode::FAILURE);
         }
+        _ = tokio::signal::ctrl_c() => {
+            tracing::warn!("second interrupt: exiting at once");
+            return Ok(ExitCode::FAILURE);
+        }
     }
+    tracing::info!(event = "drain.step", step = "exit", "drained");
     Ok(ExitCode::SUCCESS)
 }

@@ -331,6 +331,16 @@ impl Client {
         .await
     }
 
+    /// Asks node `id` to drain and exit.
+    pub async fn drain(&self, id: u64) -> Result<(), ClientError> {
+        self.retrying(true, || {
+            let mut stub = self.cluster();
+            let request = self.request(v1::DrainRequest { id }, self.call_timeout);
+            async move { stub.drain(request).await.map(|_| ()) }
+        })
+        .await
+    }
+
     /// Removes a member (learner or voter, the leader included).
     pub async fn remove_member(&self, id: u64) -> Result<Vec<u64>, ClientError> {
         self.retrying(true, || {

@@ -36,6 +36,7 @@ pub mod job;
 pub mod lease;
 pub mod limits;
 pub mod response;
+pub mod schedule;
 pub mod state;
 pub mod validate;
 

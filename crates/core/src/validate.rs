@@ -93,6 +93,7 @@ pub fn validate_command(command: &Command, limits: &Limits) -> Result<(), Valida
             // lost (or renewed twice), which no client could interpret.
             let mut seen = BTreeSet::new();
             for (index, (job_id, _token)) in leases.iter().enumerate() {
+                job_id_field(&format!("leases[{index}].job_id"), *job_id)?;
                 if !seen.insert(*job_id) {
                     return Err(ValidationError::invalid(
                         format!("leases[{index}].job_id"),
@@ -105,17 +106,33 @@ pub fn validate_command(command: &Command, limits: &Limits) -> Result<(), Valida
             }
             Ok(())
         }
-        // A job id and a token are any u64: an unknown job or a stale token
-        // is a refusal decided by `apply`, not malformed input. The nack's
-        // error text is truncated, never refused, so a failing worker can
-        // always report its failure.
-        Command::Ack { .. } | Command::Nack { .. } | Command::Release { .. } => Ok(()),
+        // Job ids start at 1, so 0 is malformed input. Otherwise an unknown
+        // job or a stale token is a refusal decided by `apply`, not bad
+        // input. The nack's error text is truncated, never refused, so a
+        // failing worker can always report its failure.
+        Command::Ack { job_id, .. }
+        | Command::Nack { job_id, .. }
+        | Command::Release { job_id, .. } => job_id_field("job_id", *job_id),
         Command::Sweep | Command::Purge => Ok(()),
         Command::Redrive { target } => match target {
             RedriveTarget::Queue(queue) => queue_name("queue", queue),
-            RedriveTarget::Ids(ids) => batch_size("ids", "ids", ids.len(), limits),
+            RedriveTarget::Ids(ids) => {
+                batch_size("job_ids", "ids", ids.len(), limits)?;
+                for (index, id) in ids.iter().enumerate() {
+                    job_id_field(&format!("job_ids[{index}]"), *id)?;
+                }
+                Ok(())
+            }
         },
     }
+}
+
+/// Job ids are assigned from 1; 0 names no job.
+fn job_id_field(field: &str, job_id: u64) -> Result<(), ValidationError> {
+    if job_id == 0 {
+        return Err(ValidationError::invalid(field, "must be at least 1"));
+    }
+    Ok(())
 }
 
 /// Checks a queue name against [`QUEUE_NAME_PATTERN`], by hand: the pattern
@@ -610,10 +627,22 @@ mod tests {
     }
 
     #[test]
-    fn token_commands_carry_nothing_to_refuse() {
+    fn token_commands_refuse_only_job_id_zero() {
         let long_error = "e".repeat(100_000);
+        assert_refused(
+            &Command::Ack { job_id: 0, token: 1 },
+            ValidationKind::Invalid,
+            "job_id",
+            "must be at least 1",
+        );
+        assert_refused(
+            &Command::Release { job_id: 0, token: 1 },
+            ValidationKind::Invalid,
+            "job_id",
+            "must be at least 1",
+        );
         for command in [
-            Command::Ack { job_id: 0, token: 0 },
+            Command::Ack { job_id: 1, token: 0 },
             Command::Nack {
                 job_id: u64::MAX,
                 token: 1,
@@ -642,13 +671,13 @@ mod tests {
         assert_refused(
             &redrive(RedriveTarget::Ids(vec![])),
             ValidationKind::Invalid,
-            "ids",
+            "job_ids",
             "must not be empty",
         );
         assert_refused(
             &redrive(RedriveTarget::Ids(vec![1; 1_001])),
             ValidationKind::TooLarge,
-            "ids",
+            "job_ids",
             "has 1001 ids, limit 1000",
         );
     }

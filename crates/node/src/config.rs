@@ -42,6 +42,19 @@ pub struct Config {
     pub snapshot_every_entries: u64,
     /// Expose the Faults service (clock skew, store faults). Tests only.
     pub fault_injection: bool,
+    /// This node's tags: schedules with `target = each` address nodes by them,
+    /// and the built-in executor claims with them.
+    pub tags: Vec<String>,
+    /// Run command jobs on this node (the built-in executor).
+    pub executor: bool,
+    /// Queues the built-in executor takes command jobs from.
+    pub executor_queues: Vec<String>,
+    /// Commands the executor runs at once, per queue.
+    pub executor_concurrency: usize,
+    /// A command running longer than this is killed and nacked.
+    pub executor_timeout_ms: u64,
+    /// How long running commands may finish when the node stops.
+    pub drain_grace_ms: u64,
 }
 
 impl Default for Config {
@@ -62,6 +75,12 @@ impl Default for Config {
             election_timeout_max_ms: 1_000,
             snapshot_every_entries: 10_000,
             fault_injection: false,
+            tags: Vec::new(),
+            executor: true,
+            executor_queues: vec![leasehold_core::schedule::DEFAULT_COMMAND_QUEUE.to_string()],
+            executor_concurrency: 4,
+            executor_timeout_ms: 3_600_000,
+            drain_grace_ms: 30_000,
         }
     }
 }
@@ -127,6 +146,20 @@ impl Config {
         if self.quorum_timeout_ms == 0 || self.sweep_interval_ms == 0 || self.purge_interval_ms == 0
         {
             return invalid("quorum_timeout_ms", "timeouts and intervals must be positive");
+        }
+        for (index, queue) in self.executor_queues.iter().enumerate() {
+            if leasehold_core::validate::queue_name("executor_queues", queue).is_err() {
+                return Err(ConfigError::Invalid {
+                    field: "executor_queues",
+                    problem: format!("entry {index} ({queue:?}) is not a valid queue name"),
+                });
+            }
+        }
+        if self.executor_concurrency == 0 || self.executor_timeout_ms == 0 {
+            return invalid(
+                "executor_concurrency",
+                "executor concurrency and timeout must be positive",
+            );
         }
         if self.snapshot_every_entries == 0 {
             return invalid("snapshot_every_entries", "must be at least 1");

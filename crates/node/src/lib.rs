@@ -7,6 +7,7 @@
 
 pub mod config;
 pub mod driver;
+pub mod executor;
 pub mod node;
 
 pub use config::Config;

@@ -28,6 +28,7 @@ use tokio_stream::wrappers::TcpListenerStream;
 
 use crate::config::{Config, ConfigError};
 use crate::driver::{self, DriverConfig};
+use crate::executor::{self, ExecutorConfig};
 
 /// The listeners a node serves on. Tests bind port 0 and pass them in.
 pub struct Transport {
@@ -85,6 +86,9 @@ pub struct NodeHandle {
     journal: Journal,
     shutdown: watch::Sender<bool>,
     tasks: Vec<JoinHandle<Result<(), String>>>,
+    intake: watch::Sender<bool>,
+    intake_tasks: Vec<JoinHandle<()>>,
+    drain_grace: Duration,
 }
 
 /// Entry point: `Node::start(config, transport)`.
@@ -140,7 +144,11 @@ impl Node {
         );
         let readiness = Readiness::new(journal.clone());
         let (shutdown, shutdown_rx) = watch::channel(false);
+        // Intake (driver ticks, executor claims) stops first on a drain,
+        // while the servers keep serving.
+        let (intake, intake_rx) = watch::channel(false);
         let mut tasks = Vec::new();
+        let mut intake_tasks = Vec::new();
 
         let (health, health_service) = tonic_health::server::health_reporter();
         let reflection = tonic_reflection::server::Builder::configure()
@@ -182,13 +190,31 @@ impl Node {
             sweep_interval: Duration::from_millis(config.sweep_interval_ms),
             purge_interval: Duration::from_millis(config.purge_interval_ms),
         };
-        let driver = driver::run(journal.clone(), driver_config, shutdown_rx);
-        tasks.push(tokio::spawn(async move {
-            driver.await;
-            Ok(())
-        }));
+        if config.executor {
+            let executor_config = ExecutorConfig {
+                node_id: config.id,
+                queues: config.executor_queues.clone(),
+                concurrency: config.executor_concurrency,
+                timeout: Duration::from_millis(config.executor_timeout_ms),
+                tags: config.tags.clone(),
+                grace: Duration::from_millis(config.drain_grace_ms),
+            };
+            let executor = executor::run(executor_config, grpc_addr, intake_rx.clone());
+            intake_tasks.push(tokio::spawn(executor));
+        }
+        let driver = driver::run(journal.clone(), driver_config, intake_rx);
+        intake_tasks.push(tokio::spawn(driver));
         tracing::info!(node = config.id, grpc = %grpc_addr, http = %http_addr, "node started");
-        let handle = NodeHandle { grpc_addr, http_addr, journal, shutdown, tasks };
+        let handle = NodeHandle {
+            grpc_addr,
+            http_addr,
+            journal,
+            shutdown,
+            tasks,
+            intake,
+            intake_tasks,
+            drain_grace: Duration::from_millis(config.drain_grace_ms),
+        };
         if let Some(member) = &config.join {
             let initialized =
                 raft.is_initialized().await.map_err(|e| NodeError::Raft(e.to_string()))?;
@@ -307,9 +333,133 @@ impl NodeHandle {
         self.journal.raft()
     }
 
+    /// Drains the node, in order: readiness false and claims refused here →
+    /// tickers and executor intake stopped, running commands finishing
+    /// within the grace period (their leases still renewed) → what this
+    /// node's executor still holds released → leadership handed to a
+    /// caught-up voter if this node leads → servers and Raft stopped.
+    pub async fn drain(mut self) -> Result<(), NodeError> {
+        let step = |name: &str| {
+            tracing::info!(
+                event = "drain.step",
+                step = name,
+                node = self.journal.node_id(),
+                "drain"
+            )
+        };
+        step("not ready");
+        self.journal.set_draining(true);
+        step("stop intake");
+        let _ = self.intake.send(true);
+        let intake_tasks = std::mem::take(&mut self.intake_tasks);
+        let wait_intake = async {
+            for task in intake_tasks {
+                let _ = task.await;
+            }
+        };
+        if tokio::time::timeout(self.drain_grace + Duration::from_secs(2), wait_intake)
+            .await
+            .is_err()
+        {
+            tracing::warn!(
+                event = "drain.step",
+                step = "grace over",
+                "running commands did not finish within the grace period"
+            );
+        }
+        step("release");
+        self.release_held().await;
+        step("hand over");
+        self.hand_over().await;
+        step("close");
+        self.shutdown(Duration::from_secs(5)).await
+    }
+
+    /// Releases every lease this node's executor still holds, so other
+    /// nodes can take the jobs now rather than after the TTL.
+    async fn release_held(&self) {
+        let worker = format!("node-{}", self.journal.node_id());
+        let held: Vec<(u64, u64)> = self.journal.read_stale(|state| {
+            let filter = leasehold_core::JobFilter {
+                queue: None,
+                state: Some(leasehold_core::JobState::Claimed),
+            };
+            let mut held = Vec::new();
+            let mut after = 0;
+            loop {
+                let page = state.jobs(&filter, after, 1_000);
+                let Some(last) = page.last() else { break };
+                after = last.id;
+                held.extend(page.iter().filter_map(|job| {
+                    job.lease.as_ref().filter(|l| l.holder == worker).map(|l| (job.id, l.token))
+                }));
+            }
+            held
+        });
+        for (job_id, token) in held {
+            match self.journal.propose(leasehold_core::Command::Release { job_id, token }).await {
+                Ok(response) => tracing::info!(
+                    event = "lease.release",
+                    job = job_id,
+                    token,
+                    ?response,
+                    "released on drain"
+                ),
+                Err(error) => {
+                    tracing::warn!(job = job_id, token, %error, "release on drain failed; the lease will lapse")
+                }
+            }
+        }
+    }
+
+    /// If this node leads, asks the most caught-up other voter to start an
+    /// election and waits (briefly) for leadership to move.
+    async fn hand_over(&self) {
+        if !self.journal.is_leader() {
+            return;
+        }
+        let metrics = self.journal.raft().metrics().borrow().clone();
+        let me = self.journal.node_id();
+        let membership = metrics.membership_config.membership().clone();
+        let matched = |id: &u64| {
+            metrics
+                .replication
+                .as_ref()
+                .and_then(|r| r.get(id).cloned().flatten())
+                .map(|log_id| log_id.index)
+                .unwrap_or(0)
+        };
+        let Some(successor) = membership.voter_ids().filter(|id| *id != me).max_by_key(matched)
+        else {
+            return;
+        };
+        let Some(addr) = membership.get_node(&successor).map(|n| n.addr.clone()) else {
+            return;
+        };
+        if let Err(error) = self.journal.ask_to_campaign(successor, addr).await {
+            tracing::warn!(%error, successor, "handover failed; followers will elect after the timeout");
+            return;
+        }
+        let mut watch = self.journal.raft().metrics();
+        let moved = watch.wait_for(|m| m.current_leader.is_some_and(|leader| leader != me));
+        match tokio::time::timeout(Duration::from_secs(3), moved).await {
+            Ok(Ok(_)) => tracing::info!(
+                event = "drain.step",
+                step = "handed over",
+                successor,
+                "leadership moved"
+            ),
+            _ => tracing::warn!(successor, "leadership did not move within 3 s"),
+        }
+    }
+
     /// Stops serving, stops Raft, and waits for every task, at most `grace`.
     pub async fn shutdown(self, grace: Duration) -> Result<(), NodeError> {
+        let _ = self.intake.send(true);
         let _ = self.shutdown.send(true);
+        for task in self.intake_tasks {
+            task.abort();
+        }
         let mut failure = None;
         let wait_tasks = async {
             for task in self.tasks {

@@ -248,4 +248,28 @@ impl Cluster for ClusterService {
         self.journal.raft().change_membership(change, false).await.map_err(membership_error)?;
         Ok(Response::new(v1::RemoveResponse { voters: self.voters() }))
     }
+
+    async fn drain(
+        &self,
+        request: Request<v1::DrainRequest>,
+    ) -> Result<Response<v1::DrainResponse>, Status> {
+        let request = request.into_inner();
+        if request.id == self.journal.node_id() {
+            tracing::info!(event = "drain.step", step = "requested", "drain requested over gRPC");
+            self.journal.request_drain();
+            return Ok(Response::new(v1::DrainResponse {}));
+        }
+        let metrics = self.journal.raft().metrics().borrow().clone();
+        let Some(addr) =
+            metrics.membership_config.membership().get_node(&request.id).map(|n| n.addr.clone())
+        else {
+            return Err(Status::not_found(format!("id: node {} is not a member", request.id)));
+        };
+        let channel = self
+            .journal
+            .peers()
+            .channel(&addr)
+            .map_err(|e| Error::Unavailable(format!("node {} at {addr}: {e}", request.id)))?;
+        ClusterClient::new(channel).drain(Request::new(request)).await
+    }
 }

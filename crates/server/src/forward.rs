@@ -12,6 +12,9 @@ pub enum ForwardRequest {
     Write(Proposal),
     /// Confirm leadership with a quorum and answer the index a read must wait for.
     ReadIndex,
+    /// The leader is draining and asks the receiver to start an election
+    /// now (leadership handover).
+    Campaign,
 }
 
 /// The leader's answer.
@@ -21,6 +24,8 @@ pub enum ForwardResponse {
     Written(Response),
     /// Reads are linearizable once the asker has applied up to this index.
     ReadIndex(u64),
+    /// The receiver started an election.
+    Campaigning,
     /// The receiver could not serve it; `retryable` maps to UNAVAILABLE.
     Failed {
         /// Whether the caller may retry (no quorum, leadership moved).

@@ -41,6 +41,7 @@ struct Inner {
     draining: AtomicBool,
     probe_fault: AtomicBool,
     metrics: Metrics,
+    drain_request: tokio::sync::watch::Sender<bool>,
 }
 
 /// Cheap to clone; shared by every service and the node's driver.
@@ -69,6 +70,7 @@ impl Journal {
                 peers,
                 draining: AtomicBool::new(false),
                 probe_fault: AtomicBool::new(false),
+                drain_request: tokio::sync::watch::channel(false).0,
                 metrics: Metrics::new(),
             }),
         }
@@ -162,6 +164,25 @@ impl Journal {
     /// Marks this node draining.
     pub fn set_draining(&self, draining: bool) {
         self.inner.draining.store(draining, Ordering::SeqCst);
+    }
+
+    /// Asks the node to drain and exit (the Drain RPC).
+    pub fn request_drain(&self) {
+        self.inner.drain_request.send_replace(true);
+    }
+
+    /// Turns true once a drain has been asked for.
+    pub fn drain_requested(&self) -> tokio::sync::watch::Receiver<bool> {
+        self.inner.drain_request.subscribe()
+    }
+
+    /// Asks `leader_id`'s peer `addr` to start an election now; used by a
+    /// draining leader to hand over.
+    pub async fn ask_to_campaign(&self, node_id: NodeId, addr: String) -> Result<(), Error> {
+        match self.forward(Some(node_id), Some(addr), ForwardRequest::Campaign).await? {
+            ForwardResponse::Campaigning => Ok(()),
+            other => Err(Error::Internal(format!("unexpected campaign answer {other:?}"))),
+        }
     }
 
     /// Makes the readiness store probe fail (fault injection).
@@ -337,6 +358,10 @@ impl Journal {
                     Err(_) => Err(no_quorum(timeout)),
                 }
             }
+            ForwardRequest::Campaign => match self.inner.raft.trigger().elect().await {
+                Ok(()) => Ok(ForwardResponse::Campaigning),
+                Err(fatal) => Err(Error::Unavailable(format!("raft stopped: {fatal}"))),
+            },
             ForwardRequest::ReadIndex => {
                 let timeout = self.inner.config.quorum_timeout;
                 match tokio::time::timeout(timeout, self.inner.raft.ensure_linearizable()).await {

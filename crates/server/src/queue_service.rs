@@ -135,12 +135,15 @@ impl QueueService {
         let deadline = tokio::time::Instant::now() + wait;
         let mut applied = self.journal.state_machine().subscribe();
         loop {
-            // On the leader the local state is current, so an empty queue
-            // needs no Raft round; a follower cannot know and always proposes.
-            let worth_proposing = !self.journal.is_leader()
-                || self.journal.read_stale(|state| {
-                    state.has_claimable(queue, selector, self.journal.clock().now_ms())
-                });
+            // Propose only when the local state shows something claimable. On
+            // the leader that state is current; on a follower it trails by a
+            // replication round, which the wait below absorbs (it wakes on
+            // every apply). Proposing blindly from followers made idle
+            // long-polls feed each other: every empty claim is an apply that
+            // wakes the other pollers.
+            let worth_proposing = self.journal.read_stale(|state| {
+                state.has_claimable(queue, selector, self.journal.clock().now_ms())
+            });
             if worth_proposing {
                 let grants = self.claim_once(&command).await?;
                 if !grants.is_empty() {

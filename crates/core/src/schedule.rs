@@ -1,0 +1,516 @@
+//! Schedules: what an operator puts ([`ScheduleSpec`]), what the journal
+//! keeps ([`Schedule`], with its bounded tick history), and the leader's pure
+//! tick planning ([`plan_ticks`]) that turns due cron ticks into `Fire` and
+//! `Skip` commands according to the catch-up policy.
+//!
+//! The state machine never evaluates cron: it only enforces
+//! `bucket > last_fired_bucket`, so whatever a ticker plans, a bucket fires
+//! at most once.
+
+use std::collections::VecDeque;
+
+use serde::{Deserialize, Serialize};
+
+use crate::cron::{self, CronSchedule};
+
+/// Most tick records kept per schedule.
+pub const HISTORY_LEN: usize = 100;
+/// Most ticks one planning round looks at; older ones are coalesced.
+pub const MAX_TICKS_PER_PLAN: usize = 1_000;
+/// A tick fired this long after its instant or more is recorded as late.
+pub const LATE_AFTER_MS: u64 = 2_000;
+/// Tag every per-node job of a `target = each` schedule carries: `node:ID`.
+pub const NODE_TAG_PREFIX: &str = "node:";
+/// Queue command jobs go to when the template names none.
+pub const DEFAULT_COMMAND_QUEUE: &str = "exec";
+
+/// What to do with a tick while the previous instance is unfinished.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Overlap {
+    /// Do not fire while the previous instance is unacked (not acked or dead).
+    #[default]
+    Skip,
+    /// Fire regardless.
+    Allow,
+}
+
+/// What to do with ticks missed while no leader was ticking.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Catchup {
+    /// One run for the newest missed tick inside the catch-up window.
+    #[default]
+    Coalesce,
+    /// No run for missed ticks.
+    Skip,
+    /// A run for each missed tick, up to `catchup_max`.
+    All,
+}
+
+/// Who runs a fired tick.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Target {
+    /// One job, claimable by any matching worker.
+    #[default]
+    Any,
+    /// One job per live node whose tags match, claimable only by that node.
+    Each,
+}
+
+/// Why a tick did not run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+pub enum SkipReason {
+    /// The previous instance was still unfinished (overlap = skip).
+    Overlap,
+    /// The catch-up policy dropped it.
+    Catchup,
+    /// The schedule was paused.
+    Paused,
+    /// `target = each` and no live node matched.
+    NoTarget,
+}
+
+impl SkipReason {
+    /// Lower-case name for the API and metrics.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SkipReason::Overlap => "overlap",
+            SkipReason::Catchup => "catchup",
+            SkipReason::Paused => "paused",
+            SkipReason::NoTarget => "no_target",
+        }
+    }
+}
+
+/// The job a schedule enqueues at each tick.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct JobTemplate {
+    /// Queue; for a command job `None` means [`DEFAULT_COMMAND_QUEUE`].
+    pub queue: Option<String>,
+    /// Payload (ignored when `command` is set: the command is the payload).
+    pub payload: Vec<u8>,
+    /// Priority of the job.
+    pub priority: i32,
+    /// Lease length; `None` = default.
+    pub lease_ttl_ms: Option<u64>,
+    /// Attempts; `None` = default.
+    pub max_attempts: Option<u32>,
+    /// Tags the job carries (and, for `target = each`, the node tags that
+    /// must match).
+    pub tags: Vec<String>,
+    /// A shell command for the built-in executor.
+    pub command: Option<String>,
+}
+
+impl JobTemplate {
+    /// The queue the job goes to.
+    pub fn queue_name(&self) -> &str {
+        match (&self.queue, &self.command) {
+            (Some(queue), _) => queue,
+            (None, _) => DEFAULT_COMMAND_QUEUE,
+        }
+    }
+}
+
+/// What an operator puts.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ScheduleSpec {
+    /// Name: same pattern as queue names.
+    pub name: String,
+    /// Cron expression (5 or 6 fields, macros, `@every`).
+    pub cron: String,
+    /// IANA timezone; `""` = UTC.
+    pub timezone: String,
+    /// The job to enqueue.
+    pub template: JobTemplate,
+    /// Overlap policy.
+    pub overlap: Overlap,
+    /// Catch-up policy.
+    pub catchup: Catchup,
+    /// Coalesce: only a tick this recent may still run.
+    pub catchup_window_ms: u64,
+    /// All: at most this many missed ticks run.
+    pub catchup_max: u32,
+    /// Who runs it.
+    pub target: Target,
+    /// Paused schedules record ticks as skipped.
+    pub paused: bool,
+}
+
+impl Default for ScheduleSpec {
+    fn default() -> Self {
+        ScheduleSpec {
+            name: String::new(),
+            cron: String::new(),
+            timezone: String::new(),
+            template: JobTemplate::default(),
+            overlap: Overlap::default(),
+            catchup: Catchup::default(),
+            catchup_window_ms: 3_600_000,
+            catchup_max: 10,
+            target: Target::default(),
+            paused: false,
+        }
+    }
+}
+
+/// What happened at one tick.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum TickOutcome {
+    /// Jobs were enqueued.
+    Fired {
+        /// The jobs (one, or one per node for `target = each`).
+        job_ids: Vec<u64>,
+        /// Cluster time of the fire minus the tick's instant.
+        lag_ms: u64,
+    },
+    /// The tick did not run.
+    Skipped {
+        /// Why.
+        reason: SkipReason,
+        /// How many ticks this record stands for (coalesced skips).
+        ticks: u64,
+    },
+}
+
+/// One entry of a schedule's history.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TickRecord {
+    /// The tick's bucket (its instant in Unix seconds).
+    pub bucket: u64,
+    /// What happened.
+    pub outcome: TickOutcome,
+    /// Whether it fired at least [`LATE_AFTER_MS`] after its instant.
+    pub late: bool,
+}
+
+/// A schedule as the journal keeps it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Schedule {
+    /// What the operator put.
+    pub spec: ScheduleSpec,
+    /// The newest bucket fired or skipped; 0 = none yet.
+    pub last_fired_bucket: u64,
+    /// Cluster time the schedule was first put: ticks before it are not due.
+    pub created_at_ms: u64,
+    /// Jobs of the newest fired tick (overlap checks look at them).
+    pub last_job_ids: Vec<u64>,
+    /// The newest [`HISTORY_LEN`] tick records, oldest first.
+    pub history: VecDeque<TickRecord>,
+    /// Counters over the whole life: fired, skipped by reason (in
+    /// [`SkipReason`] order), late.
+    pub fired_count: u64,
+    /// Skipped ticks (coalesced ones counted each).
+    pub skipped_count: u64,
+}
+
+impl Schedule {
+    /// A new schedule put at cluster time `now_ms`.
+    pub fn new(spec: ScheduleSpec, now_ms: u64) -> Schedule {
+        Schedule {
+            spec,
+            last_fired_bucket: 0,
+            created_at_ms: now_ms,
+            last_job_ids: Vec::new(),
+            history: VecDeque::new(),
+            fired_count: 0,
+            skipped_count: 0,
+        }
+    }
+
+    /// Appends a record, dropping the oldest beyond [`HISTORY_LEN`].
+    pub fn record(&mut self, record: TickRecord) {
+        match &record.outcome {
+            TickOutcome::Fired { .. } => self.fired_count += 1,
+            TickOutcome::Skipped { ticks, .. } => self.skipped_count += *ticks,
+        }
+        self.history.push_back(record);
+        while self.history.len() > HISTORY_LEN {
+            self.history.pop_front();
+        }
+    }
+
+    /// The idempotency key of the job a tick enqueues (per node for `each`).
+    pub fn job_key(&self, bucket: u64, node: Option<u64>) -> String {
+        match node {
+            Some(node) => format!("cron:{}:{bucket}:{node}", self.spec.name),
+            None => format!("cron:{}:{bucket}", self.spec.name),
+        }
+    }
+}
+
+/// One step the ticker proposes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TickPlan {
+    /// Propose `Fire{bucket}`.
+    Fire(u64),
+    /// Propose `Skip{bucket, reason}` standing for `ticks` ticks up to `bucket`.
+    Skip {
+        /// The newest bucket the skip covers.
+        bucket: u64,
+        /// Why.
+        reason: SkipReason,
+        /// How many ticks.
+        ticks: u64,
+    },
+}
+
+/// The commands a leader should propose for `schedule` at `now_ms`, oldest
+/// first. Every tick after the last fired bucket (or after the creation
+/// time) up to now is fired or skipped:
+///
+/// - the newest due tick is *current* when it is less than `tolerance_ms`
+///   old; all other due ticks are *missed*;
+/// - paused: everything due is skipped, as one record;
+/// - a current tick fires; the missed ticks before it follow the policy,
+///   except that under `coalesce` the current run stands for them;
+/// - missed ticks: `coalesce` fires the newest one when it is inside the
+///   catch-up window and skips the rest as one record; `skip` skips them all
+///   as one record; `all` fires the newest `catchup_max` of them and skips
+///   the older ones as one record.
+///
+/// The plan is bounded: at most [`MAX_TICKS_PER_PLAN`] ticks are read
+/// (when there are more, the newest ones are read and the gap is counted as
+/// skipped), and skips are coalesced, so a cluster that was down for a week
+/// does not propose a week of ticks.
+pub fn plan_ticks(
+    schedule: &Schedule,
+    cron: &CronSchedule,
+    now_ms: u64,
+    tolerance_ms: u64,
+) -> Vec<TickPlan> {
+    let after_ms = if schedule.last_fired_bucket > 0 {
+        cron::tick_ms(schedule.last_fired_bucket)
+    } else {
+        schedule.created_at_ms
+    };
+    let mut ticks = cron.ticks_between(after_ms, now_ms, MAX_TICKS_PER_PLAN);
+    let mut unread = 0u64;
+    if ticks.len() == MAX_TICKS_PER_PLAN {
+        // More ticks than one plan reads: read the newest ones instead, found
+        // by halving the span until it holds fewer than the bound.
+        let mut from_ms = after_ms;
+        for _ in 0..64 {
+            from_ms += now_ms.saturating_sub(from_ms) / 2;
+            let recent = cron.ticks_between(from_ms, now_ms, MAX_TICKS_PER_PLAN);
+            if recent.len() < MAX_TICKS_PER_PLAN {
+                // The skipped gap's size is unknown beyond the bound; count
+                // what was read before as a lower bound.
+                unread = ticks.len() as u64;
+                ticks = recent;
+                break;
+            }
+        }
+    }
+    let Some(&newest) = ticks.last() else {
+        return Vec::new();
+    };
+    let newest_bucket = cron::bucket_of(newest);
+    let total = ticks.len() as u64 + unread;
+    if schedule.spec.paused {
+        return vec![TickPlan::Skip {
+            bucket: newest_bucket,
+            reason: SkipReason::Paused,
+            ticks: total,
+        }];
+    }
+    let skip = |upto_ms: u64, count: u64| TickPlan::Skip {
+        bucket: cron::bucket_of(upto_ms),
+        reason: SkipReason::Catchup,
+        ticks: count,
+    };
+    let current = now_ms.saturating_sub(newest) < tolerance_ms;
+    let (missed, fire_current) =
+        if current { (&ticks[..ticks.len() - 1], true) } else { (&ticks[..], false) };
+    let missed_count = missed.len() as u64 + unread;
+    let mut plan = Vec::new();
+    match schedule.spec.catchup {
+        Catchup::Skip => {
+            if let Some(&last_missed) = missed.last() {
+                plan.push(skip(last_missed, missed_count));
+            }
+        }
+        Catchup::Coalesce => {
+            if let Some(&last_missed) = missed.last() {
+                let inside = now_ms.saturating_sub(last_missed) <= schedule.spec.catchup_window_ms;
+                if fire_current || !inside {
+                    plan.push(skip(last_missed, missed_count));
+                } else {
+                    if missed.len() > 1 {
+                        plan.push(skip(missed[missed.len() - 2], missed_count - 1));
+                    } else if unread > 0 {
+                        // Only unread ticks lie before it; they need no record
+                        // of their own beyond the count carried here.
+                        plan.push(TickPlan::Skip {
+                            bucket: cron::bucket_of(last_missed).saturating_sub(1),
+                            reason: SkipReason::Catchup,
+                            ticks: unread,
+                        });
+                    }
+                    plan.push(TickPlan::Fire(cron::bucket_of(last_missed)));
+                }
+            }
+        }
+        Catchup::All => {
+            let keep_from = missed.len().saturating_sub(schedule.spec.catchup_max as usize);
+            if keep_from > 0 {
+                plan.push(skip(missed[keep_from - 1], keep_from as u64 + unread));
+            }
+            plan.extend(missed[keep_from..].iter().map(|t| TickPlan::Fire(cron::bucket_of(*t))));
+        }
+    }
+    if fire_current {
+        plan.push(TickPlan::Fire(newest_bucket));
+    }
+    plan
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MINUTE_MS: u64 = 60_000;
+    const T0_MS: u64 = 1_767_225_600_000; // 2026-01-01T00:00:00Z
+
+    fn every_minute(catchup: Catchup) -> (Schedule, CronSchedule) {
+        let spec = ScheduleSpec {
+            name: "s".into(),
+            cron: "* * * * *".into(),
+            catchup,
+            catchup_window_ms: 10 * MINUTE_MS,
+            catchup_max: 3,
+            ..ScheduleSpec::default()
+        };
+        let parsed = cron::parse(&spec.cron, "");
+        let schedule = Schedule::new(spec, T0_MS);
+        (schedule, parsed.unwrap_or_else(|e| panic!("{e}")))
+    }
+
+    fn bucket(minutes: u64) -> u64 {
+        (T0_MS + minutes * MINUTE_MS) / 1_000
+    }
+
+    #[test]
+    fn a_current_tick_fires_once_and_then_nothing_is_due() {
+        let (mut schedule, cron) = every_minute(Catchup::Coalesce);
+        let plan = plan_ticks(&schedule, &cron, T0_MS + MINUTE_MS + 100, 2_000);
+        assert_eq!(plan, vec![TickPlan::Fire(bucket(1))]);
+        schedule.last_fired_bucket = bucket(1);
+        assert!(plan_ticks(&schedule, &cron, T0_MS + MINUTE_MS + 900, 2_000).is_empty());
+    }
+
+    #[test]
+    fn coalesce_runs_the_newest_missed_tick_once() {
+        let (schedule, cron) = every_minute(Catchup::Coalesce);
+        // Down from minute 0 to 5:30: ticks 1..=5 missed, none current.
+        let plan = plan_ticks(&schedule, &cron, T0_MS + 5 * MINUTE_MS + 30_000, 2_000);
+        assert_eq!(
+            plan,
+            vec![
+                TickPlan::Skip { bucket: bucket(4), reason: SkipReason::Catchup, ticks: 4 },
+                TickPlan::Fire(bucket(5)),
+            ]
+        );
+    }
+
+    #[test]
+    fn coalesce_outside_the_window_runs_nothing() {
+        let (mut schedule, cron) = every_minute(Catchup::Coalesce);
+        // The newest missed tick is 30 s old; a 10 s window lets none run.
+        schedule.spec.catchup_window_ms = 10_000;
+        let plan = plan_ticks(&schedule, &cron, T0_MS + 30 * MINUTE_MS + 30_000, 2_000);
+        assert_eq!(
+            plan,
+            vec![TickPlan::Skip { bucket: bucket(30), reason: SkipReason::Catchup, ticks: 30 }]
+        );
+    }
+
+    #[test]
+    fn coalesce_with_a_current_tick_lets_it_stand_for_the_missed_ones() {
+        let (schedule, cron) = every_minute(Catchup::Coalesce);
+        let plan = plan_ticks(&schedule, &cron, T0_MS + 5 * MINUTE_MS + 500, 2_000);
+        assert_eq!(
+            plan,
+            vec![
+                TickPlan::Skip { bucket: bucket(4), reason: SkipReason::Catchup, ticks: 4 },
+                TickPlan::Fire(bucket(5)),
+            ]
+        );
+    }
+
+    #[test]
+    fn skip_runs_only_a_current_tick() {
+        let (schedule, cron) = every_minute(Catchup::Skip);
+        let missed_only = plan_ticks(&schedule, &cron, T0_MS + 5 * MINUTE_MS + 30_000, 2_000);
+        assert_eq!(
+            missed_only,
+            vec![TickPlan::Skip { bucket: bucket(5), reason: SkipReason::Catchup, ticks: 5 }]
+        );
+        let with_current = plan_ticks(&schedule, &cron, T0_MS + 5 * MINUTE_MS + 500, 2_000);
+        assert_eq!(
+            with_current,
+            vec![
+                TickPlan::Skip { bucket: bucket(4), reason: SkipReason::Catchup, ticks: 4 },
+                TickPlan::Fire(bucket(5)),
+            ]
+        );
+    }
+
+    #[test]
+    fn all_runs_each_missed_tick_up_to_the_bound() {
+        let (schedule, cron) = every_minute(Catchup::All);
+        let plan = plan_ticks(&schedule, &cron, T0_MS + 5 * MINUTE_MS + 30_000, 2_000);
+        assert_eq!(
+            plan,
+            vec![
+                TickPlan::Skip { bucket: bucket(2), reason: SkipReason::Catchup, ticks: 2 },
+                TickPlan::Fire(bucket(3)),
+                TickPlan::Fire(bucket(4)),
+                TickPlan::Fire(bucket(5)),
+            ]
+        );
+    }
+
+    #[test]
+    fn paused_skips_everything_as_one_record() {
+        let (mut schedule, cron) = every_minute(Catchup::All);
+        schedule.spec.paused = true;
+        let plan = plan_ticks(&schedule, &cron, T0_MS + 5 * MINUTE_MS + 500, 2_000);
+        assert_eq!(
+            plan,
+            vec![TickPlan::Skip { bucket: bucket(5), reason: SkipReason::Paused, ticks: 5 }]
+        );
+    }
+
+    #[test]
+    fn a_long_outage_is_bounded_and_coalesced() {
+        let spec = ScheduleSpec {
+            name: "s".into(),
+            cron: "* * * * * *".into(),
+            catchup: Catchup::Coalesce,
+            ..ScheduleSpec::default()
+        };
+        let cron = cron::parse(&spec.cron, "").unwrap_or_else(|e| panic!("{e}"));
+        let schedule = Schedule::new(spec, T0_MS);
+        // Five hours of every-second ticks: 18,000 missed.
+        let now_ms = T0_MS + 5 * 3_600_000 + 500;
+        let plan = plan_ticks(&schedule, &cron, now_ms, 2_000);
+        let fires = plan.iter().filter(|p| matches!(p, TickPlan::Fire(_))).count();
+        assert_eq!(fires, 1, "{plan:?}");
+        assert!(plan.len() <= 2, "{plan:?}");
+    }
+
+    #[test]
+    fn history_is_bounded() {
+        let (mut schedule, _) = every_minute(Catchup::All);
+        for minute in 0..(HISTORY_LEN as u64 + 10) {
+            schedule.record(TickRecord {
+                bucket: bucket(minute),
+                outcome: TickOutcome::Fired { job_ids: vec![minute], lag_ms: 0 },
+                late: false,
+            });
+        }
+        assert_eq!(schedule.history.len(), HISTORY_LEN);
+        assert_eq!(schedule.fired_count, HISTORY_LEN as u64 + 10);
+        assert_eq!(schedule.history.front().map(|r| r.bucket), Some(bucket(10)));
+    }
+}
