@@ -2,6 +2,7 @@
 //! a node's gRPC API (`--addr` or `LEASEHOLD_ADDR`).
 
 mod cluster;
+mod cron;
 mod job;
 mod render;
 mod serve;
@@ -36,6 +37,8 @@ enum Top {
     Serve(serve::ServeArgs),
     /// Enqueue, claim, finish and inspect jobs.
     Job(job::JobArgs),
+    /// Manage cron schedules.
+    Cron(cron::CronArgs),
     /// Inspect the cluster.
     Cluster(cluster::ClusterArgs),
     /// Run a command for each job of a queue, with its lease renewed while it runs.
@@ -64,6 +67,7 @@ fn main() -> std::process::ExitCode {
             Top::Serve(args) => serve::run(args).await,
             Top::Job(args) => job::run(args).await,
             Top::Cluster(args) => cluster::run(args).await,
+            Top::Cron(args) => cron::run(args).await,
             Top::Worker(args) => worker::run(args).await,
         }
     });

@@ -8,6 +8,7 @@ use std::time::Duration;
 use leasehold_proto::v1;
 use leasehold_proto::v1::cluster_client::ClusterClient;
 use leasehold_proto::v1::queue_client::QueueClient;
+use leasehold_proto::v1::schedules_client::SchedulesClient;
 use tonic::transport::{Channel, Endpoint};
 
 /// Why a call failed: the server's status (its code says what kind), or a
@@ -88,6 +89,7 @@ fn is_retryable(status: &tonic::Status) -> bool {
 struct Stubs {
     queue: QueueClient<Channel>,
     cluster: ClusterClient<Channel>,
+    schedules: SchedulesClient<Channel>,
 }
 
 /// A connection to one or more leasehold nodes. Calls go to one node at a
@@ -125,7 +127,8 @@ impl Client {
                 queue: QueueClient::new(channel.clone())
                     .max_decoding_message_size(MAX_MESSAGE_BYTES)
                     .max_encoding_message_size(MAX_MESSAGE_BYTES),
-                cluster: ClusterClient::new(channel),
+                cluster: ClusterClient::new(channel.clone()),
+                schedules: SchedulesClient::new(channel),
             });
         }
         if nodes.is_empty() {
@@ -163,6 +166,11 @@ impl Client {
     pub fn with_retry(mut self, retry: RetryPolicy) -> Client {
         self.retry = retry;
         self
+    }
+
+    /// The generated Schedules stub of the current node.
+    pub fn schedules_stub(&self) -> SchedulesClient<Channel> {
+        self.stubs().schedules.clone()
     }
 
     /// The generated Queue stub of the current node, for calls this client

@@ -4,6 +4,7 @@
 use serde::{Deserialize, Serialize};
 
 use crate::job::JobSpec;
+use crate::schedule::{ScheduleSpec, SkipReason};
 
 /// One Raft log payload: a command plus the proposer's wall-clock time.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -89,4 +90,68 @@ pub enum Command {
     },
     /// Drop acked tombstones older than retention.
     Purge,
+    /// Create a schedule, or replace the spec of an existing one (its
+    /// fired-bucket mark and history are kept).
+    PutSchedule {
+        /// The schedule.
+        spec: ScheduleSpec,
+    },
+    /// Delete a schedule (jobs it enqueued are untouched).
+    DeleteSchedule {
+        /// Schedule name.
+        name: String,
+    },
+    /// Pause or resume a schedule.
+    SetPaused {
+        /// Schedule name.
+        name: String,
+        /// Paused when true.
+        paused: bool,
+    },
+    /// Enqueue the schedule's job for `bucket` only if
+    /// `bucket > last_fired_bucket` and the overlap policy allows (else
+    /// record a skip with its reason); then advance `last_fired_bucket`.
+    Fire {
+        /// Schedule name.
+        schedule: String,
+        /// The tick's instant, Unix seconds.
+        bucket: u64,
+        /// For `target = each`: the nodes to enqueue one job for each.
+        targets: Vec<u64>,
+    },
+    /// Record a tick deliberately not run and advance `last_fired_bucket`.
+    Skip {
+        /// Schedule name.
+        schedule: String,
+        /// The newest bucket the skip covers.
+        bucket: u64,
+        /// Why.
+        reason: SkipReason,
+        /// How many ticks it stands for.
+        ticks: u64,
+    },
+    /// Run a schedule's job now, outside its ticks; honours the overlap
+    /// policy unless `force`. Does not touch `last_fired_bucket`.
+    Trigger {
+        /// Schedule name.
+        schedule: String,
+        /// Run even if the previous instance is unfinished.
+        force: bool,
+        /// For `target = each`: the nodes.
+        targets: Vec<u64>,
+    },
+    /// Record a node's tags (nodes register on start).
+    RegisterNode {
+        /// Node id.
+        node: u64,
+        /// Its tags.
+        tags: Vec<String>,
+    },
+    /// Mark a node draining (no new targets for it) or not.
+    SetDraining {
+        /// Node id.
+        node: u64,
+        /// Draining when true.
+        draining: bool,
+    },
 }

@@ -4,6 +4,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::job::{Job, JobState};
 use crate::lease::Lease;
+use crate::schedule::TickOutcome;
 use crate::validate::ValidationError;
 
 /// Result of one enqueued spec.
@@ -42,6 +43,11 @@ pub enum Refusal {
     },
     /// The command failed validation; nothing changed.
     Invalid(ValidationError),
+    /// No such schedule.
+    ScheduleNotFound {
+        /// The name asked for.
+        name: String,
+    },
 }
 
 /// Counts per queue.
@@ -97,6 +103,13 @@ pub enum Response {
     Redriven(u64),
     /// How many tombstones were dropped.
     Purged(u64),
+    /// A schedule was put, deleted, paused or resumed.
+    ScheduleChanged,
+    /// What a Fire, Skip or Trigger did; `None` when the bucket was already
+    /// fired or skipped (nothing changed).
+    Tick(Option<TickOutcome>),
+    /// A node's registration or draining mark was recorded.
+    NodeChanged,
     /// Nothing changed, for this reason.
     Refused(Refusal),
 }

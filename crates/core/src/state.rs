@@ -18,6 +18,7 @@ use crate::job::{Job, JobSpec, JobState};
 use crate::lease::Lease;
 use crate::limits::Limits;
 use crate::response::{EnqueueOutcome, Grant, QueueStats, Refusal, Response};
+use crate::schedule::{NodeInfo, Schedule};
 use crate::validate::{ValidationError, truncate_text, validate_command};
 
 /// Error text recorded on a job whose lease lapsed before it was acked.
@@ -86,6 +87,10 @@ pub struct State {
     last_job_id: u64,
     /// Every retained job by id.
     jobs: BTreeMap<u64, Job>,
+    /// Every schedule by name.
+    schedules: BTreeMap<String, Schedule>,
+    /// Registered nodes by id.
+    nodes: BTreeMap<u64, NodeInfo>,
     /// Derived from `jobs`; rebuilt on deserialize.
     #[serde(skip)]
     indexes: Indexes,
@@ -99,6 +104,8 @@ struct Snapshot {
     last_token: u64,
     last_job_id: u64,
     jobs: BTreeMap<u64, Job>,
+    schedules: BTreeMap<String, Schedule>,
+    nodes: BTreeMap<u64, NodeInfo>,
 }
 
 impl From<Snapshot> for State {
@@ -109,6 +116,8 @@ impl From<Snapshot> for State {
             last_token: snapshot.last_token,
             last_job_id: snapshot.last_job_id,
             jobs: snapshot.jobs,
+            schedules: snapshot.schedules,
+            nodes: snapshot.nodes,
             indexes,
         }
     }
@@ -152,6 +161,20 @@ impl State {
             Command::Sweep => self.sweep(),
             Command::Redrive { target } => self.redrive(target),
             Command::Purge => self.purge(&limits),
+            Command::PutSchedule { spec } => self.put_schedule(spec),
+            Command::DeleteSchedule { name } => self.delete_schedule(name),
+            Command::SetPaused { name, paused } => self.set_paused(name, *paused),
+            Command::Fire { schedule, bucket, targets } => {
+                self.fire(schedule, *bucket, targets, &limits)
+            }
+            Command::Skip { schedule, bucket, reason, ticks } => {
+                self.skip(schedule, *bucket, *reason, *ticks)
+            }
+            Command::Trigger { schedule, force, targets } => {
+                self.trigger(schedule, *force, targets, &limits)
+            }
+            Command::RegisterNode { node, tags } => self.register_node(*node, tags),
+            Command::SetDraining { node, draining } => self.set_draining(*node, *draining),
         }
     }
 
@@ -704,5 +727,6 @@ fn check_job(job_id: u64, job: &Job, last_job_id: u64, last_token: u64) -> Resul
     }
 }
 
+mod schedules;
 #[cfg(test)]
 mod tests;

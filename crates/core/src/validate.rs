@@ -16,6 +16,7 @@ use serde::{Deserialize, Serialize};
 use crate::command::{Command, RedriveTarget};
 use crate::job::{Backoff, JobSpec};
 use crate::limits::Limits;
+use crate::schedule::ScheduleSpec;
 
 /// Whether a field is malformed or merely too large; the server maps these to
 /// `INVALID_ARGUMENT` and `RESOURCE_EXHAUSTED`.
@@ -124,7 +125,108 @@ pub fn validate_command(command: &Command, limits: &Limits) -> Result<(), Valida
                 Ok(())
             }
         },
+        Command::PutSchedule { spec } => schedule_spec(spec, limits),
+        Command::DeleteSchedule { name } | Command::SetPaused { name, .. } => {
+            queue_name("name", name)
+        }
+        Command::Fire { schedule, bucket, targets } => {
+            queue_name("schedule", schedule)?;
+            positive("bucket", *bucket)?;
+            node_list("targets", targets, limits)
+        }
+        Command::Skip { schedule, bucket, .. } => {
+            queue_name("schedule", schedule)?;
+            positive("bucket", *bucket)
+        }
+        Command::Trigger { schedule, targets, .. } => {
+            queue_name("schedule", schedule)?;
+            node_list("targets", targets, limits)
+        }
+        Command::RegisterNode { node, tags: node_tags } => {
+            positive("node", *node)?;
+            tags("tags", node_tags, limits)
+        }
+        Command::SetDraining { node, .. } => positive("node", *node),
     }
+}
+
+/// Longest shell command a schedule may carry (bytes).
+pub const MAX_COMMAND_BYTES: usize = 64 * 1024;
+/// Most missed ticks `catchup = all` may run.
+pub const MAX_CATCHUP: u32 = 1_000;
+
+/// Checks a schedule: its name, cron expression and timezone (by parsing
+/// them), its job template, and its catch-up bounds.
+pub fn schedule_spec(spec: &ScheduleSpec, limits: &Limits) -> Result<(), ValidationError> {
+    queue_name("name", &spec.name)?;
+    if let Err(error) = crate::cron::parse(&spec.cron, &spec.timezone) {
+        let field = if matches!(error, crate::cron::CronError::UnknownTimezone { .. }) {
+            "timezone"
+        } else {
+            "cron"
+        };
+        return Err(ValidationError::invalid(field, error.to_string()));
+    }
+    let template = &spec.template;
+    if let Some(queue) = &template.queue {
+        queue_name("template.queue", queue)?;
+    }
+    if template.payload.len() > limits.max_payload_bytes {
+        return Err(ValidationError::too_large(
+            "template.payload",
+            format!("is {} bytes, limit {}", template.payload.len(), limits.max_payload_bytes),
+        ));
+    }
+    if let Some(command) = &template.command {
+        if command.trim().is_empty() {
+            return Err(ValidationError::invalid("template.command", "must not be empty"));
+        }
+        if command.len() > MAX_COMMAND_BYTES {
+            return Err(ValidationError::too_large(
+                "template.command",
+                format!("is {} bytes, limit {MAX_COMMAND_BYTES}", command.len()),
+            ));
+        }
+    }
+    if let Some(ttl_ms) = template.lease_ttl_ms {
+        lease_ttl("template.lease_ttl_ms", ttl_ms, limits)?;
+    }
+    if let Some(attempts) = template.max_attempts
+        && (attempts == 0 || attempts > limits.max_max_attempts)
+    {
+        return Err(ValidationError::invalid(
+            "template.max_attempts",
+            format!("must be between 1 and {}, got {attempts}", limits.max_max_attempts),
+        ));
+    }
+    tags("template.tags", &template.tags, limits)?;
+    if spec.catchup_max > MAX_CATCHUP {
+        return Err(ValidationError::invalid(
+            "catchup_max",
+            format!("must be at most {MAX_CATCHUP}, got {}", spec.catchup_max),
+        ));
+    }
+    Ok(())
+}
+
+fn positive(field: &str, value: u64) -> Result<(), ValidationError> {
+    if value == 0 {
+        return Err(ValidationError::invalid(field, "must be at least 1"));
+    }
+    Ok(())
+}
+
+fn node_list(field: &str, nodes: &[u64], limits: &Limits) -> Result<(), ValidationError> {
+    if nodes.len() > limits.max_batch {
+        return Err(ValidationError::too_large(
+            field,
+            format!("has {} nodes, limit {}", nodes.len(), limits.max_batch),
+        ));
+    }
+    for (index, node) in nodes.iter().enumerate() {
+        positive(&format!("{field}[{index}]"), *node)?;
+    }
+    Ok(())
 }
 
 /// Job ids are assigned from 1; 0 names no job.

@@ -42,6 +42,9 @@ pub struct Config {
     pub snapshot_every_entries: u64,
     /// Expose the Faults service (clock skew, store faults). Tests only.
     pub fault_injection: bool,
+    /// Start with the clock skewed by this much (fault injection only; a
+    /// test's stand-in for "the cluster was down this long").
+    pub clock_offset_ms: i64,
     /// This node's tags: schedules with `target = each` address nodes by them,
     /// and the built-in executor claims with them.
     pub tags: Vec<String>,
@@ -75,6 +78,7 @@ impl Default for Config {
             election_timeout_max_ms: 1_000,
             snapshot_every_entries: 10_000,
             fault_injection: false,
+            clock_offset_ms: 0,
             tags: Vec::new(),
             executor: true,
             executor_queues: vec![leasehold_core::schedule::DEFAULT_COMMAND_QUEUE.to_string()],
@@ -160,6 +164,9 @@ impl Config {
                 "executor_concurrency",
                 "executor concurrency and timeout must be positive",
             );
+        }
+        if self.clock_offset_ms != 0 && !self.fault_injection {
+            return invalid("clock_offset_ms", "needs fault_injection = true");
         }
         if self.snapshot_every_entries == 0 {
             return invalid("snapshot_every_entries", "must be at least 1");

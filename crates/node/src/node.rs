@@ -14,11 +14,13 @@ use leasehold_proto::v1::cluster_server::ClusterServer;
 use leasehold_proto::v1::faults_server::FaultsServer;
 use leasehold_proto::v1::queue_server::QueueServer;
 use leasehold_proto::v1::raft_server::RaftServer;
+use leasehold_proto::v1::schedules_server::SchedulesServer;
 use leasehold_raft::{NetworkFactory, Raft, envelope};
 use leasehold_server::cluster_service::ClusterService;
 use leasehold_server::faults_service::FaultsService;
 use leasehold_server::queue_service::QueueService;
 use leasehold_server::raft_service::RaftService;
+use leasehold_server::schedules_service::SchedulesService;
 use leasehold_server::{Clock, Journal, JournalConfig, Readiness};
 use openraft::{BasicNode, SnapshotPolicy};
 use tokio::net::TcpListener;
@@ -134,12 +136,20 @@ impl Node {
         }
 
         let limits = Limits { max_payload_bytes: config.max_payload_bytes, ..Limits::default() };
+        let clock = Clock::system();
+        if config.clock_offset_ms != 0 {
+            tracing::warn!(
+                offset_ms = config.clock_offset_ms,
+                "fault injection: clock starts skewed"
+            );
+            clock.set_offset_ms(config.clock_offset_ms);
+        }
         let journal = Journal::new(
             JournalConfig { node_id: config.id, limits, quorum_timeout: config.quorum_timeout() },
             raft.clone(),
             log,
             state,
-            Clock::system(),
+            clock,
             peers,
         );
         let readiness = Readiness::new(journal.clone());
@@ -170,6 +180,7 @@ impl Node {
             .add_service(reflection)
             .add_service(QueueServer::new(QueueService::new(journal.clone())))
             .add_service(ClusterServer::new(ClusterService::new(journal.clone())))
+            .add_service(SchedulesServer::new(SchedulesService::new(journal.clone())))
             .add_service(
                 RaftServer::new(RaftService::new(journal.clone()))
                     .max_decoding_message_size(envelope::MAX_ENVELOPE_BYTES)
@@ -202,6 +213,11 @@ impl Node {
             let executor = executor::run(executor_config, grpc_addr, intake_rx.clone());
             intake_tasks.push(tokio::spawn(executor));
         }
+        intake_tasks.push(tokio::spawn(register(
+            journal.clone(),
+            config.tags.clone(),
+            intake_rx.clone(),
+        )));
         let driver = driver::run(journal.clone(), driver_config, intake_rx);
         intake_tasks.push(tokio::spawn(driver));
         tracing::info!(node = config.id, grpc = %grpc_addr, http = %http_addr, "node started");
@@ -226,6 +242,35 @@ impl Node {
             }
         }
         Ok(handle)
+    }
+}
+
+/// Records this node's tags in the journal (and clears a draining mark left
+/// by an earlier drain), retrying until it commits or the node stops.
+async fn register(journal: Journal, tags: Vec<String>, mut stop: watch::Receiver<bool>) {
+    let node = journal.node_id();
+    let mut tags = tags;
+    tags.sort();
+    tags.dedup();
+    loop {
+        let current = journal.read_stale(|state| state.nodes().get(&node).cloned());
+        let registered = current.as_ref().is_some_and(|n| n.tags == tags);
+        let draining = current.as_ref().is_some_and(|n| n.draining);
+        let command = if !registered {
+            Some(leasehold_core::Command::RegisterNode { node, tags: tags.clone() })
+        } else if draining {
+            Some(leasehold_core::Command::SetDraining { node, draining: false })
+        } else {
+            None
+        };
+        let Some(command) = command else { return };
+        if let Err(error) = journal.propose(command).await {
+            tracing::debug!(%error, "node registration not committed yet");
+            tokio::select! {
+                _ = stop.changed() => return,
+                _ = tokio::time::sleep(Duration::from_secs(1)) => {}
+            }
+        }
     }
 }
 
@@ -349,6 +394,12 @@ impl NodeHandle {
         };
         step("not ready");
         self.journal.set_draining(true);
+        step("mark draining");
+        let mark =
+            leasehold_core::Command::SetDraining { node: self.journal.node_id(), draining: true };
+        if let Err(error) = self.journal.propose(mark).await {
+            tracing::warn!(%error, "could not mark the node draining in the journal");
+        }
         step("stop intake");
         let _ = self.intake.send(true);
         let intake_tasks = std::mem::take(&mut self.intake_tasks);

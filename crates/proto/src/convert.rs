@@ -5,6 +5,7 @@
 //! [`ValidationError`] so the server maps every input problem the same way.
 
 use leasehold_core as core;
+use leasehold_core::schedule;
 use leasehold_core::{ValidationError, ValidationKind};
 
 use crate::v1;
@@ -128,6 +129,126 @@ pub fn queue_stats_to_wire(queue: &str, stats: &core::QueueStats) -> v1::QueueSt
         claimed: stats.claimed,
         acked: stats.acked,
         dead: stats.dead,
+    }
+}
+
+/// Default catch-up window when a spec leaves it 0.
+pub const DEFAULT_CATCHUP_WINDOW_MS: u64 = 3_600_000;
+/// Default catch-up bound when a spec leaves it 0.
+pub const DEFAULT_CATCHUP_MAX: u32 = 10;
+
+/// A wire schedule spec as the core one; unspecified enums and zero bounds
+/// take their defaults.
+pub fn schedule_spec_from_wire(
+    spec: v1::ScheduleSpec,
+) -> Result<schedule::ScheduleSpec, ValidationError> {
+    let template = spec.template.unwrap_or_default();
+    let overlap = match v1::Overlap::try_from(spec.overlap) {
+        Ok(v1::Overlap::Unspecified | v1::Overlap::Skip) => schedule::Overlap::Skip,
+        Ok(v1::Overlap::Allow) => schedule::Overlap::Allow,
+        Err(_) => return Err(invalid("overlap".into(), "is not a known overlap policy")),
+    };
+    let catchup = match v1::Catchup::try_from(spec.catchup) {
+        Ok(v1::Catchup::Unspecified | v1::Catchup::Coalesce) => schedule::Catchup::Coalesce,
+        Ok(v1::Catchup::Skip) => schedule::Catchup::Skip,
+        Ok(v1::Catchup::All) => schedule::Catchup::All,
+        Err(_) => return Err(invalid("catchup".into(), "is not a known catch-up policy")),
+    };
+    let target = match v1::Target::try_from(spec.target) {
+        Ok(v1::Target::Unspecified | v1::Target::Any) => schedule::Target::Any,
+        Ok(v1::Target::Each) => schedule::Target::Each,
+        Err(_) => return Err(invalid("target".into(), "is not a known target")),
+    };
+    Ok(schedule::ScheduleSpec {
+        name: spec.name,
+        cron: spec.cron,
+        timezone: spec.timezone,
+        template: schedule::JobTemplate {
+            queue: template.queue,
+            payload: template.payload,
+            priority: template.priority,
+            lease_ttl_ms: template.lease_ttl_ms,
+            max_attempts: template.max_attempts,
+            tags: template.tags,
+            command: template.command,
+        },
+        overlap,
+        catchup,
+        catchup_window_ms: if spec.catchup_window_ms == 0 {
+            DEFAULT_CATCHUP_WINDOW_MS
+        } else {
+            spec.catchup_window_ms
+        },
+        catchup_max: if spec.catchup_max == 0 { DEFAULT_CATCHUP_MAX } else { spec.catchup_max },
+        target,
+        paused: spec.paused,
+    })
+}
+
+/// A core schedule spec on the wire.
+pub fn schedule_spec_to_wire(spec: &schedule::ScheduleSpec) -> v1::ScheduleSpec {
+    let template = &spec.template;
+    v1::ScheduleSpec {
+        name: spec.name.clone(),
+        cron: spec.cron.clone(),
+        timezone: spec.timezone.clone(),
+        template: Some(v1::JobTemplate {
+            queue: template.queue.clone(),
+            payload: template.payload.clone(),
+            priority: template.priority,
+            lease_ttl_ms: template.lease_ttl_ms,
+            max_attempts: template.max_attempts,
+            tags: template.tags.clone(),
+            command: template.command.clone(),
+        }),
+        overlap: match spec.overlap {
+            schedule::Overlap::Skip => v1::Overlap::Skip,
+            schedule::Overlap::Allow => v1::Overlap::Allow,
+        } as i32,
+        catchup: match spec.catchup {
+            schedule::Catchup::Coalesce => v1::Catchup::Coalesce,
+            schedule::Catchup::Skip => v1::Catchup::Skip,
+            schedule::Catchup::All => v1::Catchup::All,
+        } as i32,
+        catchup_window_ms: spec.catchup_window_ms,
+        catchup_max: spec.catchup_max,
+        target: match spec.target {
+            schedule::Target::Any => v1::Target::Any,
+            schedule::Target::Each => v1::Target::Each,
+        } as i32,
+        paused: spec.paused,
+    }
+}
+
+/// One history record on the wire.
+pub fn tick_record_to_wire(record: &schedule::TickRecord) -> v1::TickRecord {
+    let mut wire =
+        v1::TickRecord { bucket: record.bucket, late: record.late, ..Default::default() };
+    match &record.outcome {
+        schedule::TickOutcome::Fired { job_ids, lag_ms } => {
+            wire.outcome = "fired".into();
+            wire.job_ids = job_ids.clone();
+            wire.lag_ms = *lag_ms;
+        }
+        schedule::TickOutcome::Skipped { reason, ticks } => {
+            wire.outcome = "skipped".into();
+            wire.skip_reason = reason.as_str().into();
+            wire.ticks = *ticks;
+        }
+    }
+    wire
+}
+
+/// A core schedule on the wire, with its next tick after `now_ms`.
+pub fn schedule_to_wire(schedule: &schedule::Schedule, next_tick_ms: Option<u64>) -> v1::Schedule {
+    v1::Schedule {
+        spec: Some(schedule_spec_to_wire(&schedule.spec)),
+        last_fired_bucket: schedule.last_fired_bucket,
+        created_at_ms: schedule.created_at_ms,
+        history: schedule.history.iter().map(tick_record_to_wire).collect(),
+        fired_count: schedule.fired_count,
+        skipped_count: schedule.skipped_count,
+        next_tick_ms,
     }
 }
 

@@ -17,9 +17,9 @@ pub enum Error {
         /// The token presented.
         presented: u64,
     },
-    /// No such job.
-    #[error("job {0} not found")]
-    NotFound(u64),
+    /// No such job or schedule; the message names it.
+    #[error("{0}")]
+    NotFound(String),
     /// Retryable: no quorum, no leader, draining.
     #[error("{0}")]
     Unavailable(String),
@@ -32,7 +32,10 @@ impl From<Refusal> for Error {
     fn from(refusal: Refusal) -> Self {
         match refusal {
             Refusal::StaleToken { job_id, presented } => Error::StaleToken { job_id, presented },
-            Refusal::NotFound { job_id } => Error::NotFound(job_id),
+            Refusal::NotFound { job_id } => Error::NotFound(format!("job {job_id} not found")),
+            Refusal::ScheduleNotFound { name } => {
+                Error::NotFound(format!("schedule {name:?} not found"))
+            }
             Refusal::Invalid(invalid) => Error::Invalid(invalid),
         }
     }
@@ -72,7 +75,7 @@ mod tests {
             (Error::Invalid(invalid), tonic::Code::InvalidArgument),
             (Error::Invalid(too_large), tonic::Code::ResourceExhausted),
             (Error::StaleToken { job_id: 1, presented: 2 }, tonic::Code::FailedPrecondition),
-            (Error::NotFound(1), tonic::Code::NotFound),
+            (Error::NotFound("job 1 not found".into()), tonic::Code::NotFound),
             (Error::Unavailable("draining".into()), tonic::Code::Unavailable),
             (Error::Internal("x".into()), tonic::Code::Internal),
         ];

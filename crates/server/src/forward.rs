@@ -9,7 +9,7 @@ use serde::{Deserialize, Serialize};
 #[derive(Debug, Serialize, Deserialize)]
 pub enum ForwardRequest {
     /// Commit this proposal and answer its response.
-    Write(Proposal),
+    Write(Box<Proposal>),
     /// Confirm leadership with a quorum and answer the index a read must wait for.
     ReadIndex,
     /// The leader is draining and asks the receiver to start an election

@@ -290,7 +290,9 @@ impl Journal {
             }
             Err(RaftError::APIError(ClientWriteError::ForwardToLeader(forward))) => {
                 let addr = forward.leader_node.map(|n| n.addr);
-                match self.forward(forward.leader_id, addr, ForwardRequest::Write(proposal)).await?
+                match self
+                    .forward(forward.leader_id, addr, ForwardRequest::Write(Box::new(proposal)))
+                    .await?
                 {
                     ForwardResponse::Written(response) => Ok(response),
                     other => Err(Error::Internal(format!("unexpected forward answer {other:?}"))),
@@ -353,7 +355,7 @@ impl Journal {
         let result = match request {
             ForwardRequest::Write(proposal) => {
                 let timeout = self.inner.config.quorum_timeout;
-                match tokio::time::timeout(timeout, self.write(proposal, false)).await {
+                match tokio::time::timeout(timeout, self.write(*proposal, false)).await {
                     Ok(result) => result.map(ForwardResponse::Written),
                     Err(_) => Err(no_quorum(timeout)),
                 }

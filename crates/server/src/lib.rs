@@ -14,6 +14,7 @@ pub mod metrics;
 pub mod queue_service;
 pub mod raft_service;
 pub mod readiness;
+pub mod schedules_service;
 
 pub use clock::Clock;
 pub use error::Error;

@@ -40,6 +40,15 @@ pub struct QueueLabels {
     pub state: String,
 }
 
+/// Labels of a tick outcome.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct TickLabels {
+    /// fired or skipped.
+    pub outcome: String,
+    /// Skip reason, or empty.
+    pub reason: String,
+}
+
 /// Every metric a node exports.
 pub struct Metrics {
     registry: Registry,
@@ -53,6 +62,10 @@ pub struct Metrics {
     pub lease_expiries: Counter,
     /// Sweeps committed by this node while leader.
     pub sweeps: Counter,
+    /// Ticks fired or skipped (by this node while leader), by reason.
+    pub ticks: Family<TickLabels, Counter>,
+    /// Lag from a tick's instant to its job being enqueued, seconds.
+    pub fire_lag_seconds: Histogram,
     /// Jobs per queue and state (refreshed at scrape).
     pub queue_jobs: Family<QueueLabels, Gauge>,
     /// Raft term.
@@ -98,6 +111,14 @@ impl Metrics {
         );
         let sweeps = Counter::default();
         registry.register("sweeps", "Sweeps committed while leader", sweeps.clone());
+        let ticks = Family::<TickLabels, Counter>::default();
+        registry.register("ticks", "Schedule ticks fired or skipped, by reason", ticks.clone());
+        let fire_lag_seconds = Histogram::new(exponential_buckets(0.001, 2.0, 16));
+        registry.register(
+            "fire_lag_seconds",
+            "Tick instant to job enqueued",
+            fire_lag_seconds.clone(),
+        );
         let queue_jobs = Family::<QueueLabels, Gauge>::default();
         registry.register("queue_jobs", "Jobs per queue and state", queue_jobs.clone());
         let gauge = |registry: &mut Registry, name: &str, help: &str| {
@@ -120,6 +141,8 @@ impl Metrics {
             leases_granted,
             lease_expiries,
             sweeps,
+            ticks,
+            fire_lag_seconds,
             queue_jobs,
             raft_term,
             raft_leader,

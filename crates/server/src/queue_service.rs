@@ -240,7 +240,7 @@ impl QueueService {
             .journal
             .read(request.stale, |state| state.job(request.job_id).map(convert::job_to_wire))
             .await?
-            .ok_or(Error::NotFound(request.job_id))?;
+            .ok_or_else(|| Error::NotFound(format!("job {} not found", request.job_id)))?;
         Ok(Reply::new(v1::GetJobResponse { job: Some(job) }))
     }
 

@@ -1,0 +1,326 @@
+//! `leasehold cron …`: schedules from the command line.
+
+use std::process::ExitCode;
+
+use leasehold_client::Client;
+use leasehold_proto::v1;
+use serde_json::{Value, json};
+
+use crate::{Connection, Output, render};
+
+/// `leasehold cron` arguments.
+#[derive(clap::Args, Debug)]
+pub struct CronArgs {
+    #[command(flatten)]
+    connection: Connection,
+    #[command(subcommand)]
+    command: CronCommand,
+}
+
+#[derive(clap::Subcommand, Debug)]
+enum CronCommand {
+    /// Create a schedule or replace its spec.
+    Put {
+        /// Schedule name.
+        name: String,
+        /// Cron expression: 5 fields, 6 (seconds first), @hourly..., "@every 30s".
+        #[arg(long)]
+        cron: String,
+        /// IANA timezone (default UTC).
+        #[arg(long, default_value = "")]
+        timezone: String,
+        /// Shell command run by the built-in executor.
+        #[arg(long, conflicts_with = "payload")]
+        command: Option<String>,
+        /// Payload of the job (for external workers).
+        #[arg(long)]
+        payload: Option<String>,
+        /// Queue (default "exec", the built-in executor's).
+        #[arg(long)]
+        queue: Option<String>,
+        /// Tags of the job; with --target each, the node tags that must match.
+        #[arg(long = "tag")]
+        tags: Vec<String>,
+        /// Priority of the job.
+        #[arg(long, default_value_t = 0, allow_negative_numbers = true)]
+        priority: i32,
+        /// Lease length of the job.
+        #[arg(long)]
+        lease_ttl_ms: Option<u64>,
+        /// Attempts of the job.
+        #[arg(long)]
+        max_attempts: Option<u32>,
+        /// skip: no new run while the previous is unfinished; allow.
+        #[arg(long, default_value = "skip")]
+        overlap: OverlapArg,
+        /// coalesce, skip or all.
+        #[arg(long, default_value = "coalesce")]
+        catchup: CatchupArg,
+        /// Coalesce: how recent a missed tick must be to still run.
+        #[arg(long, default_value_t = 3_600_000)]
+        catchup_window_ms: u64,
+        /// All: most missed ticks run.
+        #[arg(long, default_value_t = 10)]
+        catchup_max: u32,
+        /// any: one job anywhere; each: one job per matching node.
+        #[arg(long, default_value = "any")]
+        target: TargetArg,
+        /// Create it paused.
+        #[arg(long)]
+        paused: bool,
+    },
+    /// Delete a schedule.
+    Delete {
+        /// Schedule name.
+        name: String,
+    },
+    /// Show a schedule.
+    Get {
+        /// Schedule name.
+        name: String,
+        /// Output format.
+        #[arg(long, value_enum, default_value_t)]
+        output: Output,
+    },
+    /// List schedules.
+    List {
+        /// Output format.
+        #[arg(long, value_enum, default_value_t)]
+        output: Output,
+    },
+    /// Pause a schedule (ticks are recorded as skipped).
+    Pause {
+        /// Schedule name.
+        name: String,
+    },
+    /// Resume a schedule.
+    Resume {
+        /// Schedule name.
+        name: String,
+    },
+    /// Run a schedule's job now (honours overlap unless --force).
+    Trigger {
+        /// Schedule name.
+        name: String,
+        /// Run even if the previous instance is unfinished.
+        #[arg(long)]
+        force: bool,
+    },
+    /// Ticks fired, skipped (with reason) and late.
+    History {
+        /// Schedule name.
+        name: String,
+        /// Output format.
+        #[arg(long, value_enum, default_value_t)]
+        output: Output,
+    },
+}
+
+#[derive(Clone, Copy, Debug, clap::ValueEnum)]
+enum OverlapArg {
+    Skip,
+    Allow,
+}
+
+#[derive(Clone, Copy, Debug, clap::ValueEnum)]
+enum CatchupArg {
+    Coalesce,
+    Skip,
+    All,
+}
+
+#[derive(Clone, Copy, Debug, clap::ValueEnum)]
+enum TargetArg {
+    Any,
+    Each,
+}
+
+fn tick_json(record: &v1::TickRecord) -> Value {
+    json!({
+        "bucket": record.bucket,
+        "outcome": record.outcome,
+        "job_ids": record.job_ids,
+        "lag_ms": record.lag_ms,
+        "skip_reason": record.skip_reason,
+        "ticks": record.ticks,
+        "late": record.late,
+    })
+}
+
+fn schedule_json(schedule: &v1::Schedule) -> Value {
+    let spec = schedule.spec.clone().unwrap_or_default();
+    let template = spec.template.clone().unwrap_or_default();
+    json!({
+        "name": spec.name,
+        "cron": spec.cron,
+        "timezone": spec.timezone,
+        "command": template.command,
+        "queue": template.queue,
+        "tags": template.tags,
+        "overlap": v1::Overlap::try_from(spec.overlap).map(|o| o.as_str_name()).unwrap_or("?"),
+        "catchup": v1::Catchup::try_from(spec.catchup).map(|c| c.as_str_name()).unwrap_or("?"),
+        "catchup_window_ms": spec.catchup_window_ms,
+        "catchup_max": spec.catchup_max,
+        "target": v1::Target::try_from(spec.target).map(|t| t.as_str_name()).unwrap_or("?"),
+        "paused": spec.paused,
+        "last_fired_bucket": schedule.last_fired_bucket,
+        "next_tick_ms": schedule.next_tick_ms,
+        "fired_count": schedule.fired_count,
+        "skipped_count": schedule.skipped_count,
+        "history": schedule.history.iter().map(tick_json).collect::<Vec<_>>(),
+    })
+}
+
+fn tick_line(record: &v1::TickRecord) -> String {
+    match record.outcome.as_str() {
+        "fired" => format!(
+            "{} fired jobs={:?} lag_ms={}{}",
+            record.bucket,
+            record.job_ids,
+            record.lag_ms,
+            if record.late { " late" } else { "" }
+        ),
+        _ => format!(
+            "{} skipped reason={} ticks={}",
+            record.bucket, record.skip_reason, record.ticks
+        ),
+    }
+}
+
+/// Runs a cron subcommand.
+pub async fn run(args: CronArgs) -> anyhow::Result<ExitCode> {
+    let client = Client::connect(&args.connection.addr)?;
+    let mut stub = client.schedules_stub();
+    match args.command {
+        CronCommand::Put {
+            name,
+            cron,
+            timezone,
+            command,
+            payload,
+            queue,
+            tags,
+            priority,
+            lease_ttl_ms,
+            max_attempts,
+            overlap,
+            catchup,
+            catchup_window_ms,
+            catchup_max,
+            target,
+            paused,
+        } => {
+            let spec = v1::ScheduleSpec {
+                name: name.clone(),
+                cron,
+                timezone,
+                template: Some(v1::JobTemplate {
+                    queue,
+                    payload: payload.map(String::into_bytes).unwrap_or_default(),
+                    priority,
+                    lease_ttl_ms,
+                    max_attempts,
+                    tags,
+                    command,
+                }),
+                overlap: match overlap {
+                    OverlapArg::Skip => v1::Overlap::Skip,
+                    OverlapArg::Allow => v1::Overlap::Allow,
+                } as i32,
+                catchup: match catchup {
+                    CatchupArg::Coalesce => v1::Catchup::Coalesce,
+                    CatchupArg::Skip => v1::Catchup::Skip,
+                    CatchupArg::All => v1::Catchup::All,
+                } as i32,
+                catchup_window_ms,
+                catchup_max,
+                target: match target {
+                    TargetArg::Any => v1::Target::Any,
+                    TargetArg::Each => v1::Target::Each,
+                } as i32,
+                paused,
+            };
+            stub.put(v1::PutScheduleRequest { spec: Some(spec) }).await?;
+            println!("schedule {name} put");
+        }
+        CronCommand::Delete { name } => {
+            stub.delete(v1::DeleteScheduleRequest { name: name.clone() }).await?;
+            println!("schedule {name} deleted");
+        }
+        CronCommand::Get { name, output } => {
+            let schedule =
+                stub.get(v1::GetScheduleRequest { name, stale: false }).await?.into_inner();
+            match output {
+                Output::Json => render::print_json(&schedule_json(&schedule)),
+                Output::Text => {
+                    let value = schedule_json(&schedule);
+                    println!(
+                        "{} cron={} tz={} paused={} last_fired_bucket={} fired={} skipped={}",
+                        value["name"],
+                        value["cron"],
+                        value["timezone"],
+                        value["paused"],
+                        value["last_fired_bucket"],
+                        value["fired_count"],
+                        value["skipped_count"]
+                    );
+                }
+            }
+        }
+        CronCommand::List { output } => {
+            let list = stub.list(v1::ListSchedulesRequest { stale: false }).await?.into_inner();
+            match output {
+                Output::Json => render::print_json(&json!(
+                    list.schedules.iter().map(schedule_json).collect::<Vec<_>>()
+                )),
+                Output::Text => {
+                    for schedule in &list.schedules {
+                        let spec = schedule.spec.clone().unwrap_or_default();
+                        println!(
+                            "{} {:?} paused={} fired={} skipped={}",
+                            spec.name,
+                            spec.cron,
+                            spec.paused,
+                            schedule.fired_count,
+                            schedule.skipped_count
+                        );
+                    }
+                }
+            }
+        }
+        CronCommand::Pause { name } => {
+            stub.pause(v1::PauseScheduleRequest { name: name.clone() }).await?;
+            println!("schedule {name} paused");
+        }
+        CronCommand::Resume { name } => {
+            stub.resume(v1::ResumeScheduleRequest { name: name.clone() }).await?;
+            println!("schedule {name} resumed");
+        }
+        CronCommand::Trigger { name, force } => {
+            let reply = stub
+                .trigger(v1::TriggerScheduleRequest { name: name.clone(), force })
+                .await?
+                .into_inner();
+            if reply.job_ids.is_empty() {
+                println!("schedule {name} not run: {}", reply.skip_reason);
+                return Ok(ExitCode::from(3));
+            }
+            println!("schedule {name} triggered: jobs {:?}", reply.job_ids);
+        }
+        CronCommand::History { name, output } => {
+            let schedule =
+                stub.get(v1::GetScheduleRequest { name, stale: false }).await?.into_inner();
+            match output {
+                Output::Json => render::print_json(&json!(
+                    schedule.history.iter().map(tick_json).collect::<Vec<_>>()
+                )),
+                Output::Text => {
+                    for record in &schedule.history {
+                        println!("{}", tick_line(record));
+                    }
+                }
+            }
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}

@@ -1,0 +1,396 @@
+//! Schedule and node commands of [`State::apply`]: put, delete, pause,
+//! fire, skip, trigger, node registration and draining marks.
+//!
+//! The one rule that makes a double fire impossible lives in [`State::fire`]
+//! and [`State::skip`]: a bucket at or below `last_fired_bucket` changes
+//! nothing, whatever a ticker proposes and however often.
+
+use super::State;
+use crate::job::{JobSpec, JobState};
+use crate::limits::Limits;
+use crate::response::{Refusal, Response};
+use crate::schedule::{
+    LATE_AFTER_MS, NODE_TAG_PREFIX, NodeInfo, Overlap, Schedule, ScheduleSpec, SkipReason, Target,
+    TickOutcome, TickRecord,
+};
+
+impl State {
+    /// Every schedule by name.
+    pub fn schedules(&self) -> &std::collections::BTreeMap<String, Schedule> {
+        &self.schedules
+    }
+
+    /// One schedule.
+    pub fn schedule(&self, name: &str) -> Option<&Schedule> {
+        self.schedules.get(name)
+    }
+
+    /// Registered nodes by id.
+    pub fn nodes(&self) -> &std::collections::BTreeMap<u64, NodeInfo> {
+        &self.nodes
+    }
+
+    /// Whether any of `job_ids` is still ready or claimed (an unfinished
+    /// instance, for the overlap policy). Acked, dead and purged jobs are
+    /// finished.
+    pub fn any_unfinished(&self, job_ids: &[u64]) -> bool {
+        job_ids.iter().any(|id| {
+            self.jobs
+                .get(id)
+                .is_some_and(|job| matches!(job.state, JobState::Ready | JobState::Claimed))
+        })
+    }
+
+    pub(super) fn put_schedule(&mut self, spec: &ScheduleSpec) -> Response {
+        let now_ms = self.cluster_time_ms;
+        match self.schedules.get_mut(&spec.name) {
+            Some(existing) => existing.spec = spec.clone(),
+            None => {
+                self.schedules.insert(spec.name.clone(), Schedule::new(spec.clone(), now_ms));
+            }
+        }
+        Response::ScheduleChanged
+    }
+
+    pub(super) fn delete_schedule(&mut self, name: &str) -> Response {
+        match self.schedules.remove(name) {
+            Some(_) => Response::ScheduleChanged,
+            None => not_found(name),
+        }
+    }
+
+    pub(super) fn set_paused(&mut self, name: &str, paused: bool) -> Response {
+        match self.schedules.get_mut(name) {
+            Some(schedule) => {
+                schedule.spec.paused = paused;
+                Response::ScheduleChanged
+            }
+            None => not_found(name),
+        }
+    }
+
+    pub(super) fn fire(
+        &mut self,
+        name: &str,
+        bucket: u64,
+        targets: &[u64],
+        limits: &Limits,
+    ) -> Response {
+        let Some(schedule) = self.schedules.get(name) else {
+            return not_found(name);
+        };
+        if bucket <= schedule.last_fired_bucket {
+            return Response::Tick(None);
+        }
+        let lag_ms = self.cluster_time_ms.saturating_sub(bucket.saturating_mul(1_000));
+        let late = lag_ms >= LATE_AFTER_MS;
+        let refusal = if schedule.spec.overlap == Overlap::Skip
+            && self.any_unfinished(&schedule.last_job_ids)
+        {
+            Some(SkipReason::Overlap)
+        } else if schedule.spec.target == Target::Each && targets.is_empty() {
+            Some(SkipReason::NoTarget)
+        } else {
+            None
+        };
+        let outcome = match refusal {
+            Some(reason) => TickOutcome::Skipped { reason, ticks: 1 },
+            None => {
+                let specs = tick_jobs(schedule, bucket, targets, None);
+                match self.enqueue(&specs, limits) {
+                    Response::Enqueued(outcomes) => TickOutcome::Fired {
+                        job_ids: outcomes.iter().map(|o| o.job_id).collect(),
+                        lag_ms,
+                    },
+                    other => return other,
+                }
+            }
+        };
+        let Some(schedule) = self.schedules.get_mut(name) else {
+            return not_found(name);
+        };
+        if let TickOutcome::Fired { job_ids, .. } = &outcome {
+            schedule.last_job_ids = job_ids.clone();
+        }
+        schedule.last_fired_bucket = bucket;
+        schedule.record(TickRecord { bucket, outcome: outcome.clone(), late });
+        Response::Tick(Some(outcome))
+    }
+
+    pub(super) fn skip(
+        &mut self,
+        name: &str,
+        bucket: u64,
+        reason: SkipReason,
+        ticks: u64,
+    ) -> Response {
+        let Some(schedule) = self.schedules.get_mut(name) else {
+            return not_found(name);
+        };
+        if bucket <= schedule.last_fired_bucket {
+            return Response::Tick(None);
+        }
+        let outcome = TickOutcome::Skipped { reason, ticks: ticks.max(1) };
+        schedule.last_fired_bucket = bucket;
+        schedule.record(TickRecord { bucket, outcome: outcome.clone(), late: false });
+        Response::Tick(Some(outcome))
+    }
+
+    pub(super) fn trigger(
+        &mut self,
+        name: &str,
+        force: bool,
+        targets: &[u64],
+        limits: &Limits,
+    ) -> Response {
+        let Some(schedule) = self.schedules.get(name) else {
+            return not_found(name);
+        };
+        if !force
+            && schedule.spec.overlap == Overlap::Skip
+            && self.any_unfinished(&schedule.last_job_ids)
+        {
+            return Response::Tick(Some(TickOutcome::Skipped {
+                reason: SkipReason::Overlap,
+                ticks: 1,
+            }));
+        }
+        if schedule.spec.target == Target::Each && targets.is_empty() {
+            return Response::Tick(Some(TickOutcome::Skipped {
+                reason: SkipReason::NoTarget,
+                ticks: 1,
+            }));
+        }
+        // A manual run is named by the cluster time it was asked at and the
+        // next job id, so it never collides with a tick's key.
+        let bucket = self.cluster_time_ms / 1_000;
+        let manual = format!("manual-{}", self.last_job_id.saturating_add(1));
+        let specs = tick_jobs(schedule, bucket, targets, Some(&manual));
+        match self.enqueue(&specs, limits) {
+            Response::Enqueued(outcomes) => {
+                let job_ids: Vec<u64> = outcomes.iter().map(|o| o.job_id).collect();
+                if let Some(schedule) = self.schedules.get_mut(name) {
+                    schedule.last_job_ids = job_ids.clone();
+                }
+                Response::Tick(Some(TickOutcome::Fired { job_ids, lag_ms: 0 }))
+            }
+            other => other,
+        }
+    }
+
+    pub(super) fn register_node(&mut self, node: u64, tags: &[String]) -> Response {
+        let mut tags = tags.to_vec();
+        tags.sort();
+        tags.dedup();
+        self.nodes.entry(node).or_default().tags = tags;
+        Response::NodeChanged
+    }
+
+    pub(super) fn set_draining(&mut self, node: u64, draining: bool) -> Response {
+        self.nodes.entry(node).or_default().draining = draining;
+        Response::NodeChanged
+    }
+}
+
+fn not_found(name: &str) -> Response {
+    Response::Refused(Refusal::ScheduleNotFound { name: name.to_string() })
+}
+
+/// The jobs one tick of `schedule` enqueues: one, or one per target node,
+/// each keyed `cron:NAME:BUCKET[:NODE][:manual-N]` so a repeated proposal
+/// deduplicates.
+fn tick_jobs(
+    schedule: &Schedule,
+    bucket: u64,
+    targets: &[u64],
+    manual: Option<&str>,
+) -> Vec<JobSpec> {
+    let template = &schedule.spec.template;
+    let payload = match &template.command {
+        Some(command) => command.clone().into_bytes(),
+        None => template.payload.clone(),
+    };
+    let base = |node: Option<u64>| {
+        let mut key = schedule.job_key(bucket, node);
+        if let Some(manual) = manual {
+            key.push(':');
+            key.push_str(manual);
+        }
+        let mut tags = template.tags.clone();
+        if let Some(node) = node {
+            tags.push(format!("{NODE_TAG_PREFIX}{node}"));
+        }
+        JobSpec {
+            queue: template.queue_name().to_string(),
+            payload: payload.clone(),
+            priority: template.priority,
+            not_before_ms: None,
+            max_attempts: template.max_attempts,
+            backoff: None,
+            lease_ttl_ms: template.lease_ttl_ms,
+            idempotency_key: Some(key),
+            tags,
+        }
+    };
+    match schedule.spec.target {
+        Target::Any => vec![base(None)],
+        Target::Each => targets.iter().map(|node| base(Some(*node))).collect(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::command::{Command, Proposal};
+    use crate::schedule::JobTemplate;
+
+    const T0_MS: u64 = 1_767_225_600_000;
+
+    fn apply(state: &mut State, now_ms: u64, command: Command) -> Response {
+        state.apply(1, &Proposal { now_ms, command })
+    }
+
+    fn put(state: &mut State, overlap: Overlap, target: Target) {
+        let spec = ScheduleSpec {
+            name: "backup".into(),
+            cron: "* * * * * *".into(),
+            template: JobTemplate { command: Some("backup.sh".into()), ..JobTemplate::default() },
+            overlap,
+            target,
+            ..ScheduleSpec::default()
+        };
+        assert_eq!(apply(state, T0_MS, Command::PutSchedule { spec }), Response::ScheduleChanged);
+    }
+
+    fn fire(state: &mut State, bucket: u64) -> Response {
+        let command = Command::Fire { schedule: "backup".into(), bucket, targets: vec![] };
+        apply(state, bucket * 1_000 + 10, command)
+    }
+
+    #[test]
+    fn a_bucket_fires_at_most_once() {
+        let mut state = State::new();
+        put(&mut state, Overlap::Allow, Target::Any);
+        let bucket = T0_MS / 1_000 + 1;
+        let first = fire(&mut state, bucket);
+        assert!(matches!(first, Response::Tick(Some(TickOutcome::Fired { .. }))), "{first:?}");
+        assert_eq!(fire(&mut state, bucket), Response::Tick(None));
+        assert_eq!(fire(&mut state, bucket - 1), Response::Tick(None));
+        let jobs = state.stats(0).get("exec").map(|s| s.ready).unwrap_or(0);
+        assert_eq!(jobs, 1);
+        let job = state.job(1).map(|j| (j.idempotency_key.clone(), j.payload.clone()));
+        assert_eq!(job, Some((Some(format!("cron:backup:{bucket}")), b"backup.sh".to_vec())));
+    }
+
+    #[test]
+    fn overlap_skip_waits_for_the_previous_instance() {
+        let mut state = State::new();
+        put(&mut state, Overlap::Skip, Target::Any);
+        let bucket = T0_MS / 1_000 + 1;
+        assert!(matches!(
+            fire(&mut state, bucket),
+            Response::Tick(Some(TickOutcome::Fired { .. }))
+        ));
+        let second = fire(&mut state, bucket + 1);
+        assert_eq!(
+            second,
+            Response::Tick(Some(TickOutcome::Skipped { reason: SkipReason::Overlap, ticks: 1 }))
+        );
+        // Finish the first instance: the next tick fires again.
+        let claim = Command::Claim {
+            worker: "w".into(),
+            queue: "exec".into(),
+            max: 1,
+            lease_ttl_ms: None,
+            selector: vec![],
+        };
+        let Response::Claimed(grants) = apply(&mut state, T0_MS + 3_000, claim) else {
+            panic!("claim answers grants")
+        };
+        let ack = Command::Ack { job_id: grants[0].job.id, token: grants[0].lease.token };
+        assert_eq!(apply(&mut state, T0_MS + 3_000, ack), Response::Acked);
+        assert!(matches!(
+            fire(&mut state, bucket + 2),
+            Response::Tick(Some(TickOutcome::Fired { .. }))
+        ));
+        let history: Vec<_> = state
+            .schedule("backup")
+            .map(|s| s.history.iter().map(|r| r.bucket).collect())
+            .unwrap_or_default();
+        assert_eq!(history, vec![bucket, bucket + 1, bucket + 2]);
+    }
+
+    #[test]
+    fn each_target_gets_its_own_job_and_none_means_no_target() {
+        let mut state = State::new();
+        put(&mut state, Overlap::Allow, Target::Each);
+        let bucket = T0_MS / 1_000 + 1;
+        let none = fire(&mut state, bucket);
+        assert_eq!(
+            none,
+            Response::Tick(Some(TickOutcome::Skipped { reason: SkipReason::NoTarget, ticks: 1 }))
+        );
+        let command =
+            Command::Fire { schedule: "backup".into(), bucket: bucket + 1, targets: vec![2, 3] };
+        let fired = apply(&mut state, T0_MS + 2_000, command);
+        assert!(
+            matches!(fired, Response::Tick(Some(TickOutcome::Fired { ref job_ids, .. })) if job_ids.len() == 2)
+        );
+        let tags: Vec<Vec<String>> =
+            [1, 2].iter().filter_map(|id| state.job(*id).map(|j| j.tags.clone())).collect();
+        assert_eq!(tags, vec![vec!["node:2".to_string()], vec!["node:3".to_string()]]);
+    }
+
+    #[test]
+    fn skip_advances_the_mark_and_trigger_does_not() {
+        let mut state = State::new();
+        put(&mut state, Overlap::Skip, Target::Any);
+        let bucket = T0_MS / 1_000 + 5;
+        let skip = Command::Skip {
+            schedule: "backup".into(),
+            bucket,
+            reason: SkipReason::Catchup,
+            ticks: 5,
+        };
+        assert!(matches!(apply(&mut state, T0_MS + 6_000, skip), Response::Tick(Some(_))));
+        assert_eq!(fire(&mut state, bucket), Response::Tick(None));
+        let trigger = Command::Trigger { schedule: "backup".into(), force: false, targets: vec![] };
+        assert!(matches!(
+            apply(&mut state, T0_MS + 7_000, trigger.clone()),
+            Response::Tick(Some(TickOutcome::Fired { .. }))
+        ));
+        // The triggered run is unfinished: a second unforced trigger is an overlap.
+        assert_eq!(
+            apply(&mut state, T0_MS + 7_000, trigger),
+            Response::Tick(Some(TickOutcome::Skipped { reason: SkipReason::Overlap, ticks: 1 }))
+        );
+        let forced = Command::Trigger { schedule: "backup".into(), force: true, targets: vec![] };
+        assert!(matches!(
+            apply(&mut state, T0_MS + 7_000, forced),
+            Response::Tick(Some(TickOutcome::Fired { .. }))
+        ));
+        assert_eq!(state.schedule("backup").map(|s| s.last_fired_bucket), Some(bucket));
+        assert_eq!(state.schedule("backup").map(|s| s.skipped_count), Some(5));
+    }
+
+    #[test]
+    fn unknown_schedules_are_refused() {
+        let mut state = State::new();
+        let fired = fire(&mut state, 1);
+        assert_eq!(fired, Response::Refused(Refusal::ScheduleNotFound { name: "backup".into() }));
+    }
+
+    #[test]
+    fn schedules_and_nodes_survive_a_snapshot() -> Result<(), String> {
+        let mut state = State::new();
+        put(&mut state, Overlap::Allow, Target::Any);
+        fire(&mut state, T0_MS / 1_000 + 1);
+        apply(&mut state, T0_MS, Command::RegisterNode { node: 2, tags: vec!["gpu".into()] });
+        apply(&mut state, T0_MS, Command::SetDraining { node: 2, draining: true });
+        let bytes = bincode::serialize(&state).map_err(|e| e.to_string())?;
+        let back: State = bincode::deserialize(&bytes).map_err(|e| e.to_string())?;
+        assert_eq!(back, state);
+        assert_eq!(back.nodes().get(&2).map(|n| n.draining), Some(true));
+        Ok(())
+    }
+}

@@ -1,0 +1,181 @@
+//! The public `leasehold.v1.Schedules` service, and the target selection a
+//! `target = each` tick uses (shared with the node's ticker).
+
+use leasehold_core::schedule::{Schedule, TickOutcome};
+use leasehold_core::validate::{self, schedule_spec};
+use leasehold_core::{Command, Response};
+use leasehold_proto::convert;
+use leasehold_proto::v1;
+use leasehold_proto::v1::schedules_server::Schedules;
+use tonic::{Request, Response as Reply, Status};
+
+use crate::error::Error;
+use crate::journal::Journal;
+
+/// Serves `leasehold.v1.Schedules`.
+#[derive(Clone)]
+pub struct SchedulesService {
+    journal: Journal,
+}
+
+impl SchedulesService {
+    /// A service proposing through `journal`.
+    pub fn new(journal: Journal) -> Self {
+        SchedulesService { journal }
+    }
+
+    async fn submit(&self, command: Command) -> Result<Response, Error> {
+        leasehold_core::validate_command(&command, self.journal.limits())?;
+        match self.journal.propose(command).await? {
+            Response::Refused(refusal) => Err(refusal.into()),
+            response => Ok(response),
+        }
+    }
+}
+
+/// The nodes a `target = each` tick of `schedule` goes to: current Raft
+/// members that registered, are not draining, and carry every tag of the
+/// schedule's template.
+pub fn each_targets(journal: &Journal, schedule: &Schedule) -> Vec<u64> {
+    let metrics = journal.raft().metrics().borrow().clone();
+    let members: Vec<u64> =
+        metrics.membership_config.membership().nodes().map(|(id, _)| *id).collect();
+    journal.read_stale(|state| {
+        members
+            .into_iter()
+            .filter(|id| {
+                state.nodes().get(id).is_some_and(|node| {
+                    !node.draining
+                        && schedule.spec.template.tags.iter().all(|tag| node.tags.contains(tag))
+                })
+            })
+            .collect()
+    })
+}
+
+fn unexpected(response: &Response) -> Status {
+    Error::Internal(format!("unexpected journal response {response:?}")).into()
+}
+
+#[tonic::async_trait]
+impl Schedules for SchedulesService {
+    async fn put(
+        &self,
+        request: Request<v1::PutScheduleRequest>,
+    ) -> Result<Reply<v1::PutScheduleResponse>, Status> {
+        let spec = request.into_inner().spec.ok_or_else(|| {
+            Error::Invalid(leasehold_core::ValidationError::invalid("spec", "is required"))
+        })?;
+        let spec = convert::schedule_spec_from_wire(spec).map_err(Error::from)?;
+        schedule_spec(&spec, self.journal.limits()).map_err(Error::from)?;
+        match self.submit(Command::PutSchedule { spec }).await? {
+            Response::ScheduleChanged => Ok(Reply::new(v1::PutScheduleResponse {})),
+            other => Err(unexpected(&other)),
+        }
+    }
+
+    async fn delete(
+        &self,
+        request: Request<v1::DeleteScheduleRequest>,
+    ) -> Result<Reply<v1::DeleteScheduleResponse>, Status> {
+        let name = request.into_inner().name;
+        match self.submit(Command::DeleteSchedule { name }).await? {
+            Response::ScheduleChanged => Ok(Reply::new(v1::DeleteScheduleResponse {})),
+            other => Err(unexpected(&other)),
+        }
+    }
+
+    async fn get(
+        &self,
+        request: Request<v1::GetScheduleRequest>,
+    ) -> Result<Reply<v1::Schedule>, Status> {
+        let request = request.into_inner();
+        validate::queue_name("name", &request.name).map_err(Error::from)?;
+        let now_ms = self.journal.clock().now_ms();
+        let found = self
+            .journal
+            .read(request.stale, |state| {
+                state
+                    .schedule(&request.name)
+                    .map(|s| convert::schedule_to_wire(s, next_tick(s, now_ms)))
+            })
+            .await?;
+        found
+            .map(Reply::new)
+            .ok_or_else(|| Error::NotFound(format!("schedule {:?} not found", request.name)).into())
+    }
+
+    async fn list(
+        &self,
+        request: Request<v1::ListSchedulesRequest>,
+    ) -> Result<Reply<v1::ListSchedulesResponse>, Status> {
+        let stale = request.into_inner().stale;
+        let now_ms = self.journal.clock().now_ms();
+        let schedules = self
+            .journal
+            .read(stale, |state| {
+                state
+                    .schedules()
+                    .values()
+                    .map(|s| convert::schedule_to_wire(s, next_tick(s, now_ms)))
+                    .collect()
+            })
+            .await?;
+        Ok(Reply::new(v1::ListSchedulesResponse { schedules }))
+    }
+
+    async fn pause(
+        &self,
+        request: Request<v1::PauseScheduleRequest>,
+    ) -> Result<Reply<v1::PauseScheduleResponse>, Status> {
+        let name = request.into_inner().name;
+        match self.submit(Command::SetPaused { name, paused: true }).await? {
+            Response::ScheduleChanged => Ok(Reply::new(v1::PauseScheduleResponse {})),
+            other => Err(unexpected(&other)),
+        }
+    }
+
+    async fn resume(
+        &self,
+        request: Request<v1::ResumeScheduleRequest>,
+    ) -> Result<Reply<v1::ResumeScheduleResponse>, Status> {
+        let name = request.into_inner().name;
+        match self.submit(Command::SetPaused { name, paused: false }).await? {
+            Response::ScheduleChanged => Ok(Reply::new(v1::ResumeScheduleResponse {})),
+            other => Err(unexpected(&other)),
+        }
+    }
+
+    async fn trigger(
+        &self,
+        request: Request<v1::TriggerScheduleRequest>,
+    ) -> Result<Reply<v1::TriggerScheduleResponse>, Status> {
+        let request = request.into_inner();
+        validate::queue_name("name", &request.name).map_err(Error::from)?;
+        let targets = self
+            .journal
+            .read_stale(|state| state.schedule(&request.name).cloned())
+            .map(|schedule| each_targets(&self.journal, &schedule))
+            .unwrap_or_default();
+        let command = Command::Trigger { schedule: request.name, force: request.force, targets };
+        match self.submit(command).await? {
+            Response::Tick(Some(TickOutcome::Fired { job_ids, .. })) => {
+                Ok(Reply::new(v1::TriggerScheduleResponse { job_ids, skip_reason: String::new() }))
+            }
+            Response::Tick(Some(TickOutcome::Skipped { reason, .. })) => {
+                Ok(Reply::new(v1::TriggerScheduleResponse {
+                    job_ids: Vec::new(),
+                    skip_reason: reason.as_str().to_string(),
+                }))
+            }
+            other => Err(unexpected(&other)),
+        }
+    }
+}
+
+/// The schedule's next tick after `now_ms`, if its expression still parses.
+fn next_tick(schedule: &Schedule, now_ms: u64) -> Option<u64> {
+    leasehold_core::cron::parse(&schedule.spec.cron, &schedule.spec.timezone)
+        .ok()
+        .and_then(|cron| cron.next_after(now_ms))
+}
