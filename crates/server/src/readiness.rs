@@ -9,6 +9,8 @@ use crate::journal::Journal;
 
 /// How long a readiness answer is reused.
 const CACHE_FOR: Duration = Duration::from_secs(1);
+/// How far this node's clock may trail cluster time and still be ready.
+const MAX_CLOCK_BEHIND_MS: u64 = 5_000;
 /// How far the applied index may trail the last log index and still be ready.
 const MAX_APPLY_LAG: u64 = 1_000;
 
@@ -95,6 +97,19 @@ impl Readiness {
                 Ok(())
             } else {
                 Err(format!("applied {applied} trails log {last_log}"))
+            },
+        ));
+        // A clock well behind cluster time means this node's leases and ticks
+        // would be judged late; a clock far ahead cannot be seen from here
+        // (it would already have moved cluster time), see docs/safety.md.
+        let now_ms = self.journal.clock().now_ms();
+        let cluster_ms = self.journal.read_stale(|state| state.cluster_time_ms());
+        checks.push((
+            "clock".to_string(),
+            if now_ms.saturating_add(MAX_CLOCK_BEHIND_MS) >= cluster_ms {
+                Ok(())
+            } else {
+                Err(format!("clock is {} ms behind cluster time", cluster_ms - now_ms))
             },
         ));
         checks.push((
