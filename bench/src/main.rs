@@ -1,0 +1,245 @@
+//! `leasehold-bench`: the load generator behind `scripts/bench`.
+//!
+//! It drives one workload against three systems — leasehold, etcd (the
+//! classic lease-and-transaction queue) and PostgreSQL (the `SKIP LOCKED`
+//! queue) — so their numbers can be read as ratios from one invocation on one
+//! machine. The script owns the servers (it starts and stops them); this
+//! binary only connects, loads, measures and reports:
+//!
+//! - `run` drives N clients for a warm-up plus a measured window and prints
+//!   one JSON summary line (appended to `--results` too);
+//! - `report` turns those lines into the markdown tables of
+//!   `docs/benchmarks.md`;
+//! - `wait` blocks until a server answers (bounded);
+//! - `free-port` prints a loopback port that was free a moment ago.
+
+mod etcd;
+mod leasehold;
+mod measure;
+mod postgres;
+mod report;
+
+use std::io::Write;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::Context;
+use clap::{Parser, Subcommand, ValueEnum};
+
+use crate::measure::{RunConfig, RunSummary};
+
+#[derive(Parser, Debug)]
+#[command(name = "leasehold-bench", about = "Queue benchmark: leasehold vs etcd vs PostgreSQL")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Drive the enqueue → claim → ack workload against one running server.
+    Run(RunArgs),
+    /// Wait until a server accepts the calls the workload makes.
+    Wait(WaitArgs),
+    /// Print a loopback TCP port that is free right now.
+    FreePort,
+    /// Render result lines as markdown tables with ratios.
+    Report(ReportArgs),
+}
+
+/// Which system a run talks to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum System {
+    /// A leasehold node, through `leasehold-client`.
+    Leasehold,
+    /// etcd v3, through its gRPC API.
+    Etcd,
+    /// PostgreSQL, through `tokio-postgres`.
+    Postgres,
+}
+
+impl System {
+    /// The lowercase name used in tables and result lines.
+    pub fn name(self) -> &'static str {
+        match self {
+            System::Leasehold => "leasehold",
+            System::Etcd => "etcd",
+            System::Postgres => "postgres",
+        }
+    }
+}
+
+#[derive(clap::Args, Debug)]
+struct RunArgs {
+    /// The system behind `--addr`.
+    #[arg(long, value_enum)]
+    system: System,
+    /// `host:port` of the server (leasehold gRPC, etcd client URL, PostgreSQL).
+    #[arg(long)]
+    addr: String,
+    /// Concurrent clients, each with its own connection.
+    #[arg(long, default_value_t = 1)]
+    clients: usize,
+    /// Measured window, seconds.
+    #[arg(long, default_value_t = 20.0)]
+    duration: f64,
+    /// Warm-up before the measured window, seconds (run but not recorded).
+    #[arg(long, default_value_t = 3.0)]
+    warmup: f64,
+    /// Payload bytes per job (the same for every system).
+    #[arg(long, default_value_t = 64)]
+    payload_bytes: usize,
+    /// Server process whose peak RSS (VmHWM) is read at the end of the run.
+    #[arg(long)]
+    server_pid: Option<u32>,
+    /// PostgreSQL user (the script's initdb creates it).
+    #[arg(long, default_value = "bench")]
+    pg_user: String,
+    /// Append the JSON summary line to this file.
+    #[arg(long)]
+    results: Option<PathBuf>,
+    /// Worker threads of the load generator's runtime.
+    #[arg(long, default_value_t = 2)]
+    threads: usize,
+}
+
+#[derive(clap::Args, Debug)]
+struct WaitArgs {
+    #[arg(long, value_enum)]
+    system: System,
+    #[arg(long)]
+    addr: String,
+    /// Give up after this many seconds.
+    #[arg(long, default_value_t = 60.0)]
+    timeout: f64,
+    #[arg(long, default_value = "bench")]
+    pg_user: String,
+}
+
+#[derive(clap::Args, Debug)]
+struct ReportArgs {
+    /// JSON lines written by `run --results`.
+    #[arg(long)]
+    results: PathBuf,
+    /// The product's single-node throughput goal, cycles per second.
+    #[arg(long, default_value_t = 3000.0)]
+    target_cycles_per_s: f64,
+    /// The client count at which the goal applies.
+    #[arg(long, default_value_t = 32)]
+    target_clients: usize,
+}
+
+fn main() -> anyhow::Result<()> {
+    let cli = Cli::parse();
+    match cli.command {
+        Command::Run(args) => run(args),
+        Command::Wait(args) => {
+            single_thread_runtime()?.block_on(wait(args))?;
+            Ok(())
+        }
+        Command::FreePort => {
+            // Port 0 asks the kernel for a free ephemeral port; the script
+            // binds it a moment later (a small, accepted race).
+            let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
+            println!("{}", listener.local_addr()?.port());
+            Ok(())
+        }
+        Command::Report(args) => {
+            let text = std::fs::read_to_string(&args.results)
+                .with_context(|| format!("reading {}", args.results.display()))?;
+            let mut runs = Vec::new();
+            for (number, line) in text.lines().enumerate().filter(|(_, l)| !l.trim().is_empty()) {
+                let summary: RunSummary = serde_json::from_str(line)
+                    .with_context(|| format!("{} line {}", args.results.display(), number + 1))?;
+                runs.push(summary);
+            }
+            print!("{}", report::render(&runs, args.target_cycles_per_s, args.target_clients));
+            Ok(())
+        }
+    }
+}
+
+fn single_thread_runtime() -> anyhow::Result<tokio::runtime::Runtime> {
+    Ok(tokio::runtime::Builder::new_current_thread().enable_all().build()?)
+}
+
+fn run(args: RunArgs) -> anyhow::Result<()> {
+    anyhow::ensure!((1..=1024).contains(&args.clients), "--clients must be 1 ..= 1024");
+    anyhow::ensure!(
+        args.duration > 0.0 && args.duration <= 3600.0,
+        "--duration must be 0 < s <= 3600"
+    );
+    anyhow::ensure!(args.warmup >= 0.0 && args.warmup <= 600.0, "--warmup must be 0 ..= 600");
+    anyhow::ensure!(args.payload_bytes <= 64 * 1024, "--payload-bytes must be <= 65536");
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(args.threads.clamp(1, 64))
+        .enable_all()
+        .build()?;
+    let config = RunConfig {
+        clients: args.clients,
+        warmup: Duration::from_secs_f64(args.warmup),
+        duration: Duration::from_secs_f64(args.duration),
+        payload_bytes: args.payload_bytes,
+    };
+    let mut summary = runtime.block_on(async {
+        match args.system {
+            System::Leasehold => {
+                let system = leasehold::Leasehold::new(&args.addr);
+                measure::drive(&system, System::Leasehold, &config).await
+            }
+            System::Etcd => {
+                let system = etcd::Etcd::new(&args.addr, args.clients);
+                measure::drive(&system, System::Etcd, &config).await
+            }
+            System::Postgres => {
+                let system = postgres::Postgres::new(&args.addr, &args.pg_user);
+                system.create_schema().await?;
+                measure::drive(&system, System::Postgres, &config).await
+            }
+        }
+    })?;
+    if let Some(pid) = args.server_pid {
+        summary.server_peak_rss_kib = measure::peak_rss_kib(pid);
+    }
+    let line = serde_json::to_string(&summary)?;
+    println!("{line}");
+    eprintln!("{}", summary.one_line());
+    if let Some(path) = &args.results {
+        let mut file = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(path)
+            .with_context(|| format!("opening {}", path.display()))?;
+        writeln!(file, "{line}")?;
+    }
+    Ok(())
+}
+
+async fn wait(args: WaitArgs) -> anyhow::Result<()> {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs_f64(args.timeout);
+    let mut last_error = String::from("never tried");
+    while tokio::time::Instant::now() < deadline {
+        let attempt = async {
+            match args.system {
+                System::Leasehold => leasehold::Leasehold::new(&args.addr).probe().await,
+                System::Etcd => etcd::Etcd::new(&args.addr, 1).probe().await,
+                System::Postgres => {
+                    postgres::Postgres::new(&args.addr, &args.pg_user).probe().await
+                }
+            }
+        };
+        match tokio::time::timeout(Duration::from_secs(5), attempt).await {
+            Ok(Ok(())) => return Ok(()),
+            Ok(Err(error)) => last_error = format!("{error:#}"),
+            Err(_) => last_error = "probe timed out after 5 s".to_string(),
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    anyhow::bail!(
+        "{} at {} not ready after {} s: {last_error}",
+        args.system.name(),
+        args.addr,
+        args.timeout
+    )
+}

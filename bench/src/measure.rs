@@ -1,0 +1,322 @@
+//! The workload and its measurement, the same for every system: N clients,
+//! each looping enqueue one job → claim one job → ack it (one *cycle*), for a
+//! warm-up and then a measured window, with a latency histogram per
+//! operation and per cycle.
+//!
+//! A cycle counts when it started inside the measured window and finished
+//! before the window closed, so throughput is `recorded cycles / window`.
+//! Every call has a deadline ([`CALL_TIMEOUT`]); a failed call is counted,
+//! its cycle abandoned, and the client goes on after a short pause, so one
+//! wedged server cannot hang the run.
+
+use std::future::Future;
+use std::time::Duration;
+
+use hdrhistogram::Histogram;
+use serde::{Deserialize, Serialize};
+use tokio::time::Instant;
+
+use crate::System;
+
+/// Deadline of one call (a claim includes its own retries).
+pub const CALL_TIMEOUT: Duration = Duration::from_secs(10);
+/// Pause after a failed call, so a broken server is not spun against.
+const ERROR_PAUSE: Duration = Duration::from_millis(20);
+/// Errors printed per run; the rest are only counted.
+const MAX_PRINTED_ERRORS: u64 = 5;
+/// Histogram range: 1 µs … 60 s, three significant digits.
+const HISTOGRAM_MAX_US: u64 = 60_000_000;
+
+/// A job a client holds: its id and the fencing token the ack presents.
+#[derive(Clone, Copy, Debug)]
+pub struct Claimed {
+    /// The job's id in the system under test.
+    pub job_id: u64,
+    /// Fencing token (leasehold token, etcd claim revision, PostgreSQL token).
+    pub token: u64,
+    /// Tries that found nothing or lost a race before this one succeeded.
+    pub retries: u64,
+}
+
+/// One client's connection to the system under test.
+pub trait Connection: Send + 'static {
+    /// Adds one ready job carrying `payload`.
+    fn enqueue(&mut self, payload: &[u8]) -> impl Future<Output = anyhow::Result<()>> + Send;
+    /// Takes one ready job under a lease; retries internally until it has
+    /// one or the call's deadline passes.
+    fn claim(&mut self) -> impl Future<Output = anyhow::Result<Claimed>> + Send;
+    /// Finishes a claimed job, presenting its token; an `Err` if refused.
+    fn ack(&mut self, claimed: Claimed) -> impl Future<Output = anyhow::Result<()>> + Send;
+}
+
+/// A system under test: hands out one connection per client.
+pub trait Target: Sync {
+    /// The per-client connection type.
+    type Conn: Connection;
+    /// Opens client number `index`'s connection.
+    fn connect(&self, index: usize) -> impl Future<Output = anyhow::Result<Self::Conn>> + Send;
+}
+
+/// The shape of one run.
+#[derive(Clone, Debug)]
+pub struct RunConfig {
+    /// Concurrent clients.
+    pub clients: usize,
+    /// Driven but not recorded.
+    pub warmup: Duration,
+    /// Recorded.
+    pub duration: Duration,
+    /// Bytes per job payload.
+    pub payload_bytes: usize,
+}
+
+/// Latency percentiles of one operation, microseconds.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct Latency {
+    /// Samples recorded.
+    pub count: u64,
+    /// Median.
+    pub p50_us: u64,
+    /// 99th percentile.
+    pub p99_us: u64,
+    /// 99.9th percentile.
+    pub p999_us: u64,
+    /// Largest sample.
+    pub max_us: u64,
+}
+
+impl Latency {
+    fn of(histogram: &Histogram<u64>) -> Latency {
+        if histogram.is_empty() {
+            return Latency::default();
+        }
+        Latency {
+            count: histogram.len(),
+            p50_us: histogram.value_at_quantile(0.50),
+            p99_us: histogram.value_at_quantile(0.99),
+            p999_us: histogram.value_at_quantile(0.999),
+            max_us: histogram.max(),
+        }
+    }
+}
+
+/// The result line of one run (one JSON object per line in the results file).
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct RunSummary {
+    /// The system measured.
+    pub system: System,
+    /// Concurrent clients.
+    pub clients: usize,
+    /// Measured window, seconds.
+    pub duration_s: f64,
+    /// Warm-up, seconds.
+    pub warmup_s: f64,
+    /// Payload bytes per job.
+    pub payload_bytes: usize,
+    /// Cycles completed inside the window.
+    pub cycles: u64,
+    /// `cycles / duration_s`.
+    pub cycles_per_s: f64,
+    /// Calls that failed (timeouts, errors, refused acks) inside the window.
+    pub errors: u64,
+    /// Claim tries that found nothing or lost a race (etcd txn conflicts).
+    pub claim_retries: u64,
+    /// Enqueue latency.
+    pub enqueue: Latency,
+    /// Claim latency (all of a claim's tries).
+    pub claim: Latency,
+    /// Ack latency.
+    pub ack: Latency,
+    /// Whole-cycle latency.
+    pub cycle: Latency,
+    /// Peak resident set of the server process (VmHWM), KiB, when known.
+    pub server_peak_rss_kib: Option<u64>,
+}
+
+impl RunSummary {
+    /// A short human-readable line for the log.
+    pub fn one_line(&self) -> String {
+        format!(
+            "{} clients={} cycles/s={:.0} claim p50/p99={}/{} µs cycle p50/p99={}/{} µs errors={} retries={}",
+            self.system.name(),
+            self.clients,
+            self.cycles_per_s,
+            self.claim.p50_us,
+            self.claim.p99_us,
+            self.cycle.p50_us,
+            self.cycle.p99_us,
+            self.errors,
+            self.claim_retries
+        )
+    }
+}
+
+/// Histograms and counters of one client; merged at the end.
+struct Recorder {
+    enqueue: Histogram<u64>,
+    claim: Histogram<u64>,
+    ack: Histogram<u64>,
+    cycle: Histogram<u64>,
+    cycles: u64,
+    errors: u64,
+    claim_retries: u64,
+}
+
+impl Recorder {
+    fn new() -> anyhow::Result<Recorder> {
+        let histogram = || Histogram::<u64>::new_with_bounds(1, HISTOGRAM_MAX_US, 3);
+        Ok(Recorder {
+            enqueue: histogram()?,
+            claim: histogram()?,
+            ack: histogram()?,
+            cycle: histogram()?,
+            cycles: 0,
+            errors: 0,
+            claim_retries: 0,
+        })
+    }
+
+    fn merge(&mut self, other: &Recorder) -> anyhow::Result<()> {
+        self.enqueue.add(&other.enqueue)?;
+        self.claim.add(&other.claim)?;
+        self.ack.add(&other.ack)?;
+        self.cycle.add(&other.cycle)?;
+        self.cycles += other.cycles;
+        self.errors += other.errors;
+        self.claim_retries += other.claim_retries;
+        Ok(())
+    }
+}
+
+fn micros(elapsed: Duration) -> u64 {
+    u64::try_from(elapsed.as_micros()).unwrap_or(u64::MAX).clamp(1, HISTOGRAM_MAX_US)
+}
+
+/// Runs the workload against `target` and summarizes it.
+pub async fn drive<T: Target>(
+    target: &T,
+    system: System,
+    config: &RunConfig,
+) -> anyhow::Result<RunSummary> {
+    // Connect everyone first, so connection setup is not in the window.
+    let mut connections = Vec::with_capacity(config.clients);
+    for index in 0..config.clients {
+        let connection = tokio::time::timeout(CALL_TIMEOUT, target.connect(index))
+            .await
+            .map_err(|_| anyhow::anyhow!("client {index}: connect timed out"))??;
+        connections.push(connection);
+    }
+    let start = Instant::now();
+    let window_start = start + config.warmup;
+    let window_end = window_start + config.duration;
+    let payload = vec![0x5a_u8; config.payload_bytes];
+    let mut tasks = tokio::task::JoinSet::new();
+    for (index, connection) in connections.into_iter().enumerate() {
+        let payload = payload.clone();
+        tasks.spawn(client_loop(index, connection, payload, window_start, window_end));
+    }
+    let mut total = Recorder::new()?;
+    while let Some(joined) = tasks.join_next().await {
+        total.merge(&joined??)?;
+    }
+    let duration_s = config.duration.as_secs_f64();
+    Ok(RunSummary {
+        system,
+        clients: config.clients,
+        duration_s,
+        warmup_s: config.warmup.as_secs_f64(),
+        payload_bytes: config.payload_bytes,
+        cycles: total.cycles,
+        cycles_per_s: total.cycles as f64 / duration_s,
+        errors: total.errors,
+        claim_retries: total.claim_retries,
+        enqueue: Latency::of(&total.enqueue),
+        claim: Latency::of(&total.claim),
+        ack: Latency::of(&total.ack),
+        cycle: Latency::of(&total.cycle),
+        server_peak_rss_kib: None,
+    })
+}
+
+/// One client: cycles until the window closes.
+async fn client_loop<C: Connection>(
+    index: usize,
+    mut connection: C,
+    payload: Vec<u8>,
+    window_start: Instant,
+    window_end: Instant,
+) -> anyhow::Result<Recorder> {
+    let mut recorder = Recorder::new()?;
+    let mut printed = 0_u64;
+    while Instant::now() < window_end {
+        let cycle_start = Instant::now();
+        let recording = cycle_start >= window_start;
+        let outcome = cycle(&mut connection, &payload).await;
+        let cycle_end = Instant::now();
+        match outcome {
+            Ok(times) => {
+                if recording && cycle_end <= window_end {
+                    recorder.enqueue.record(micros(times.enqueue))?;
+                    recorder.claim.record(micros(times.claim))?;
+                    recorder.ack.record(micros(times.ack))?;
+                    recorder.cycle.record(micros(cycle_end - cycle_start))?;
+                    recorder.claim_retries += times.claim_retries;
+                    recorder.cycles += 1;
+                }
+            }
+            Err(error) => {
+                if recording {
+                    recorder.errors += 1;
+                }
+                if printed < MAX_PRINTED_ERRORS {
+                    printed += 1;
+                    eprintln!("client {index}: {error:#}");
+                }
+                tokio::time::sleep(ERROR_PAUSE).await;
+            }
+        }
+    }
+    Ok(recorder)
+}
+
+struct CycleTimes {
+    enqueue: Duration,
+    claim: Duration,
+    ack: Duration,
+    claim_retries: u64,
+}
+
+async fn cycle<C: Connection>(connection: &mut C, payload: &[u8]) -> anyhow::Result<CycleTimes> {
+    let started = Instant::now();
+    bounded("enqueue", connection.enqueue(payload)).await?;
+    let enqueued = Instant::now();
+    let claimed = bounded("claim", connection.claim()).await?;
+    let claimed_at = Instant::now();
+    bounded("ack", connection.ack(claimed)).await?;
+    let acked = Instant::now();
+    Ok(CycleTimes {
+        enqueue: enqueued - started,
+        claim: claimed_at - enqueued,
+        ack: acked - claimed_at,
+        claim_retries: claimed.retries,
+    })
+}
+
+async fn bounded<T>(
+    what: &str,
+    call: impl Future<Output = anyhow::Result<T>>,
+) -> anyhow::Result<T> {
+    match tokio::time::timeout(CALL_TIMEOUT, call).await {
+        Ok(result) => result.map_err(|e| e.context(what.to_string())),
+        Err(_) => anyhow::bail!("{what}: no answer within {} s", CALL_TIMEOUT.as_secs()),
+    }
+}
+
+/// Peak resident set (VmHWM, KiB) of process `pid`, if it is still there.
+pub fn peak_rss_kib(pid: u32) -> Option<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    status
+        .lines()
+        .find_map(|line| line.strip_prefix("VmHWM:"))
+        .and_then(|rest| rest.trim().trim_end_matches("kB").trim().parse().ok())
+}

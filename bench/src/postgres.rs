@@ -1,0 +1,128 @@
+//! PostgreSQL as a job queue, the `FOR UPDATE SKIP LOCKED` way:
+//!
+//! - enqueue: `INSERT` one ready row;
+//! - claim: one `UPDATE … WHERE id = (SELECT … FOR UPDATE SKIP LOCKED LIMIT 1)
+//!   RETURNING id, token`, the token drawn from a sequence;
+//! - ack: `UPDATE … SET state = 'acked' WHERE id = $1 AND token = $2`.
+//!
+//! Every statement is its own transaction (autocommit), so each commit waits
+//! for its WAL flush under the server's `fsync = on`, `synchronous_commit =
+//! on` (concurrent commits share flushes, as PostgreSQL's group commit does).
+
+use tokio_postgres::{Client, NoTls, Statement};
+
+use crate::measure::{Claimed, Connection, Target};
+
+const SCHEMA: &str = "
+CREATE TABLE IF NOT EXISTS jobs (
+    id          bigserial PRIMARY KEY,
+    queue       text        NOT NULL,
+    payload     bytea       NOT NULL,
+    priority    integer     NOT NULL DEFAULT 0,
+    state       text        NOT NULL DEFAULT 'ready',
+    lease_until timestamptz,
+    token       bigint,
+    enqueued_at timestamptz NOT NULL DEFAULT now()
+);
+CREATE INDEX IF NOT EXISTS jobs_ready ON jobs (priority DESC, id) WHERE state = 'ready';
+CREATE SEQUENCE IF NOT EXISTS claim_tokens;
+";
+
+const ENQUEUE: &str = "INSERT INTO jobs (queue, payload, priority) VALUES ('bench', $1, 0)";
+const CLAIM: &str = "
+UPDATE jobs SET state = 'claimed', lease_until = now() + interval '30 seconds',
+                token = nextval('claim_tokens')
+ WHERE id = (SELECT id FROM jobs WHERE state = 'ready'
+              ORDER BY priority DESC, id LIMIT 1 FOR UPDATE SKIP LOCKED)
+RETURNING id, token";
+const ACK: &str = "UPDATE jobs SET state = 'acked' WHERE id = $1 AND token = $2";
+
+/// A PostgreSQL server at one loopback address.
+pub struct Postgres {
+    config: String,
+}
+
+impl Postgres {
+    /// The server at `addr` (`host:port`), database `postgres`, as `user`.
+    pub fn new(addr: &str, user: &str) -> Postgres {
+        let (host, port) = addr.rsplit_once(':').unwrap_or((addr, "5432"));
+        Postgres { config: format!("host={host} port={port} user={user} dbname=postgres") }
+    }
+
+    async fn open(&self) -> anyhow::Result<Client> {
+        let (client, connection) = tokio_postgres::connect(&self.config, NoTls).await?;
+        tokio::spawn(async move {
+            if let Err(error) = connection.await {
+                eprintln!("postgres connection: {error}");
+            }
+        });
+        Ok(client)
+    }
+
+    /// Succeeds once the server accepts a query.
+    pub async fn probe(&self) -> anyhow::Result<()> {
+        self.open().await?.simple_query("SELECT 1").await?;
+        Ok(())
+    }
+
+    /// Creates the table, its ready-index and the token sequence.
+    pub async fn create_schema(&self) -> anyhow::Result<()> {
+        self.open().await?.batch_execute(SCHEMA).await?;
+        Ok(())
+    }
+}
+
+/// One benchmark client's PostgreSQL session, statements prepared.
+pub struct PostgresConn {
+    client: Client,
+    enqueue: Statement,
+    claim: Statement,
+    ack: Statement,
+}
+
+impl Target for Postgres {
+    type Conn = PostgresConn;
+
+    async fn connect(&self, _index: usize) -> anyhow::Result<PostgresConn> {
+        let client = self.open().await?;
+        let enqueue = client.prepare(ENQUEUE).await?;
+        let claim = client.prepare(CLAIM).await?;
+        let ack = client.prepare(ACK).await?;
+        Ok(PostgresConn { client, enqueue, claim, ack })
+    }
+}
+
+impl Connection for PostgresConn {
+    async fn enqueue(&mut self, payload: &[u8]) -> anyhow::Result<()> {
+        let inserted = self.client.execute(&self.enqueue, &[&payload]).await?;
+        anyhow::ensure!(inserted == 1, "enqueue inserted {inserted} rows");
+        Ok(())
+    }
+
+    async fn claim(&mut self) -> anyhow::Result<Claimed> {
+        let mut retries = 0;
+        loop {
+            // Every row the subquery saw may be locked by other claimers;
+            // then it finds none and the claim tries again.
+            if let Some(row) = self.client.query_opt(&self.claim, &[]).await? {
+                let job_id: i64 = row.try_get(0)?;
+                let token: i64 = row.try_get(1)?;
+                return Ok(Claimed {
+                    job_id: u64::try_from(job_id)?,
+                    token: u64::try_from(token)?,
+                    retries,
+                });
+            }
+            retries += 1;
+            tokio::task::yield_now().await;
+        }
+    }
+
+    async fn ack(&mut self, claimed: Claimed) -> anyhow::Result<()> {
+        let job_id = i64::try_from(claimed.job_id)?;
+        let token = i64::try_from(claimed.token)?;
+        let updated = self.client.execute(&self.ack, &[&job_id, &token]).await?;
+        anyhow::ensure!(updated == 1, "ack of job {job_id} refused: stale token");
+        Ok(())
+    }
+}
