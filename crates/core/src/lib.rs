@@ -31,6 +31,7 @@
 
 pub mod command;
 pub mod cron;
+pub mod gate;
 mod index;
 pub mod job;
 pub mod lease;
