@@ -154,4 +154,31 @@ pub enum Command {
         /// Draining when true.
         draining: bool,
     },
+    /// Several independent commands in one log entry, applied in order, each
+    /// answered on its own (one refused command does not refuse the others).
+    /// The journal groups concurrent proposals this way so they share one
+    /// Raft round and one log flush. Batches do not nest.
+    Batch {
+        /// The commands.
+        commands: Vec<Command>,
+    },
+}
+
+/// Most commands in one [`Command::Batch`].
+pub const MAX_BATCH_COMMANDS: usize = 256;
+
+impl Command {
+    /// Rough size of the command's bulk (payload and command bytes), for
+    /// bounding a batch.
+    pub fn bulk_bytes(&self) -> usize {
+        match self {
+            Command::Enqueue { jobs } => jobs.iter().map(|j| j.payload.len()).sum(),
+            Command::PutSchedule { spec } => {
+                spec.template.payload.len()
+                    + spec.template.command.as_ref().map(String::len).unwrap_or(0)
+            }
+            Command::Batch { commands } => commands.iter().map(Command::bulk_bytes).sum(),
+            _ => 0,
+        }
+    }
 }

@@ -110,6 +110,8 @@ pub enum Response {
     Tick(Option<TickOutcome>),
     /// A node's registration or draining mark was recorded.
     NodeChanged,
+    /// One response per command of a batch, in order.
+    Batch(Vec<Response>),
     /// Nothing changed, for this reason.
     Refused(Refusal),
 }

@@ -141,11 +141,19 @@ impl State {
     /// Refusals are [`Response::Refused`] values; `apply` never panics.
     pub fn apply(&mut self, epoch: u64, proposal: &Proposal) -> Response {
         self.cluster_time_ms = self.cluster_time_ms.max(proposal.now_ms);
+        self.apply_command(epoch, &proposal.command)
+    }
+
+    /// Validates and applies one command at the current cluster time.
+    fn apply_command(&mut self, epoch: u64, command: &Command) -> Response {
         let limits = Limits::default();
-        if let Err(error) = validate_command(&proposal.command, &limits) {
+        if let Err(error) = validate_command(command, &limits) {
             return Response::Refused(Refusal::Invalid(error));
         }
-        match &proposal.command {
+        match command {
+            Command::Batch { commands } => Response::Batch(
+                commands.iter().map(|command| self.apply_command(epoch, command)).collect(),
+            ),
             Command::Enqueue { jobs } => self.enqueue(jobs, &limits),
             Command::Claim { worker, queue, max, lease_ttl_ms, selector } => {
                 self.claim(epoch, worker, queue, *max, *lease_ttl_ms, selector)

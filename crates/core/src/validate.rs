@@ -147,6 +147,30 @@ pub fn validate_command(command: &Command, limits: &Limits) -> Result<(), Valida
             tags("tags", node_tags, limits)
         }
         Command::SetDraining { node, .. } => positive("node", *node),
+        // Each inner command is validated when it is applied, and answered
+        // on its own; here only the batch's shape.
+        Command::Batch { commands } => {
+            if commands.is_empty() {
+                return Err(ValidationError::invalid("commands", "must not be empty"));
+            }
+            if commands.len() > crate::command::MAX_BATCH_COMMANDS {
+                return Err(ValidationError::too_large(
+                    "commands",
+                    format!(
+                        "has {} commands, limit {}",
+                        commands.len(),
+                        crate::command::MAX_BATCH_COMMANDS
+                    ),
+                ));
+            }
+            match commands.iter().position(|c| matches!(c, Command::Batch { .. })) {
+                Some(index) => Err(ValidationError::invalid(
+                    format!("commands[{index}]"),
+                    "batches do not nest",
+                )),
+                None => Ok(()),
+            }
+        }
     }
 }
 

@@ -26,7 +26,6 @@ use openraft::{BasicNode, SnapshotPolicy};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
-use tokio_stream::wrappers::TcpListenerStream;
 
 use crate::config::{Config, ConfigError};
 use crate::driver::{self, DriverConfig};
@@ -186,7 +185,10 @@ impl Node {
                     .max_decoding_message_size(envelope::MAX_ENVELOPE_BYTES)
                     .max_encoding_message_size(envelope::MAX_ENVELOPE_BYTES),
             );
-        let incoming = TcpListenerStream::new(transport.grpc);
+        // Accepted sockets get TCP_NODELAY: with Nagle on, a reply waits for
+        // the peer's delayed ACK (about 40 ms stalls, measured by the bench).
+        let incoming =
+            tonic::transport::server::TcpIncoming::from(transport.grpc).with_nodelay(Some(true));
         let grpc = grpc.serve_with_incoming_shutdown(incoming, signalled(shutdown_rx.clone()));
         tasks.push(tokio::spawn(async move { grpc.await.map_err(|e| e.to_string()) }));
         let http = leasehold_server::http::serve(

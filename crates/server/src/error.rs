@@ -4,7 +4,7 @@ use leasehold_core::{Refusal, ValidationError, ValidationKind};
 
 /// What a call can fail with. Messages are lower-case and name the field or
 /// job concerned.
-#[derive(Debug, thiserror::Error)]
+#[derive(Clone, Debug, thiserror::Error)]
 pub enum Error {
     /// Bad input; nothing changed.
     #[error("{0}")]

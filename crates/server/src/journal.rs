@@ -42,7 +42,19 @@ struct Inner {
     probe_fault: AtomicBool,
     metrics: Metrics,
     drain_request: tokio::sync::watch::Sender<bool>,
+    batches: tokio::sync::mpsc::Sender<Pending>,
 }
+
+/// A proposal waiting for the batcher, and where its answer goes.
+struct Pending {
+    proposal: Proposal,
+    reply: tokio::sync::oneshot::Sender<Result<Response, Error>>,
+}
+
+/// Most proposals waiting for the batcher before proposers wait for room.
+const BATCH_QUEUE: usize = 4_096;
+/// Most bulk bytes (payloads) in one batched log entry.
+const MAX_BATCH_BYTES: usize = 4 * 1024 * 1024;
 
 /// Cheap to clone; shared by every service and the node's driver.
 #[derive(Clone)]
@@ -60,7 +72,8 @@ impl Journal {
         clock: Clock,
         peers: NetworkFactory,
     ) -> Self {
-        Journal {
+        let (batches, queue) = tokio::sync::mpsc::channel(BATCH_QUEUE);
+        let journal = Journal {
             inner: Arc::new(Inner {
                 config,
                 raft,
@@ -71,9 +84,14 @@ impl Journal {
                 draining: AtomicBool::new(false),
                 probe_fault: AtomicBool::new(false),
                 drain_request: tokio::sync::watch::channel(false).0,
+                batches,
                 metrics: Metrics::new(),
             }),
-        }
+        };
+        // The batcher holds only a weak handle, so dropping every Journal
+        // closes the queue and ends it.
+        tokio::spawn(batch_proposals(Arc::downgrade(&journal.inner), queue));
+        journal
     }
 
     /// This node's id.
@@ -273,8 +291,30 @@ impl Journal {
         self.propose_proposal(proposal).await
     }
 
-    /// Proposes an already stamped proposal (the leader side of forwarding).
+    /// Proposes an already stamped proposal. Proposals made while another
+    /// write is in flight are grouped into one `Batch` log entry, so
+    /// concurrent clients share a Raft round and a log flush.
     pub async fn propose_proposal(&self, proposal: Proposal) -> Result<Response, Error> {
+        let timeout = self.inner.config.quorum_timeout;
+        let (reply, answer) = tokio::sync::oneshot::channel();
+        let queued =
+            tokio::time::timeout(timeout, self.inner.batches.send(Pending { proposal, reply }));
+        match queued.await {
+            Ok(Ok(())) => {}
+            Ok(Err(_)) => return Err(Error::Unavailable("the journal is shutting down".into())),
+            Err(_) => return Err(no_quorum(timeout)),
+        }
+        // The batcher bounds its own write by the quorum timeout; this bound
+        // covers the wait in the queue.
+        match tokio::time::timeout(timeout.saturating_mul(2), answer).await {
+            Ok(Ok(result)) => result,
+            Ok(Err(_)) => Err(Error::Unavailable("the journal is shutting down".into())),
+            Err(_) => Err(no_quorum(timeout)),
+        }
+    }
+
+    /// One write, bounded by the quorum timeout.
+    async fn write_bounded(&self, proposal: Proposal) -> Result<Response, Error> {
         let timeout = self.inner.config.quorum_timeout;
         match tokio::time::timeout(timeout, self.write(proposal, true)).await {
             Ok(result) => result,
@@ -387,4 +427,60 @@ impl Journal {
 
 fn no_quorum(timeout: Duration) -> Error {
     Error::Unavailable(format!("no quorum: not committed within {} ms", timeout.as_millis()))
+}
+
+/// Takes every proposal waiting (up to the bounds), writes them as one log
+/// entry, and hands each proposer its own response. One write is in flight
+/// at a time; whatever arrives meanwhile forms the next batch (group commit).
+async fn batch_proposals(
+    journal: std::sync::Weak<Inner>,
+    mut queue: tokio::sync::mpsc::Receiver<Pending>,
+) {
+    while let Some(first) = queue.recv().await {
+        let mut bytes = first.proposal.command.bulk_bytes();
+        let mut batch = vec![first];
+        while batch.len() < leasehold_core::command::MAX_BATCH_COMMANDS && bytes < MAX_BATCH_BYTES {
+            match queue.try_recv() {
+                Ok(next) => {
+                    bytes += next.proposal.command.bulk_bytes();
+                    batch.push(next);
+                }
+                Err(_) => break,
+            }
+        }
+        let Some(inner) = journal.upgrade() else { return };
+        let journal_handle = Journal { inner };
+        if batch.len() == 1
+            || batch.iter().any(|p| matches!(p.proposal.command, Command::Batch { .. }))
+        {
+            // A lone proposal (or an already batched one) goes as it is.
+            for pending in batch {
+                let result = journal_handle.write_bounded(pending.proposal).await;
+                let _ = pending.reply.send(result);
+            }
+            continue;
+        }
+        let now_ms = batch.iter().map(|p| p.proposal.now_ms).max().unwrap_or(0);
+        let (commands, replies): (Vec<Command>, Vec<_>) =
+            batch.into_iter().map(|p| (p.proposal.command, p.reply)).unzip();
+        let count = commands.len();
+        let proposal = Proposal { now_ms, command: Command::Batch { commands } };
+        match journal_handle.write_bounded(proposal).await {
+            Ok(Response::Batch(responses)) if responses.len() == count => {
+                for (reply, response) in replies.into_iter().zip(responses) {
+                    let _ = reply.send(Ok(response));
+                }
+            }
+            Ok(other) => {
+                for reply in replies {
+                    let _ = reply.send(Err(Error::Internal(format!("batch answered {other:?}"))));
+                }
+            }
+            Err(error) => {
+                for reply in replies {
+                    let _ = reply.send(Err(error.clone()));
+                }
+            }
+        }
+    }
 }
