@@ -1,0 +1,167 @@
+//! The checkers: one file per guarantee of SPEC §7 that applies to the
+//! queue today. Each reads the recorded run (history, sink log, final state,
+//! status samples) and answers a [`Verdict`]: how much it checked and the
+//! anomalies it found, each marked safety (always enforced) or liveness
+//! (enforced only in safety+liveness mode).
+//!
+//! | file | guarantee |
+//! | --- | --- |
+//! | `lease_exclusivity` | §7.1: no two leases of one job overlap in cluster time |
+//! | `fencing` | §7.1: tokens strictly increase; the sink never takes a lower token after a higher |
+//! | `no_redelivery` | §7.2: an acked job is never granted again; a stale ack is refused |
+//! | `none_lost` | §7.3: every enqueued job ends acked or dead, exactly once |
+//! | `convergence` | replicas reach equal digests at equal applied index |
+
+use serde::{Deserialize, Serialize};
+
+use crate::history::Op;
+use crate::plan::Mode;
+use crate::sink::SinkWrite;
+
+pub mod convergence;
+pub mod fencing;
+pub mod lease_exclusivity;
+pub mod no_redelivery;
+pub mod none_lost;
+
+/// A job as the final read found it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FinalJob {
+    /// Job id.
+    pub id: u64,
+    /// The payload (the workload's unique value).
+    pub value: String,
+    /// "ready", "claimed", "acked" or "dead".
+    pub state: String,
+    /// Failed attempts.
+    pub attempts: u32,
+    /// The token of the job's current (or, once acked, last) lease.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lease_token: Option<u64>,
+}
+
+/// One read of one node's own status in a sampling round (each round reads
+/// every node twice, back to back).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StatusSample {
+    /// Sampling round (0-based).
+    pub round: u32,
+    /// Which of the round's reads of this node (0 or 1).
+    pub read: u8,
+    /// Host time, ns since the run began.
+    pub time_ns: u64,
+    /// The node.
+    pub node: u64,
+    /// Its applied index.
+    pub applied_index: u64,
+    /// Its state digest.
+    pub digest: u64,
+}
+
+/// Everything recorded about a run that the checkers read.
+#[derive(Clone, Debug, Default)]
+pub struct RunRecord {
+    /// The history.
+    pub history: Vec<Op>,
+    /// The sink's log.
+    pub sink: Vec<SinkWrite>,
+    /// The workload queue's jobs after heal; `None` if they could not be read.
+    pub final_jobs: Option<Vec<FinalJob>>,
+    /// Status samples taken after heal.
+    pub samples: Vec<StatusSample>,
+    /// Nodes in the cluster.
+    pub nodes: u64,
+}
+
+/// Whether an anomaly breaks safety (always a failure) or liveness.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Severity {
+    /// Something that must never happen happened.
+    Safety,
+    /// Something that should have happened did not.
+    Liveness,
+}
+
+/// One anomaly, with the history entries that show it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Anomaly {
+    /// Safety or liveness.
+    pub severity: Severity,
+    /// What went wrong, in a sentence naming jobs and tokens.
+    pub message: String,
+    /// History indexes (or sink sequence numbers, as the message says).
+    pub evidence: Vec<u64>,
+}
+
+impl Anomaly {
+    /// A safety anomaly.
+    pub fn safety(message: String, evidence: Vec<u64>) -> Anomaly {
+        Anomaly { severity: Severity::Safety, message, evidence }
+    }
+
+    /// A liveness anomaly.
+    pub fn liveness(message: String, evidence: Vec<u64>) -> Anomaly {
+        Anomaly { severity: Severity::Liveness, message, evidence }
+    }
+}
+
+/// What a checker found.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Verdict {
+    /// The checker.
+    pub checker: String,
+    /// How many items (leases, writes, jobs, samples) it examined.
+    pub checked: u64,
+    /// What it found.
+    pub anomalies: Vec<Anomaly>,
+}
+
+impl Verdict {
+    /// Anomalies that fail the run in `mode`.
+    pub fn failures(&self, mode: Mode) -> usize {
+        self.anomalies
+            .iter()
+            .filter(|a| a.severity == Severity::Safety || mode.enforces_liveness())
+            .count()
+    }
+}
+
+/// A checker of one guarantee.
+pub trait Checker {
+    /// Its name (the file name).
+    fn name(&self) -> &'static str;
+    /// Checks a run.
+    fn check(&self, run: &RunRecord) -> Verdict;
+}
+
+/// Every checker, in summary order.
+pub fn all() -> Vec<Box<dyn Checker>> {
+    vec![
+        Box::new(lease_exclusivity::LeaseExclusivity),
+        Box::new(fencing::Fencing),
+        Box::new(no_redelivery::NoRedelivery),
+        Box::new(none_lost::NoneLost),
+        Box::new(convergence::Convergence),
+    ]
+}
+
+/// The most anomalies a checker reports in full (the count is always exact).
+pub const MAX_REPORTED: usize = 50;
+
+/// Keeps at most [`MAX_REPORTED`] anomalies, noting how many were left out.
+pub fn cap(mut anomalies: Vec<Anomaly>) -> Vec<Anomaly> {
+    if anomalies.len() > MAX_REPORTED {
+        let left = anomalies.len() - MAX_REPORTED;
+        let any_safety =
+            anomalies.iter().skip(MAX_REPORTED).any(|a| a.severity == Severity::Safety);
+        let severity = if any_safety { Severity::Safety } else { Severity::Liveness };
+        anomalies.truncate(MAX_REPORTED);
+        anomalies.push(Anomaly {
+            severity,
+            message: format!("... and {left} more anomalies like these"),
+            evidence: Vec::new(),
+        });
+    }
+    anomalies
+}

@@ -1,0 +1,447 @@
+//! The nemesis: injects one planned fault and heals it. Process faults go
+//! through the [`Supervisor`] (SIGKILL, SIGSTOP/SIGCONT, SIGTERM, restart);
+//! network faults through the per-node [`Proxy`]s (see `proxy.rs` for how a
+//! proxy tells links apart); clock and store faults through the node's
+//! `leasehold.v1.Faults` service, which exists only with `--fault-injection`.
+//!
+//! Every injection and heal is recorded in the history as an operation of
+//! the process `nemesis`, with the nodes it actually hit.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use leasehold_proto::v1;
+use rand::rngs::StdRng;
+use rand::seq::SliceRandom;
+
+use crate::history::{History, OpFunction, OpType, OpValue};
+use crate::plan::{Fault, Target};
+use crate::proxy::{LinkRule, Mode, Proxy, Source};
+use crate::supervisor::{ProcessState, Supervisor};
+
+/// The proxies, one per node, and the link-level faults built from them.
+pub struct Network {
+    proxies: BTreeMap<u64, Proxy>,
+}
+
+impl Network {
+    /// The network over `proxies` (node id → the proxy in front of it).
+    pub fn new(proxies: BTreeMap<u64, Proxy>) -> Network {
+        Network { proxies }
+    }
+
+    /// The client-facing addresses (every proxy), comma-separated order.
+    pub fn client_addrs(&self) -> Vec<String> {
+        self.proxies.values().map(|p| p.listen_addr().to_string()).collect()
+    }
+
+    fn proxy(&self, id: u64) -> anyhow::Result<&Proxy> {
+        self.proxies.get(&id).ok_or_else(|| anyhow::anyhow!("no proxy for node {id}"))
+    }
+
+    /// Messages from `from` to `to` are lost both as requests `from` sends
+    /// and as answers `from` gives to `to`'s requests.
+    pub fn cut_one_way(&self, from: u64, to: u64) -> anyhow::Result<()> {
+        self.proxy(to)?.set_direction(Source::Node(from), Some(Mode::Blackhole), None);
+        self.proxy(from)?.set_direction(Source::Node(to), None, Some(Mode::Blackhole));
+        Ok(())
+    }
+
+    /// No message passes between `a` and `b`.
+    pub fn cut(&self, a: u64, b: u64) -> anyhow::Result<()> {
+        self.proxy(a)?.set(Source::Node(b), LinkRule::both(Mode::Blackhole));
+        self.proxy(b)?.set(Source::Node(a), LinkRule::both(Mode::Blackhole));
+        Ok(())
+    }
+
+    /// Cuts every link between the groups (a partition).
+    pub fn partition(&self, groups: &[Vec<u64>]) -> anyhow::Result<()> {
+        for (i, left) in groups.iter().enumerate() {
+            for right in groups.iter().skip(i + 1) {
+                for a in left {
+                    for b in right {
+                        self.cut(*a, *b)?;
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Sets `mode` on every node→node link, both directions.
+    pub fn all_peer_links(&self, mode: Mode) {
+        let ids: Vec<u64> = self.proxies.keys().copied().collect();
+        for (id, proxy) in &self.proxies {
+            for other in ids.iter().filter(|o| *o != id) {
+                proxy.set(Source::Node(*other), LinkRule::both(mode));
+            }
+        }
+    }
+
+    /// Holds everything the peers send to `target`: their requests (at the
+    /// target's proxy) and their answers to its requests (at theirs).
+    pub fn hold_into(&self, target: u64) -> anyhow::Result<()> {
+        let proxy = self.proxy(target)?;
+        for other in self.proxies.keys().filter(|o| **o != target) {
+            proxy.set_direction(Source::Node(*other), Some(Mode::Hold), None);
+            self.proxy(*other)?.set_direction(Source::Node(target), None, Some(Mode::Hold));
+        }
+        Ok(())
+    }
+
+    /// Every link passes again.
+    pub fn heal(&self) {
+        for proxy in self.proxies.values() {
+            proxy.heal();
+        }
+    }
+
+    /// Totals over every proxy: (connections, resets, dropped, held, delayed bytes).
+    pub fn stats(&self) -> BTreeMap<&'static str, u64> {
+        use std::sync::atomic::Ordering::Relaxed;
+        let mut totals = BTreeMap::new();
+        for proxy in self.proxies.values() {
+            let stats = proxy.stats();
+            for (name, value) in [
+                ("connections", stats.connections.load(Relaxed)),
+                ("resets", stats.resets.load(Relaxed)),
+                ("bytes_dropped", stats.bytes_dropped.load(Relaxed)),
+                ("bytes_held", stats.bytes_held.load(Relaxed)),
+                ("bytes_delayed", stats.bytes_delayed.load(Relaxed)),
+            ] {
+                *totals.entry(name).or_insert(0) += value;
+            }
+        }
+        totals
+    }
+}
+
+/// What must be undone at heal.
+#[derive(Default)]
+pub struct Active {
+    round: usize,
+    kind: &'static str,
+    restart: Vec<u64>,
+    resume: Vec<u64>,
+    clocks: Vec<u64>,
+    kill_then_restart: Vec<u64>,
+    network: bool,
+    strobe: Option<tokio::task::JoinHandle<()>>,
+}
+
+/// Injects and heals faults.
+pub struct Nemesis {
+    /// The node processes.
+    pub supervisor: Supervisor,
+    /// The proxies.
+    pub network: Network,
+    history: History,
+    rng: StdRng,
+}
+
+const PROCESS: &str = "nemesis";
+
+impl Nemesis {
+    /// A nemesis over a started cluster. `rng` makes the run-time choices
+    /// (which follower) deterministic for a given cluster state.
+    pub fn new(supervisor: Supervisor, network: Network, history: History, rng: StdRng) -> Nemesis {
+        Nemesis { supervisor, network, history, rng }
+    }
+
+    async fn leader(&self) -> Option<u64> {
+        // A leader may be between elections: wait a little for one.
+        for _ in 0..25 {
+            if let Some(leader) = self.supervisor.leader().await {
+                return Some(leader);
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        None
+    }
+
+    /// The nodes a target names now; `exclude` keeps a node out (the other
+    /// end of a one-way cut).
+    async fn resolve(&mut self, target: Target, exclude: Option<u64>) -> anyhow::Result<Vec<u64>> {
+        let ids: Vec<u64> =
+            self.supervisor.ids().into_iter().filter(|id| Some(*id) != exclude).collect();
+        if ids.is_empty() {
+            anyhow::bail!("no node to target");
+        }
+        let leader = self.leader().await;
+        let pick = |rng: &mut StdRng, from: &[u64]| from.choose(rng).copied();
+        let chosen = match target {
+            Target::Node(id) if ids.contains(&id) => vec![id],
+            Target::Node(_) => pick(&mut self.rng, &ids).into_iter().collect(),
+            Target::Leader => match leader.filter(|l| ids.contains(l)) {
+                Some(leader) => vec![leader],
+                None => pick(&mut self.rng, &ids).into_iter().collect(),
+            },
+            Target::Follower => {
+                let followers: Vec<u64> =
+                    ids.iter().copied().filter(|id| Some(*id) != leader).collect();
+                let from = if followers.is_empty() { &ids } else { &followers };
+                pick(&mut self.rng, from).into_iter().collect()
+            }
+            Target::Majority => {
+                let size = self.supervisor.ids().len() / 2 + 1;
+                let mut chosen: Vec<u64> = leader.into_iter().collect();
+                let mut rest: Vec<u64> =
+                    ids.iter().copied().filter(|id| Some(*id) != leader).collect();
+                rest.shuffle(&mut self.rng);
+                chosen.extend(rest.into_iter().take(size.saturating_sub(chosen.len())));
+                chosen
+            }
+        };
+        Ok(chosen)
+    }
+
+    async fn set_clock(&self, id: u64, offset_ms: i64, rate: f64) -> anyhow::Result<()> {
+        let mut faults = self.supervisor.faults(id)?;
+        let mut request = tonic::Request::new(v1::SetClockRequest { offset_ms, rate });
+        request.set_timeout(Duration::from_secs(2));
+        faults.set_clock(request).await?;
+        Ok(())
+    }
+
+    /// Injects `fault` (round `round`) and answers what heal must undo —
+    /// also when the injection failed halfway — with the injection's result.
+    pub async fn inject(&mut self, round: usize, fault: &Fault) -> (Active, anyhow::Result<()>) {
+        let describe = OpValue {
+            fault: Some(fault.kind().to_string()),
+            round: Some(round),
+            message: Some(format!("{fault:?}")),
+            ..OpValue::default()
+        };
+        self.history.invoke(PROCESS, OpFunction::Fault, describe.clone());
+        let mut active = Active { round, kind: fault.kind(), ..Active::default() };
+        let result = self.apply(fault, &mut active).await;
+        let mut nodes: Vec<u64> = active
+            .restart
+            .iter()
+            .chain(&active.resume)
+            .chain(&active.clocks)
+            .chain(&active.kill_then_restart)
+            .copied()
+            .collect();
+        nodes.sort_unstable();
+        nodes.dedup();
+        match &result {
+            Ok(hit) => {
+                let mut hit = hit.clone();
+                hit.sort_unstable();
+                hit.dedup();
+                self.history.record(
+                    PROCESS,
+                    OpType::Ok,
+                    OpFunction::Fault,
+                    OpValue { nodes: hit, ..describe },
+                );
+            }
+            Err(error) => {
+                self.history.record(
+                    PROCESS,
+                    OpType::Info,
+                    OpFunction::Fault,
+                    OpValue { nodes, message: Some(error.to_string()), ..describe },
+                );
+            }
+        }
+        (active, result.map(|_| ()))
+    }
+
+    /// Applies the fault; answers the nodes it hit.
+    async fn apply(&mut self, fault: &Fault, active: &mut Active) -> anyhow::Result<Vec<u64>> {
+        match fault {
+            Fault::Kill { target } => {
+                let nodes = self.resolve(*target, None).await?;
+                for id in &nodes {
+                    if self.supervisor.state(*id) != ProcessState::Down {
+                        self.supervisor.kill(*id).await?;
+                    }
+                    active.restart.push(*id);
+                }
+                Ok(nodes)
+            }
+            Fault::Terminate { target } => {
+                let nodes = self.resolve(*target, None).await?;
+                for id in &nodes {
+                    if self.supervisor.state(*id) != ProcessState::Down {
+                        self.supervisor.terminate(*id).await?;
+                    }
+                    active.restart.push(*id);
+                }
+                Ok(nodes)
+            }
+            Fault::Pause { target } => {
+                let nodes = self.resolve(*target, None).await?;
+                for id in &nodes {
+                    self.supervisor.pause(*id)?;
+                    active.resume.push(*id);
+                }
+                Ok(nodes)
+            }
+            Fault::Isolate { target } => {
+                let nodes = self.resolve(*target, None).await?;
+                let rest: Vec<u64> =
+                    self.supervisor.ids().into_iter().filter(|id| !nodes.contains(id)).collect();
+                active.network = true;
+                self.network.partition(&[nodes.clone(), rest])?;
+                Ok(nodes)
+            }
+            Fault::OneWay { from, to } => {
+                let from = self.resolve(*from, None).await?;
+                let from_id = from.first().copied().ok_or_else(|| anyhow::anyhow!("no sender"))?;
+                let to = self.resolve(*to, Some(from_id)).await?;
+                let to_id = to.first().copied().ok_or_else(|| anyhow::anyhow!("no receiver"))?;
+                active.network = true;
+                self.network.cut_one_way(from_id, to_id)?;
+                Ok(vec![from_id, to_id])
+            }
+            Fault::Bridge { bridge } => {
+                let bridge = self.resolve(*bridge, None).await?;
+                let others: Vec<u64> =
+                    self.supervisor.ids().into_iter().filter(|id| !bridge.contains(id)).collect();
+                active.network = true;
+                for (i, a) in others.iter().enumerate() {
+                    for b in others.iter().skip(i + 1) {
+                        self.network.cut(*a, *b)?;
+                    }
+                }
+                Ok(bridge)
+            }
+            Fault::Delay { base_ms, jitter_ms } => {
+                active.network = true;
+                self.network
+                    .all_peer_links(Mode::Delay { base_ms: *base_ms, jitter_ms: *jitter_ms });
+                Ok(self.supervisor.ids())
+            }
+            Fault::HoldRelease { target } => {
+                let nodes = self.resolve(*target, None).await?;
+                active.network = true;
+                for id in &nodes {
+                    self.network.hold_into(*id)?;
+                }
+                Ok(nodes)
+            }
+            Fault::ResetLinks => {
+                active.network = true;
+                self.network.all_peer_links(Mode::Reset);
+                Ok(self.supervisor.ids())
+            }
+            Fault::ClockBump { target, offset_ms } => {
+                let nodes = self.resolve(*target, None).await?;
+                for id in &nodes {
+                    active.clocks.push(*id);
+                    self.set_clock(*id, *offset_ms, 1.0).await?;
+                }
+                Ok(nodes)
+            }
+            Fault::ClockDrift { target, rate } => {
+                let nodes = self.resolve(*target, None).await?;
+                for id in &nodes {
+                    active.clocks.push(*id);
+                    self.set_clock(*id, 0, *rate).await?;
+                }
+                Ok(nodes)
+            }
+            Fault::ClockStrobe { target, offset_ms, period_ms } => {
+                let nodes = self.resolve(*target, None).await?;
+                let mut clients = Vec::new();
+                for id in &nodes {
+                    active.clocks.push(*id);
+                    clients.push(self.supervisor.faults(*id)?);
+                }
+                let (offset_ms, period) = (*offset_ms, Duration::from_millis((*period_ms).max(50)));
+                // Bounded: the task is aborted at heal, and stops by itself
+                // after an hour of flips in any case.
+                let flips = (3_600_000 / period.as_millis().max(1)) as u64;
+                active.strobe = Some(tokio::spawn(async move {
+                    for flip in 0..flips {
+                        let offset = if flip % 2 == 0 { offset_ms } else { 0 };
+                        for client in &mut clients {
+                            let request = v1::SetClockRequest { offset_ms: offset, rate: 1.0 };
+                            let _ = tokio::time::timeout(period, client.set_clock(request)).await;
+                        }
+                        tokio::time::sleep(period).await;
+                    }
+                }));
+                Ok(nodes)
+            }
+            Fault::StoreFault { target } => {
+                let nodes = self.resolve(*target, None).await?;
+                for id in &nodes {
+                    active.kill_then_restart.push(*id);
+                    let mut faults = self.supervisor.faults(*id)?;
+                    let mut request = tonic::Request::new(v1::SetFaultRequest { on: true });
+                    request.set_timeout(Duration::from_secs(2));
+                    faults.set_store_fault(request).await?;
+                }
+                Ok(nodes)
+            }
+        }
+    }
+
+    /// Undoes a fault: links pass, clocks are true, paused nodes continue,
+    /// downed nodes restart, store-faulted nodes are killed and restarted.
+    /// Then it makes sure no node is left down or paused whatever happened.
+    pub async fn heal(&mut self, active: Active) -> anyhow::Result<()> {
+        let describe = OpValue {
+            fault: Some(active.kind.to_string()),
+            round: Some(active.round),
+            ..OpValue::default()
+        };
+        self.history.invoke(PROCESS, OpFunction::Heal, describe.clone());
+        let result = self.undo(active).await;
+        let (kind, message) = match &result {
+            Ok(()) => (OpType::Ok, None),
+            Err(error) => (OpType::Info, Some(error.to_string())),
+        };
+        self.history.record(PROCESS, kind, OpFunction::Heal, OpValue { message, ..describe });
+        result
+    }
+
+    async fn undo(&mut self, active: Active) -> anyhow::Result<()> {
+        let mut first_error: Option<anyhow::Error> = None;
+        let mut note = |result: anyhow::Result<()>| {
+            if let Err(error) = result
+                && first_error.is_none()
+            {
+                first_error = Some(error);
+            }
+        };
+        if let Some(strobe) = active.strobe {
+            strobe.abort();
+        }
+        if active.network {
+            self.network.heal();
+        }
+        for id in &active.resume {
+            if self.supervisor.state(*id) == ProcessState::Paused {
+                note(self.supervisor.resume(*id));
+            }
+        }
+        for id in &active.clocks {
+            if self.supervisor.state(*id) == ProcessState::Running {
+                note(self.set_clock(*id, 0, 1.0).await);
+            }
+        }
+        for id in &active.kill_then_restart {
+            if self.supervisor.state(*id) != ProcessState::Down {
+                note(self.supervisor.kill(*id).await);
+            }
+        }
+        // Whatever the fault was, no node stays down or paused.
+        self.network.heal();
+        for id in self.supervisor.ids() {
+            match self.supervisor.state(id) {
+                ProcessState::Down => note(self.supervisor.restart(id)),
+                ProcessState::Paused => note(self.supervisor.resume(id)),
+                ProcessState::Running => {}
+            }
+        }
+        match first_error {
+            Some(error) => Err(error),
+            None => Ok(()),
+        }
+    }
+}

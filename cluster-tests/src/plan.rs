@@ -1,0 +1,556 @@
+//! One seed → one plan: the cluster size, the workload's shape and every
+//! fault round, decided before the run starts and written to `plan.json`.
+//! `--replay plan.json` runs the same plan again. Timing on a real machine
+//! is not reproducible, so a replay repeats the same faults against the same
+//! workload, not the same interleaving; targets that depend on the cluster's
+//! state (the leader, a follower) are chosen when the fault is injected and
+//! recorded in the history.
+
+use std::path::Path;
+
+use rand::rngs::StdRng;
+use rand::seq::SliceRandom;
+use rand::{Rng, SeedableRng};
+use serde::{Deserialize, Serialize};
+
+/// Version of the plan format; a replay refuses other versions.
+pub const PLAN_VERSION: u32 = 1;
+
+/// Which checkers are enforced.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "kebab-case")]
+pub enum Mode {
+    /// A quorum is kept through every fault: safety checkers, and liveness
+    /// (every job ends acked or dead, replicas reach the same index).
+    SafetyLiveness,
+    /// Anything goes (a majority may die): only safety is enforced.
+    SafetyOnly,
+}
+
+impl Mode {
+    /// Whether liveness anomalies fail the run.
+    pub fn enforces_liveness(self) -> bool {
+        self == Mode::SafetyLiveness
+    }
+
+    /// The name used in summaries.
+    pub fn name(self) -> &'static str {
+        match self {
+            Mode::SafetyLiveness => "safety+liveness",
+            Mode::SafetyOnly => "safety-only",
+        }
+    }
+}
+
+/// A run profile.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "kebab-case")]
+pub enum Profile {
+    /// A few minutes: the five core fault kinds, bounded operation counts.
+    Quick,
+    /// About an hour: every fault kind, many rounds.
+    Soak,
+}
+
+impl Profile {
+    /// The name used in file names and summaries.
+    pub fn name(self) -> &'static str {
+        match self {
+            Profile::Quick => "quick",
+            Profile::Soak => "soak",
+        }
+    }
+}
+
+/// Which node(s) a fault hits.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Target {
+    /// The current leader.
+    Leader,
+    /// One follower, chosen when the fault is injected.
+    Follower,
+    /// A given node.
+    Node(u64),
+    /// A majority including the leader (safety-only).
+    Majority,
+}
+
+/// One fault. Every fault holds for the round's `hold_ms` and is then healed.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case", tag = "kind")]
+pub enum Fault {
+    /// SIGKILL; restarted at heal.
+    Kill {
+        /// Who.
+        target: Target,
+    },
+    /// SIGTERM (the node drains and exits); restarted at heal.
+    Terminate {
+        /// Who.
+        target: Target,
+    },
+    /// SIGSTOP; SIGCONT at heal.
+    Pause {
+        /// Who.
+        target: Target,
+    },
+    /// The target is cut from every other node, both ways (clients still
+    /// reach it: it must refuse to serve without a quorum).
+    Isolate {
+        /// Who.
+        target: Target,
+    },
+    /// Messages from `from` to `to` are lost; `to` still reaches `from`.
+    OneWay {
+        /// The sender whose messages are lost.
+        from: Target,
+        /// The receiver.
+        to: Target,
+    },
+    /// Every node sees the bridge node, but the others do not see each other.
+    Bridge {
+        /// The node both sides reach.
+        bridge: Target,
+    },
+    /// Every node↔node link is delayed with jitter.
+    Delay {
+        /// Fixed part.
+        base_ms: u64,
+        /// Random extra.
+        jitter_ms: u64,
+    },
+    /// Everything sent to the target by its peers is held, then delivered
+    /// late at heal (stale votes and appends arrive after the fact).
+    HoldRelease {
+        /// Who.
+        target: Target,
+    },
+    /// Every peer connection is reset, and new ones refused, for the hold.
+    ResetLinks,
+    /// The target's clock jumps by `offset_ms`.
+    ClockBump {
+        /// Who.
+        target: Target,
+        /// The jump (may be negative).
+        offset_ms: i64,
+    },
+    /// The target's clock flips between `+offset_ms` and 0 every `period_ms`.
+    ClockStrobe {
+        /// Who.
+        target: Target,
+        /// The swing.
+        offset_ms: i64,
+        /// Half a cycle.
+        period_ms: u64,
+    },
+    /// The target's clock runs at `rate` times real time.
+    ClockDrift {
+        /// Who.
+        target: Target,
+        /// 1.0 = real time.
+        rate: f64,
+    },
+    /// Every durable write of the target fails like EIO (Raft stops there);
+    /// at heal the node is killed and restarted.
+    StoreFault {
+        /// Who.
+        target: Target,
+    },
+}
+
+impl Fault {
+    /// The fault's kind name, as the summary counts it.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Fault::Kill { .. } => "kill",
+            Fault::Terminate { .. } => "terminate",
+            Fault::Pause { .. } => "pause",
+            Fault::Isolate { .. } => "isolate",
+            Fault::OneWay { .. } => "one-way",
+            Fault::Bridge { .. } => "bridge",
+            Fault::Delay { .. } => "delay",
+            Fault::HoldRelease { .. } => "hold-release",
+            Fault::ResetLinks => "reset-links",
+            Fault::ClockBump { .. } => "clock-bump",
+            Fault::ClockStrobe { .. } => "clock-strobe",
+            Fault::ClockDrift { .. } => "clock-drift",
+            Fault::StoreFault { .. } => "store-fault",
+        }
+    }
+}
+
+/// One fault round: inject, hold, heal, wait for a write to succeed, settle.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Round {
+    /// The fault.
+    pub fault: Fault,
+    /// How long it holds.
+    pub hold_ms: u64,
+    /// Quiet time after recovery before the next round.
+    pub settle_ms: u64,
+}
+
+/// The workload's shape.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct WorkloadPlan {
+    /// Producer processes.
+    pub producers: u32,
+    /// Worker processes (each may spawn zombies).
+    pub workers: u32,
+    /// Most jobs each producer enqueues.
+    pub jobs_per_producer: u32,
+    /// Pause between a producer's enqueues.
+    pub enqueue_interval_ms: u64,
+    /// Poison jobs per thousand (always nacked; must end dead).
+    pub poison_per_mille: u32,
+    /// Attempts of a normal job.
+    pub max_attempts: u32,
+    /// Attempts of a poison job.
+    pub poison_max_attempts: u32,
+    /// Lease TTL asked by workers (cluster time).
+    pub lease_ttl_ms: u64,
+    /// Most jobs one claim asks for.
+    pub claim_max: u32,
+    /// Grants a worker abandons to a zombie (sleeps past the TTL, then
+    /// writes, refreshes and acks with its stale token), per thousand.
+    pub zombie_per_mille: u32,
+    /// Grants nacked, per thousand.
+    pub nack_per_mille: u32,
+    /// Grants released, per thousand.
+    pub release_per_mille: u32,
+    /// Grants refreshed before the ack, per thousand.
+    pub refresh_per_mille: u32,
+    /// Most zombies one worker keeps at once.
+    pub zombies_per_worker: u32,
+}
+
+/// Which exercised-path counters this plan must hit (a run that hits none
+/// of what it should is vacuous and fails).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Expectations {
+    /// Some ack, nack, release or refresh was refused for a stale token.
+    pub stale_tokens_refused: bool,
+    /// Some worker still running found its lease had lapsed.
+    pub leases_expired_under_live_worker: bool,
+    /// Some job was granted more than once.
+    pub redeliveries: bool,
+    /// The sink refused some write.
+    pub sink_refusals: bool,
+    /// Some poison job ended dead.
+    pub poison_dead: bool,
+}
+
+/// Everything a run does, decided by the seed.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Plan {
+    /// Format version.
+    pub version: u32,
+    /// The seed everything derives from.
+    pub seed: u64,
+    /// The profile that made the plan.
+    pub profile: Profile,
+    /// Enforcement mode.
+    pub mode: Mode,
+    /// Cluster size.
+    pub nodes: u64,
+    /// The queue the workload uses.
+    pub queue: String,
+    /// The workload.
+    pub workload: WorkloadPlan,
+    /// Time with no fault before the first round.
+    pub warmup_ms: u64,
+    /// The fault rounds, in order.
+    pub rounds: Vec<Round>,
+    /// How long after heal a write may take to succeed again.
+    pub recovery_timeout_ms: u64,
+    /// How long the final drain (well-behaved workers, no faults) may take.
+    pub drain_timeout_ms: u64,
+    /// Wall-clock budget of the fault phase; rounds left when it is spent
+    /// are skipped (and counted).
+    pub fault_phase_budget_ms: u64,
+    /// Counters this plan must hit.
+    pub expect: Expectations,
+}
+
+impl Plan {
+    /// The plan a seed makes for a profile and mode.
+    pub fn generate(seed: u64, profile: Profile, mode: Mode) -> Plan {
+        let mut rng = StdRng::seed_from_u64(seed);
+        let nodes = 3;
+        let (workload, rounds, warmup_ms, budget_ms, drain_ms) = match profile {
+            Profile::Quick => {
+                let workload = WorkloadPlan {
+                    producers: 2,
+                    workers: 3,
+                    jobs_per_producer: 250,
+                    // Slower than the workers drain, so a redelivered job
+                    // is not stuck behind a backlog and zombies meet their
+                    // successors.
+                    enqueue_interval_ms: 300,
+                    poison_per_mille: 40,
+                    max_attempts: 10,
+                    poison_max_attempts: 3,
+                    lease_ttl_ms: 2_000,
+                    claim_max: 2,
+                    zombie_per_mille: 120,
+                    nack_per_mille: 80,
+                    release_per_mille: 40,
+                    refresh_per_mille: 150,
+                    zombies_per_worker: 3,
+                };
+                (workload, quick_rounds(&mut rng, mode), 3_000, 150_000, 60_000)
+            }
+            Profile::Soak => {
+                let workload = WorkloadPlan {
+                    producers: 3,
+                    workers: 4,
+                    jobs_per_producer: 12_000,
+                    enqueue_interval_ms: 400,
+                    poison_per_mille: 30,
+                    max_attempts: 12,
+                    poison_max_attempts: 3,
+                    lease_ttl_ms: 2_000,
+                    claim_max: 3,
+                    zombie_per_mille: 100,
+                    nack_per_mille: 80,
+                    release_per_mille: 40,
+                    refresh_per_mille: 150,
+                    zombies_per_worker: 3,
+                };
+                let budget_ms = 55 * 60 * 1_000;
+                (workload, soak_rounds(&mut rng, mode, budget_ms), 5_000, budget_ms, 180_000)
+            }
+        };
+        Plan {
+            version: PLAN_VERSION,
+            seed,
+            profile,
+            mode,
+            nodes,
+            queue: "chaos".to_string(),
+            workload,
+            warmup_ms,
+            rounds,
+            recovery_timeout_ms: 60_000,
+            drain_timeout_ms: drain_ms,
+            fault_phase_budget_ms: budget_ms,
+            expect: Expectations {
+                stale_tokens_refused: true,
+                leases_expired_under_live_worker: true,
+                redeliveries: true,
+                sink_refusals: true,
+                poison_dead: true,
+            },
+        }
+    }
+
+    /// Shortens a soak plan to about `minutes` of faults (for a trial soak).
+    pub fn limit_fault_phase(&mut self, minutes: u64) {
+        let budget_ms = minutes * 60 * 1_000;
+        self.fault_phase_budget_ms = budget_ms;
+        let mut spent = 0;
+        self.rounds.retain(|round| {
+            spent += round.hold_ms + round.settle_ms + 2_000;
+            spent <= budget_ms
+        });
+    }
+
+    /// The most a run of this plan may take in all: every phase at its
+    /// limit, plus a margin for starting and stopping the cluster. The
+    /// harness abandons (and fails) a run that exceeds it.
+    pub fn time_limit_ms(&self) -> u64 {
+        let rounds: u64 = self
+            .rounds
+            .iter()
+            .map(|r| r.hold_ms + r.settle_ms + self.recovery_timeout_ms + 30_000)
+            .sum();
+        let fault_phase =
+            rounds.min(self.fault_phase_budget_ms + 120_000 + self.recovery_timeout_ms);
+        self.warmup_ms + fault_phase + self.drain_timeout_ms + 10 * 60 * 1_000
+    }
+
+    /// Reads a plan file; refuses other format versions.
+    pub fn read(path: &Path) -> anyhow::Result<Plan> {
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| anyhow::anyhow!("reading plan {}: {e}", path.display()))?;
+        let plan: Plan = serde_json::from_str(&text)
+            .map_err(|e| anyhow::anyhow!("parsing plan {}: {e}", path.display()))?;
+        if plan.version != PLAN_VERSION {
+            anyhow::bail!(
+                "plan {} has format version {}, this harness reads {PLAN_VERSION}",
+                path.display(),
+                plan.version
+            );
+        }
+        Ok(plan)
+    }
+
+    /// Writes the plan as pretty JSON.
+    pub fn write(&self, path: &Path) -> anyhow::Result<()> {
+        let text = serde_json::to_string_pretty(self)?;
+        std::fs::write(path, text + "\n")
+            .map_err(|e| anyhow::anyhow!("writing plan {}: {e}", path.display()))
+    }
+}
+
+/// The quick profile: the five core kinds (leader SIGKILL + restart, SIGSTOP
+/// pause, minority partition, one-way cut, clock bump) in a seeded order,
+/// plus one seeded extra. Safety-only swaps the partition for a majority kill.
+fn quick_rounds(rng: &mut StdRng, mode: Mode) -> Vec<Round> {
+    let one_way = if rng.gen_bool(0.5) {
+        Fault::OneWay { from: Target::Leader, to: Target::Follower }
+    } else {
+        Fault::OneWay { from: Target::Follower, to: Target::Leader }
+    };
+    let mut faults = vec![
+        Fault::Kill { target: Target::Leader },
+        Fault::Pause { target: Target::Leader },
+        Fault::Isolate {
+            target: if rng.gen_bool(0.5) { Target::Leader } else { Target::Follower },
+        },
+        one_way,
+        Fault::ClockBump { target: Target::Leader, offset_ms: rng.gen_range(3_000..=6_000) },
+    ];
+    if mode == Mode::SafetyOnly {
+        faults.push(Fault::Kill { target: Target::Majority });
+    }
+    faults.shuffle(rng);
+    let extra = match rng.gen_range(0..3) {
+        0 => Fault::HoldRelease { target: Target::Leader },
+        1 => Fault::Delay { base_ms: 30, jitter_ms: 40 },
+        _ => Fault::ResetLinks,
+    };
+    faults.push(extra);
+    faults
+        .into_iter()
+        .map(|fault| Round { fault, hold_ms: rng.gen_range(4_000..=6_000), settle_ms: 3_000 })
+        .collect()
+}
+
+/// The soak profile: every kind, random targets, until the budget is spent.
+fn soak_rounds(rng: &mut StdRng, mode: Mode, budget_ms: u64) -> Vec<Round> {
+    let mut rounds = Vec::new();
+    let mut spent = 0;
+    while spent < budget_ms {
+        let fault = soak_fault(rng, mode);
+        let hold_ms = rng.gen_range(3_000..=15_000);
+        let settle_ms = rng.gen_range(2_000..=6_000);
+        // Recovery is not free: count a couple of seconds for it.
+        spent += hold_ms + settle_ms + 2_000;
+        rounds.push(Round { fault, hold_ms, settle_ms });
+    }
+    rounds
+}
+
+fn any_target(rng: &mut StdRng) -> Target {
+    match rng.gen_range(0..3) {
+        0 => Target::Leader,
+        1 => Target::Follower,
+        _ => Target::Node(rng.gen_range(1..=3)),
+    }
+}
+
+fn soak_fault(rng: &mut StdRng, mode: Mode) -> Fault {
+    let kinds = if mode == Mode::SafetyOnly { 15 } else { 13 };
+    match rng.gen_range(0..kinds) {
+        0 => Fault::Kill { target: any_target(rng) },
+        1 => Fault::Terminate { target: any_target(rng) },
+        2 => Fault::Pause { target: any_target(rng) },
+        3 => Fault::Isolate { target: any_target(rng) },
+        4 => {
+            let leader_first = rng.gen_bool(0.5);
+            let (from, to) = if leader_first {
+                (Target::Leader, Target::Follower)
+            } else {
+                (Target::Follower, Target::Leader)
+            };
+            Fault::OneWay { from, to }
+        }
+        5 => Fault::Bridge { bridge: any_target(rng) },
+        6 => Fault::Delay { base_ms: rng.gen_range(5..=80), jitter_ms: rng.gen_range(0..=80) },
+        7 => Fault::HoldRelease { target: any_target(rng) },
+        8 => Fault::ResetLinks,
+        9 => Fault::ClockBump {
+            target: any_target(rng),
+            offset_ms: if rng.gen_bool(0.7) {
+                rng.gen_range(1_000..=8_000)
+            } else {
+                -rng.gen_range(1_000..=8_000)
+            },
+        },
+        10 => Fault::ClockStrobe {
+            target: any_target(rng),
+            offset_ms: rng.gen_range(500..=4_000),
+            period_ms: rng.gen_range(200..=1_000),
+        },
+        11 => Fault::ClockDrift {
+            target: any_target(rng),
+            rate: if rng.gen_bool(0.5) { 2.0 } else { 0.5 },
+        },
+        12 => Fault::StoreFault {
+            target: if rng.gen_bool(0.5) { Target::Follower } else { Target::Leader },
+        },
+        13 => Fault::Kill { target: Target::Majority },
+        _ => Fault::StoreFault { target: Target::Majority },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_seed_makes_one_plan() {
+        let a = Plan::generate(42, Profile::Quick, Mode::SafetyLiveness);
+        let b = Plan::generate(42, Profile::Quick, Mode::SafetyLiveness);
+        assert_eq!(a, b);
+        let c = Plan::generate(43, Profile::Quick, Mode::SafetyLiveness);
+        assert_ne!(a.rounds, c.rounds);
+    }
+
+    #[test]
+    fn quick_covers_the_core_kinds_and_keeps_a_quorum() {
+        for seed in 0..20 {
+            let plan = Plan::generate(seed, Profile::Quick, Mode::SafetyLiveness);
+            let kinds: Vec<&str> = plan.rounds.iter().map(|r| r.fault.kind()).collect();
+            for kind in ["kill", "pause", "isolate", "one-way", "clock-bump"] {
+                assert!(kinds.contains(&kind), "seed {seed}: {kinds:?}");
+            }
+            assert!(
+                !plan.rounds.iter().any(|r| matches!(
+                    r.fault,
+                    Fault::Kill { target: Target::Majority }
+                        | Fault::StoreFault { target: Target::Majority }
+                )),
+                "safety+liveness keeps a quorum"
+            );
+        }
+    }
+
+    #[test]
+    fn soak_fills_its_budget_and_can_be_shortened() {
+        let mut plan = Plan::generate(7, Profile::Soak, Mode::SafetyOnly);
+        let total: u64 = plan.rounds.iter().map(|r| r.hold_ms + r.settle_ms + 2_000).sum();
+        assert!(total >= plan.fault_phase_budget_ms);
+        assert!(plan.rounds.len() > 100);
+        plan.limit_fault_phase(5);
+        let total: u64 = plan.rounds.iter().map(|r| r.hold_ms + r.settle_ms + 2_000).sum();
+        assert!(total <= 5 * 60 * 1_000);
+        assert!(!plan.rounds.is_empty());
+    }
+
+    #[test]
+    fn plans_round_trip_through_json() -> anyhow::Result<()> {
+        let dir = tempfile::tempdir()?;
+        let path = dir.path().join("plan.json");
+        let plan = Plan::generate(9, Profile::Soak, Mode::SafetyLiveness);
+        plan.write(&path)?;
+        assert_eq!(Plan::read(&path)?, plan);
+        let mut old = plan;
+        old.version = 0;
+        old.write(&path)?;
+        assert!(Plan::read(&path).is_err());
+        Ok(())
+    }
+}

@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# Chaos runs against real leasehold nodes: faults injected into processes,
+# links, clocks and disks; every client operation recorded; one checker per
+# guarantee of SPEC §7. See docs/reliability.md.
+#
+#   scripts/chaos.sh quick [FLAGS]      a few minutes; also replays cluster-tests/regressions/
+#   scripts/chaos.sh soak [FLAGS]       about an hour (--soak-minutes M for a shorter one)
+#   scripts/chaos.sh replay PLAN.json   one saved plan again
+#   scripts/chaos.sh check RUN_DIR      re-check a finished run's history
+#
+# FLAGS go to `leasehold-chaos run`: --mode safety-liveness|safety-only,
+# --seed N, --bin PATH, --runs-dir DIR, --ip-base N. The last line printed is
+# "N passed, N failed" over the checkers; the exit status is 0 only if none
+# failed. Runs land in target/chaos/<profile>-<seed>-<time>/.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+usage() {
+  sed -n '2,15p' "$0" | sed 's/^# \{0,1\}//' >&2
+}
+
+what=${1:-}
+[ $# -gt 0 ] && shift
+case "$what" in
+  quick | soak | replay | check) ;;
+  *) usage; exit 2 ;;
+esac
+
+# Debug builds: one profile for everything, and usually already built.
+cargo build -p leasehold-cli -p leasehold-cluster-tests >&2
+chaos=target/debug/leasehold-chaos
+
+case "$what" in
+  quick) exec "$chaos" run --profile quick --regressions "$@" ;;
+  soak) exec "$chaos" run --profile soak "$@" ;;
+  replay)
+    [ $# -ge 1 ] || { usage; exit 2; }
+    plan=$1; shift
+    exec "$chaos" run --replay "$plan" "$@"
+    ;;
+  check)
+    [ $# -ge 1 ] || { usage; exit 2; }
+    exec "$chaos" check "$@"
+    ;;
+esac
