@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# The read-only gate: formatting, lints, tests, docs and core purity.
+# The read-only gate: formatting, lints, tests, docs, core purity, and the
+# chaos harness's quick profile.
 # This is the README's test command and what CI runs. It changes no file.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -26,3 +27,6 @@ cargo test --workspace --locked
 
 step "cargo doc (warnings are errors)"
 RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --locked
+
+step "chaos harness, quick profile (real nodes, injected faults, every checker)"
+scripts/chaos.sh quick
