@@ -1,7 +1,8 @@
 //! The harness the end-to-end stories share: a per-test sandbox directory,
 //! a guard that SIGKILLs its process on drop, a `leasehold serve` node that
-//! can be killed and restarted on the same data and ports, a runner for
-//! one-shot CLI invocations, and `wait_until`, the only way a test waits.
+//! can be killed and restarted on the same data and ports, a cluster of such
+//! nodes formed through `--join`, a runner for one-shot CLI invocations, and
+//! `wait_until`, the only way a test waits.
 //!
 //! Nothing here sleeps to synchronize: every wait is a named condition with
 //! a deadline, and a timeout says what was awaited and what was last seen.
@@ -11,13 +12,14 @@ use std::future::Future;
 use std::net::{SocketAddr, TcpListener};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
-use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use anyhow::{Context, Result, anyhow, bail};
+use anyhow::{Context, Result, anyhow, bail, ensure};
 use leasehold_client::Client;
 use leasehold_proto::v1;
+use leasehold_proto::v1::cluster_client::ClusterClient;
 use leasehold_proto::v1::queue_client::QueueClient;
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
@@ -276,28 +278,61 @@ pub fn binary() -> &'static str {
     env!("CARGO_BIN_EXE_leasehold")
 }
 
-/// A single-node cluster: one `leasehold serve` process with fixed ports and
-/// data directory, so it can be killed and restarted as the same node.
+/// One `leasehold serve` process with fixed id, ports and data directory,
+/// so it can be killed and restarted as the same node: alone (node 1, which
+/// bootstraps a single-node cluster) or as a member of a [`Cluster`].
 pub struct Node {
+    /// Node id.
+    pub id: u64,
     /// gRPC listen address.
     pub grpc: SocketAddr,
     /// HTTP listen address.
     pub http: SocketAddr,
     /// sled data directory.
     pub data: PathBuf,
+    /// TOML configuration file passed with `--config`, if any.
+    config: Option<PathBuf>,
+    /// The member to join through; `None` bootstraps (when the data
+    /// directory holds no membership yet).
+    join: Option<SocketAddr>,
+    /// `LEASEHOLD_LOG` of the process.
+    log_filter: String,
     process: Option<Process>,
+    log: Option<PathBuf>,
     incarnation: u32,
 }
+
+/// The log filter of every node unless a test asks for another.
+const DEFAULT_LOG_FILTER: &str = "info,openraft=warn";
 
 impl Node {
     /// Starts node 1 in `sandbox` on free ports and waits until it serves.
     pub async fn start(sandbox: &Sandbox) -> Result<Node> {
-        let grpc = SocketAddr::from(([127, 0, 0, 1], free_port()?));
-        let http = SocketAddr::from(([127, 0, 0, 1], free_port()?));
-        let mut node =
-            Node { grpc, http, data: sandbox.path().join("data-1"), process: None, incarnation: 0 };
-        node.spawn(sandbox).await?;
+        let mut node = Node::new(sandbox, NODE_ID, None, None)?;
+        node.launch(sandbox)?;
+        node.wait_leading().await?;
         Ok(node)
+    }
+
+    /// Node `id` on free ports with its data in `sandbox/data-ID`, not started.
+    pub fn new(
+        sandbox: &Sandbox,
+        id: u64,
+        config: Option<PathBuf>,
+        join: Option<SocketAddr>,
+    ) -> Result<Node> {
+        Ok(Node {
+            id,
+            grpc: SocketAddr::from(([127, 0, 0, 1], free_port()?)),
+            http: SocketAddr::from(([127, 0, 0, 1], free_port()?)),
+            data: sandbox.path().join(format!("data-{id}")),
+            config,
+            join,
+            log_filter: DEFAULT_LOG_FILTER.to_string(),
+            process: None,
+            log: None,
+            incarnation: 0,
+        })
     }
 
     /// The gRPC address as a URI, as clients and `LEASEHOLD_ADDR` take it.
@@ -313,21 +348,50 @@ impl Node {
     /// A raw generated Queue stub (no retries, answers exactly what the
     /// server said).
     pub fn stub(&self) -> Result<QueueClient<Channel>> {
-        let channel = Endpoint::from_shared(self.addr())
+        Ok(QueueClient::new(self.channel()?)
+            .max_encoding_message_size(64 * 1024 * 1024)
+            .max_decoding_message_size(64 * 1024 * 1024))
+    }
+
+    /// A raw generated Cluster stub.
+    pub fn cluster_stub(&self) -> Result<ClusterClient<Channel>> {
+        Ok(ClusterClient::new(self.channel()?))
+    }
+
+    fn channel(&self) -> Result<Channel> {
+        Ok(Endpoint::from_shared(self.addr())
             .context("endpoint")?
             .connect_timeout(Duration::from_secs(2))
             .timeout(RPC_TIMEOUT)
-            .connect_lazy();
-        Ok(QueueClient::new(channel)
-            .max_encoding_message_size(64 * 1024 * 1024)
-            .max_decoding_message_size(64 * 1024 * 1024))
+            .connect_lazy())
+    }
+
+    /// The log of the current (or last) run.
+    pub fn log(&self) -> Option<&Path> {
+        self.log.as_deref()
     }
 
     /// Fails if the node process has died.
     pub fn ensure_running(&mut self) -> Result<()> {
         match &mut self.process {
             Some(process) => process.ensure_running(),
-            None => bail!("node {NODE_ID} is not running"),
+            None => bail!("node {} is not running", self.id),
+        }
+    }
+
+    /// Sends `signal` to the node process (SIGSTOP, SIGCONT, SIGTERM…).
+    pub fn signal(&self, signal: Signal) -> Result<()> {
+        match &self.process {
+            Some(process) => process.signal(signal),
+            None => bail!("node {} is not running; cannot send {signal}", self.id),
+        }
+    }
+
+    /// Waits for the node process to exit by itself before `deadline`.
+    pub async fn wait_exit(&mut self, deadline: Instant) -> Result<ExitStatus> {
+        match &mut self.process {
+            Some(process) => process.wait_exit(deadline).await,
+            None => bail!("node {} is not running", self.id),
         }
     }
 
@@ -339,37 +403,48 @@ impl Node {
         Ok(())
     }
 
-    /// Starts the node again on the same ports and data, and waits until it
-    /// serves.
+    /// Starts a single node again on the same ports and data, and waits
+    /// until it leads and serves.
     pub async fn restart(&mut self, sandbox: &Sandbox) -> Result<()> {
         self.kill()?;
-        self.spawn(sandbox).await
+        self.launch(sandbox)?;
+        self.wait_leading().await
     }
 
-    async fn spawn(&mut self, sandbox: &Sandbox) -> Result<()> {
+    /// Starts the process (`--join` when the node has a member to join
+    /// through) without waiting for anything.
+    pub fn launch(&mut self, sandbox: &Sandbox) -> Result<()> {
         self.incarnation += 1;
-        let log = sandbox.log_file(&format!("node-{NODE_ID}-run-{}", self.incarnation));
+        let log = sandbox.log_file(&format!("node-{}-run-{}", self.id, self.incarnation));
         let mut command = Command::new(binary());
         command
             .arg("serve")
-            .args(["--id", &NODE_ID.to_string()])
+            .args(["--id", &self.id.to_string()])
             .args(["--grpc", &self.grpc.to_string()])
             .args(["--http", &self.http.to_string()])
             .arg("--data")
             .arg(&self.data)
             .env_remove("LEASEHOLD_ADDR")
-            .env("LEASEHOLD_LOG", "info,openraft=warn")
+            .env("LEASEHOLD_LOG", &self.log_filter)
             .env("NO_COLOR", "1");
-        let name = format!("node {NODE_ID} (run {})", self.incarnation);
+        if let Some(config) = &self.config {
+            command.arg("--config").arg(config);
+        }
+        if let Some(member) = self.join {
+            command.args(["--join", &member.to_string()]);
+        }
+        let name = format!("node {} (run {})", self.id, self.incarnation);
         self.process = Some(Process::spawn(&name, command, &log)?);
-        self.wait_serving().await
+        self.log = Some(log);
+        Ok(())
     }
 
     /// Waits until the node names itself leader and answers a linearizable
     /// read, failing at once if the process dies meanwhile.
-    async fn wait_serving(&mut self) -> Result<()> {
+    async fn wait_leading(&mut self) -> Result<()> {
         let client = self.client()?;
-        let what = format!("node {NODE_ID} at {} to lead and serve reads", self.grpc);
+        let id = self.id;
+        let what = format!("node {id} at {} to lead and serve reads", self.grpc);
         wait_until(&what, deadline_in(NODE_READY_TIMEOUT), || {
             let running = self.ensure_running();
             let client = client.clone();
@@ -379,7 +454,7 @@ impl Node {
                     Ok(status) => status,
                     Err(error) => return Ok(Check::NotYet(format!("status: {error}"))),
                 };
-                if status.leader != NODE_ID {
+                if status.leader != id {
                     return Ok(Check::NotYet(format!("leader is {}", status.leader)));
                 }
                 match client.stats(None, false).await {
@@ -390,6 +465,389 @@ impl Node {
         })
         .await
     }
+
+    /// The first panic the current run's log reports, with the line after
+    /// it (where Rust prints the message). A node whose Raft task panicked
+    /// may keep serving stale answers, but it will never converge again.
+    pub fn panic_in_log(&self) -> Option<String> {
+        let text = std::fs::read_to_string(self.log.as_ref()?).ok()?;
+        let mut lines = text.lines().skip_while(|line| !line.contains("panicked at"));
+        let first = lines.next()?;
+        Some(format!("node {} panicked: {first} {}", self.id, lines.next().unwrap_or_default()))
+    }
+
+    /// This node's own status (Cluster.Status with `local_only`).
+    pub async fn local_status(&self) -> Result<v1::NodeStatus> {
+        let mut stub = self.cluster_stub()?;
+        let reply = stub
+            .status(v1::StatusRequest { local_only: true })
+            .await
+            .with_context(|| format!("status of node {}", self.id))?
+            .into_inner();
+        reply
+            .nodes
+            .into_iter()
+            .find(|n| n.id == self.id)
+            .with_context(|| format!("node {}'s status does not list itself", self.id))
+    }
+}
+
+/// How long a cluster may take to form, or to converge again after a fault.
+pub const CLUSTER_CONVERGE_TIMEOUT: Duration = Duration::from_secs(60);
+/// How long a cluster must apply nothing to count as quiet: longer than
+/// the one-second retry of a joining node's self-registration.
+pub const QUIET: Duration = Duration::from_secs(2);
+
+/// How a [`Cluster`] is started.
+#[derive(Clone, Debug, Default)]
+pub struct ClusterOptions {
+    /// TOML written to a file every node gets with `--config` (empty: none).
+    pub config: String,
+    /// `LEASEHOLD_LOG` of every node (empty: `info,openraft=warn`).
+    pub log_filter: String,
+}
+
+/// What a converged cluster answered: every member a reachable voter, one
+/// leader that all agree on, and one digest at one applied index.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Converged {
+    /// The leader's id.
+    pub leader: u64,
+    /// The leader's term.
+    pub term: u64,
+    /// The applied index every node reported.
+    pub applied_index: u64,
+    /// The state digest every node reported.
+    pub digest: u64,
+}
+
+/// A cluster of `leasehold serve` processes on 127.0.0.1: node 1 bootstraps
+/// and the others join through it. Each node keeps its ports and data
+/// directory, so it can be killed, paused, wiped and restarted as itself.
+pub struct Cluster {
+    nodes: Vec<Node>,
+}
+
+impl Cluster {
+    /// Starts `size` nodes with default settings; see [`Cluster::start_with`].
+    pub async fn start(sandbox: &Sandbox, size: u64) -> Result<Cluster> {
+        Cluster::start_with(sandbox, size, ClusterOptions::default()).await
+    }
+
+    /// Starts node 1, waits until it leads, then starts nodes 2…`size` one
+    /// at a time with `--join` node 1, each once the previous is a voter, and
+    /// waits until the cluster has converged and gone quiet.
+    pub async fn start_with(
+        sandbox: &Sandbox,
+        size: u64,
+        options: ClusterOptions,
+    ) -> Result<Cluster> {
+        ensure!(size >= 1, "a cluster needs at least one node");
+        let config = if options.config.is_empty() {
+            None
+        } else {
+            let path = sandbox.path().join("node.toml");
+            std::fs::write(&path, &options.config).context("writing the node config")?;
+            Some(path)
+        };
+        let mut first = Node::new(sandbox, 1, config.clone(), None)?;
+        if !options.log_filter.is_empty() {
+            first.log_filter = options.log_filter.clone();
+        }
+        first.launch(sandbox)?;
+        first.wait_leading().await?;
+        let join = first.grpc;
+        let mut cluster = Cluster { nodes: vec![first] };
+        for id in 2..=size {
+            let mut node = Node::new(sandbox, id, config.clone(), Some(join))?;
+            node.log_filter = cluster.nodes[0].log_filter.clone();
+            node.launch(sandbox)?;
+            cluster.nodes.push(node);
+            cluster.wait_voter(id).await?;
+        }
+        let converged = cluster.wait_quiet(QUIET, CLUSTER_CONVERGE_TIMEOUT).await?;
+        eprintln!("cluster of {size} formed: {converged:?}");
+        Ok(cluster)
+    }
+
+    /// Node `id`.
+    pub fn node(&self, id: u64) -> Result<&Node> {
+        self.nodes.iter().find(|n| n.id == id).with_context(|| format!("no node {id}"))
+    }
+
+    /// Node `id`, to kill, signal or restart it.
+    pub fn node_mut(&mut self, id: u64) -> Result<&mut Node> {
+        self.nodes.iter_mut().find(|n| n.id == id).with_context(|| format!("no node {id}"))
+    }
+
+    /// Every node id.
+    pub fn ids(&self) -> Vec<u64> {
+        self.nodes.iter().map(|n| n.id).collect()
+    }
+
+    /// The gRPC addresses of `ids`, comma-separated, as `Client::connect` takes them.
+    pub fn addrs_of(&self, ids: &[u64]) -> Result<String> {
+        let addrs: Result<Vec<String>> = ids.iter().map(|id| Ok(self.node(*id)?.addr())).collect();
+        Ok(addrs?.join(","))
+    }
+
+    /// Every node's gRPC address, comma-separated.
+    pub fn addrs(&self) -> String {
+        self.nodes.iter().map(Node::addr).collect::<Vec<_>>().join(",")
+    }
+
+    /// A client of every node (it rotates on UNAVAILABLE and broken connections).
+    pub fn client(&self) -> Result<Client> {
+        Client::connect(&self.addrs()).map_err(|error| anyhow!("client of the cluster: {error}"))
+    }
+
+    /// Waits until node 1 lists node `id` as a reachable voter, failing at
+    /// once if the joining process dies.
+    async fn wait_voter(&mut self, id: u64) -> Result<()> {
+        let asked = self.node(1)?.cluster_stub()?;
+        let what = format!("node {id} to join as a voter");
+        wait_until(&what, deadline_in(CLUSTER_CONVERGE_TIMEOUT), || {
+            let running = self.node_mut(id).and_then(Node::ensure_running);
+            let mut asked = asked.clone();
+            async move {
+                running?;
+                let status = match asked.status(v1::StatusRequest { local_only: false }).await {
+                    Ok(status) => status.into_inner(),
+                    Err(error) => return Ok(Check::NotYet(format!("status: {error}"))),
+                };
+                Ok(match status.nodes.iter().find(|n| n.id == id) {
+                    Some(node) if node.voter && node.reachable => Check::Done(()),
+                    Some(node) => Check::NotYet(format!("{node:?}")),
+                    None => Check::NotYet(format!("not a member yet: {:?}", status.nodes)),
+                })
+            }
+        })
+        .await
+    }
+
+    /// Waits until every node is running and, asked in turn, each answers
+    /// the same picture: all nodes reachable voters, exactly one leader (the
+    /// one its `leader` field names), one term, and equal digests at equal
+    /// applied indexes. One node is asked per poll until its answer looks
+    /// converged; only then are the others asked to confirm.
+    pub async fn wait_converged(&mut self, within: Duration) -> Result<Converged> {
+        let size = self.nodes.len();
+        let what = format!("{size} nodes to converge: one leader, equal digests");
+        wait_until(&what, deadline_in(within), || {
+            let stubs = self.converge_stubs();
+            async move { look_converged(stubs?, size).await }
+        })
+        .await
+    }
+
+    /// Waits until the cluster has converged and applied no write for
+    /// `quiet`. Nodes write on their own for a moment after they start or
+    /// join (each registers itself, retrying every second until it is a
+    /// member), so a story comparing digests across a step starts from
+    /// here rather than from the first converged answer.
+    pub async fn wait_quiet(&mut self, quiet: Duration, within: Duration) -> Result<Converged> {
+        let size = self.nodes.len();
+        let what =
+            format!("{size} nodes to converge and apply nothing for {} ms", quiet.as_millis());
+        // The picture last seen and since when, shared with each look.
+        let mark: Arc<Mutex<Option<(Converged, Instant)>>> = Arc::default();
+        wait_until(&what, deadline_in(within), || {
+            let stubs = self.converge_stubs();
+            let mark = mark.clone();
+            async move {
+                let seen = match look_converged(stubs?, size).await? {
+                    Check::Done(seen) => seen,
+                    Check::NotYet(why) => return Ok(Check::NotYet(why)),
+                };
+                let mut mark = mark.lock().map_err(|_| anyhow!("the quiet mark is poisoned"))?;
+                Ok(match mark.as_ref() {
+                    Some((first, at)) if *first == seen && at.elapsed() >= quiet => {
+                        Check::Done(seen)
+                    }
+                    Some((first, at)) if *first == seen => {
+                        Check::NotYet(format!("quiet for {} ms", at.elapsed().as_millis()))
+                    }
+                    _ => {
+                        let landed = format!("a write landed: {seen:?}");
+                        *mark = Some((seen, Instant::now()));
+                        Check::NotYet(landed)
+                    }
+                })
+            }
+        })
+        .await
+    }
+
+    /// Status stubs of every node, or why a look would be pointless: a
+    /// node process died, or a node's log reports a panic (a node whose
+    /// Raft task panicked may keep answering, but never converges again).
+    fn converge_stubs(&mut self) -> Result<Vec<(u64, ClusterClient<Channel>)>> {
+        self.nodes.iter_mut().try_for_each(Node::ensure_running)?;
+        if let Some(panic) = self.nodes.iter().find_map(Node::panic_in_log) {
+            bail!("{panic}");
+        }
+        self.nodes.iter().map(|n| Ok((n.id, n.cluster_stub()?))).collect()
+    }
+
+    /// Waits until one of `candidates` leads, as each of them that is asked
+    /// sees it: the first that answers names a leader among `candidates`
+    /// that reports itself leader. Answers its id.
+    pub async fn wait_leader_among(&self, candidates: &[u64], within: Duration) -> Result<u64> {
+        let stubs: Vec<(u64, ClusterClient<Channel>)> = candidates
+            .iter()
+            .map(|id| Ok((*id, self.node(*id)?.cluster_stub()?)))
+            .collect::<Result<_>>()?;
+        let what = format!("one of nodes {candidates:?} to lead");
+        wait_until(&what, deadline_in(within), || {
+            let stubs = stubs.clone();
+            async move {
+                let mut seen = Vec::new();
+                for (asked, mut stub) in stubs {
+                    let status = match stub.status(v1::StatusRequest { local_only: true }).await {
+                        Ok(status) => status.into_inner(),
+                        Err(error) => {
+                            seen.push(format!("node {asked}: {}", error.message()));
+                            continue;
+                        }
+                    };
+                    let me = status.nodes.iter().find(|n| n.id == asked);
+                    if let Some(me) = me
+                        && me.role == "leader"
+                        && status.leader == asked
+                    {
+                        return Ok(Check::Done(asked));
+                    }
+                    seen.push(format!(
+                        "node {asked}: leader {}, role {:?}",
+                        status.leader,
+                        me.map(|m| m.role.as_str())
+                    ));
+                }
+                Ok(Check::NotYet(seen.join("; ")))
+            }
+        })
+        .await
+    }
+
+    /// Kills node `id` and deletes its data directory, as a replaced disk
+    /// would. Its next start joins through another member: node 1 included,
+    /// which would otherwise bootstrap a cluster of its own.
+    pub fn wipe(&mut self, id: u64) -> Result<()> {
+        let other = self
+            .nodes
+            .iter()
+            .find(|node| node.id != id)
+            .map(|node| node.grpc)
+            .context("no other member to rejoin through")?;
+        let node = self.node_mut(id)?;
+        node.kill()?;
+        std::fs::remove_dir_all(&node.data)
+            .with_context(|| format!("wiping {}", node.data.display()))?;
+        node.join.get_or_insert(other);
+        Ok(())
+    }
+
+    /// Starts node `id` again on its ports and data directory (with
+    /// `--join` unless it bootstrapped the cluster; a node whose data holds
+    /// a membership does not join again), and waits until it answers and
+    /// knows a leader.
+    pub async fn restart(&mut self, sandbox: &Sandbox, id: u64) -> Result<()> {
+        let node = self.node_mut(id)?;
+        node.kill()?;
+        node.launch(sandbox)?;
+        let what = format!("node {id} to answer and know a leader");
+        wait_until(&what, deadline_in(NODE_READY_TIMEOUT), || {
+            let probe = self.node_mut(id).and_then(|node| {
+                node.ensure_running()?;
+                node.cluster_stub()
+            });
+            async move {
+                let mut stub = probe?;
+                let status = match stub.status(v1::StatusRequest { local_only: true }).await {
+                    Ok(status) => status.into_inner(),
+                    Err(error) => return Ok(Check::NotYet(error.message().to_string())),
+                };
+                Ok(if status.leader != 0 {
+                    Check::Done(())
+                } else {
+                    Check::NotYet("no leader known".to_string())
+                })
+            }
+        })
+        .await
+    }
+}
+
+/// One look at a cluster through `stubs`: each node is asked in turn, and
+/// the look ends at the first answer that is not converged or differs from
+/// the answers before it.
+async fn look_converged(
+    stubs: Vec<(u64, ClusterClient<Channel>)>,
+    size: usize,
+) -> Result<Check<Converged>> {
+    let mut agreed: Option<Converged> = None;
+    for (asked, mut stub) in stubs {
+        let status = match stub.status(v1::StatusRequest { local_only: false }).await {
+            Ok(status) => status.into_inner(),
+            Err(error) => return Ok(Check::NotYet(format!("node {asked}: {}", error.message()))),
+        };
+        let seen = match converged_view(&status, size) {
+            Ok(seen) => seen,
+            Err(why) => return Ok(Check::NotYet(format!("node {asked}: {why}"))),
+        };
+        match &agreed {
+            Some(first) if *first != seen => {
+                return Ok(Check::NotYet(format!(
+                    "node {asked} sees {seen:?}, an earlier node {first:?}"
+                )));
+            }
+            _ => agreed = Some(seen),
+        }
+    }
+    Ok(agreed.map_or_else(|| Check::NotYet("no nodes".to_string()), Check::Done))
+}
+
+/// The converged picture in one node's status answer, or why it is not one.
+fn converged_view(status: &v1::StatusResponse, size: usize) -> Result<Converged, String> {
+    if status.nodes.len() != size {
+        return Err(format!("{} members, expected {size}", status.nodes.len()));
+    }
+    if let Some(node) = status.nodes.iter().find(|n| !n.reachable || !n.voter) {
+        return Err(format!("not a reachable voter: {node:?}"));
+    }
+    let leaders: Vec<u64> =
+        status.nodes.iter().filter(|n| n.role == "leader").map(|n| n.id).collect();
+    if leaders != [status.leader] {
+        return Err(format!("leader field {}, nodes in role leader {leaders:?}", status.leader));
+    }
+    if let Some(node) = status.nodes.iter().find(|n| n.id != status.leader && n.role != "follower")
+    {
+        return Err(format!("neither leader nor follower: {node:?}"));
+    }
+    let first = &status.nodes[0];
+    let apart = status.nodes.iter().find(|n| {
+        n.term != first.term || n.applied_index != first.applied_index || n.digest != first.digest
+    });
+    if let Some(node) = apart {
+        return Err(format!(
+            "node {} at term {} applied {} digest {:016x}, node {} at term {} applied {} digest \
+             {:016x}",
+            first.id,
+            first.term,
+            first.applied_index,
+            first.digest,
+            node.id,
+            node.term,
+            node.applied_index,
+            node.digest
+        ));
+    }
+    Ok(Converged {
+        leader: status.leader,
+        term: first.term,
+        applied_index: first.applied_index,
+        digest: first.digest,
+    })
 }
 
 /// What a one-shot CLI invocation did.
