@@ -45,7 +45,9 @@ pub fn open(path: &Path) -> Result<(LogStore, StateMachineStore), StorageError> 
     std::fs::create_dir_all(path)
         .map_err(|source| StorageError::CreateDir { path: path.to_path_buf(), source })?;
     let db = sled::Config::new().path(path).open()?;
-    open_db(db)
+    let (log_store, state_machine) = open_db(db)?;
+    let data_file = std::fs::File::open(path.join("db")).map_err(sled::Error::Io)?;
+    Ok((log_store.with_data_file(data_file), state_machine))
 }
 
 /// Builds both stores on an already open sled database. They share one
