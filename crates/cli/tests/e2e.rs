@@ -16,6 +16,7 @@ mod e2e {
     mod cli_tour;
     mod cluster;
     mod command_worker;
+    mod cron;
     mod kill_restart;
     mod lease_expiry;
 }
