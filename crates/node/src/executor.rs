@@ -44,10 +44,12 @@ pub fn selector(node_id: u64, tags: &[String]) -> Vec<String> {
 /// true; then running commands get the grace period.
 pub async fn run(config: ExecutorConfig, grpc_addr: SocketAddr, shutdown: watch::Receiver<bool>) {
     let client = match Client::connect(&grpc_addr.to_string()) {
+        // Retries outlast a failover (an ack forwarded to a leader that just
+        // died must reach the next one, or the job runs twice): about 20 s.
         Ok(client) => client.with_retry(RetryPolicy {
-            attempts: 3,
+            attempts: 12,
             first_delay: Duration::from_millis(200),
-            max_delay: Duration::from_secs(1),
+            max_delay: Duration::from_secs(2),
         }),
         Err(error) => {
             tracing::error!(%error, "executor cannot reach its own node; not running commands");

@@ -13,9 +13,9 @@
 //! skewed ahead (`clock_offset_ms` under `fault_injection`), so no test
 //! waits for minutes.
 //!
-//! Two stories are `#[ignore]`d because they fail on a known product bug
-//! each (an ack given up during a failover re-runs a finished command; a
-//! forced trigger makes `overlap = skip` forget a running tick); run them
+//! One story is `#[ignore]`d because it fails on a known product bug (an
+//! ack given up during a failover re-runs a finished command; the forced
+//! trigger bug it was paired with is fixed and its story runs); run it
 //! with `--ignored` once the bugs are fixed, then drop the attribute.
 //!
 //! Another module may grow a shared multi-node helper; this one keeps its
@@ -1049,7 +1049,6 @@ async fn overlap_story(sandbox: &Sandbox) -> Result<()> {
 /// `state/schedules.rs`). Same schedule as the overlap story, except that
 /// the forced run is quick: it takes a flag file the test lays down.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "bug: trigger --force forgets the running tick job (core State::trigger); see module"]
 async fn overlap_skip_holds_after_a_short_forced_run() -> Result<()> {
     let sandbox = Sandbox::new("cron-overlap-after-force")?;
     sandbox.run(Duration::from_secs(90), short_forced_run_story(&sandbox)).await

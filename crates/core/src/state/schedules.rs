@@ -84,7 +84,11 @@ impl State {
         }
         let lag_ms = self.cluster_time_ms.saturating_sub(bucket.saturating_mul(1_000));
         let late = lag_ms >= LATE_AFTER_MS;
-        let refusal = if schedule.spec.overlap == Overlap::Skip
+        // A deposed or restarted leader may still propose a tick planned from
+        // stale state: the journal's own view of `paused` decides.
+        let refusal = if schedule.spec.paused {
+            Some(SkipReason::Paused)
+        } else if schedule.spec.overlap == Overlap::Skip
             && self.any_unfinished(&schedule.last_job_ids)
         {
             Some(SkipReason::Overlap)
@@ -166,11 +170,18 @@ impl State {
         let bucket = self.cluster_time_ms / 1_000;
         let manual = format!("manual-{}", self.last_job_id.saturating_add(1));
         let specs = tick_jobs(schedule, bucket, targets, Some(&manual));
+        let earlier = schedule.last_job_ids.clone();
         match self.enqueue(&specs, limits) {
             Response::Enqueued(outcomes) => {
                 let job_ids: Vec<u64> = outcomes.iter().map(|o| o.job_id).collect();
+                // Keep the earlier instance's unfinished jobs too: a forced
+                // run that ends first must not let the next tick start
+                // beside a run that is still going (overlap = skip).
+                let mut watched: Vec<u64> =
+                    earlier.into_iter().filter(|id| self.any_unfinished(&[*id])).collect();
+                watched.extend(job_ids.iter().copied());
                 if let Some(schedule) = self.schedules.get_mut(name) {
-                    schedule.last_job_ids = job_ids.clone();
+                    schedule.last_job_ids = watched;
                 }
                 Response::Tick(Some(TickOutcome::Fired { job_ids, lag_ms: 0 }))
             }
