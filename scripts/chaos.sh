@@ -28,11 +28,12 @@ esac
 
 # Debug builds: one profile for everything, and usually already built.
 cargo build -p leasehold-cli -p leasehold-cluster-tests >&2
-chaos=target/debug/leasehold-chaos
+target_dir=${CARGO_TARGET_DIR:-target}
+chaos=$target_dir/debug/leasehold-chaos
 
 case "$what" in
-  quick) exec "$chaos" run --profile quick --regressions "$@" ;;
-  soak) exec "$chaos" run --profile soak "$@" ;;
+  quick) exec "$chaos" run --profile quick --regressions --bin "$target_dir/debug/leasehold" "$@" ;;
+  soak) exec "$chaos" run --profile soak --bin "$target_dir/debug/leasehold" "$@" ;;
   replay)
     [ $# -ge 1 ] || { usage; exit 2; }
     plan=$1; shift
