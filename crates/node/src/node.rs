@@ -396,6 +396,12 @@ impl NodeHandle {
         };
         step("not ready");
         self.journal.set_draining(true);
+        // A node on its way out must not stand for election again. Without
+        // this, a leader's handover mostly failed: openraft rejects votes
+        // while the leader's lease runs, so the successor's first campaign
+        // loses, this node steps down on seeing its higher term, and, with
+        // the longest log, wins the next election itself and exits as leader.
+        self.journal.raft().runtime_config().elect(false);
         step("mark draining");
         let mark =
             leasehold_core::Command::SetDraining { node: self.journal.node_id(), draining: true };

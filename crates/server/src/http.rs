@@ -28,7 +28,11 @@ async fn metrics(
 ) -> (StatusCode, [(&'static str, &'static str); 1], String) {
     let journal = readiness.journal();
     journal.refresh_gauges().await;
-    let content_type = [("content-type", "text/plain; version=0.0.4; charset=utf-8")];
+    // prometheus-client encodes the OpenMetrics text format (counter families
+    // declared without `_total`, a closing `# EOF`); labelled as the classic
+    // text/plain 0.0.4 format, a scraper would read every counter as untyped.
+    let content_type =
+        [("content-type", "application/openmetrics-text; version=1.0.0; charset=utf-8")];
     match journal.metrics().encode() {
         Ok(text) => (StatusCode::OK, content_type, text),
         Err(error) => (StatusCode::INTERNAL_SERVER_ERROR, content_type, error.to_string()),

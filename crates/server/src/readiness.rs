@@ -1,6 +1,7 @@
 //! Readiness: is this node safe to schedule on? A store write+read probe, a
-//! known leader, applied index caught up with the log, not draining. The
-//! answer is cached for about a second so probes cannot load the store.
+//! known leader (acknowledged by a quorum lately, when it is this node),
+//! applied index caught up with the log, not draining. The answer is cached
+//! for about a second so probes cannot load the store.
 
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -35,6 +36,11 @@ impl ReadinessReport {
         }
         body
     }
+
+    /// Whether the `draining` check failed when this report was made.
+    fn says_draining(&self) -> bool {
+        self.checks.iter().any(|(name, outcome)| name == "draining" && outcome.is_err())
+    }
 }
 
 /// Computes and caches readiness for one node.
@@ -55,11 +61,15 @@ impl Readiness {
         &self.journal
     }
 
-    /// The current report, at most about a second old.
+    /// The current report, at most about a second old — except that a drain
+    /// is seen at once: it is the drain's first step, and claims are refused
+    /// right after it, so a report from before the drain must not outlive it.
     pub async fn report(&self) -> ReadinessReport {
+        let draining = self.journal.is_draining();
         if let Ok(cached) = self.cached.lock()
             && let Some((at, report)) = cached.as_ref()
             && at.elapsed() < CACHE_FOR
+            && report.says_draining() == draining
         {
             return report.clone();
         }
@@ -82,11 +92,27 @@ impl Readiness {
         }
         checks.push(("store".to_string(), probe));
         let metrics = self.journal.raft().metrics().borrow().clone();
+        // A leader cut off from its quorum still names itself leader (openraft
+        // does not step down on its own), so a leader must also have heard
+        // from a quorum lately: past two election timeouts its followers have
+        // elected, or are electing, someone else, and it can commit nothing.
+        let quorum_ack_bound_ms = 2 * self.journal.raft().config().election_timeout_max;
         checks.push((
             "leader".to_string(),
             match metrics.current_leader {
-                Some(_) => Ok(()),
                 None => Err("no leader known".to_string()),
+                Some(leader) if leader == self.journal.node_id() => {
+                    match metrics.millis_since_quorum_ack {
+                        Some(ms) if ms <= quorum_ack_bound_ms => Ok(()),
+                        Some(ms) => Err(format!(
+                            "this node leads but no quorum has acknowledged it for {ms} ms"
+                        )),
+                        None => {
+                            Err("this node leads but no quorum has acknowledged it".to_string())
+                        }
+                    }
+                }
+                Some(_) => Ok(()),
             },
         ));
         let last_log = metrics.last_log_index.unwrap_or(0);
