@@ -19,4 +19,5 @@ mod e2e {
     mod cron;
     mod kill_restart;
     mod lease_expiry;
+    mod lifecycle;
 }
