@@ -20,6 +20,13 @@
 //! 5. dry-run on → bus, with `intended` saying what rules 1-4 chose.
 //!
 //! Every decision names the peer and the fact that decided it.
+//!
+//! A flag change is not acted on at the instant it is made: each side of a
+//! change (this node's flags, a peer's advertised capability) counts from
+//! `since + settle`, where `settle` is three heartbeat intervals. Every node
+//! hears the change well within that time, so every node evaluates a given
+//! tick instant with the same facts and the pool switches paths at one tick
+//! rather than one node at a time ([`value_at`]).
 
 use std::fmt;
 
@@ -38,6 +45,14 @@ impl GateFlags {
     pub fn advertised_journal_lease(self) -> bool {
         self.journal_lease && !self.journal_lease_dry_run
     }
+}
+
+/// A value that changed at `since_ms` from `before`: which of the two counts
+/// at `at_ms`, when a change takes effect `settle_ms` after it was made.
+/// Before the change is settled the old value holds, so a node that has
+/// already heard of a change and one that has not yet decide alike.
+pub fn value_at<T: Copy>(current: T, before: T, since_ms: u64, settle_ms: u64, at_ms: u64) -> T {
+    if at_ms >= since_ms.saturating_add(settle_ms) { current } else { before }
 }
 
 /// The last authenticated advert of a peer.
@@ -348,6 +363,74 @@ mod tests {
         assert_eq!(decision.intended, ClaimPath::Journal);
         assert_eq!(decision.reason, Reason::DryRun(Box::new(Reason::AllCapable(1))));
         assert!(!gate.flags.advertised_journal_lease());
+    }
+
+    #[test]
+    fn an_offline_older_peer_keeps_the_pool_on_bus() {
+        // Offline (5 s > 3 intervals) and without the field: it counts by
+        // that advert, so the pool cannot split when it rejoins.
+        let decision = decide_claim_path(&input(vec![capable(2, 0), with_advert(3, None, 5_000)]));
+        assert_eq!((decision.path, decision.reason), (ClaimPath::Bus, Reason::NoField(3)));
+    }
+
+    #[test]
+    fn dry_run_with_an_incapable_peer_intends_bus() {
+        let mut gate = input(vec![with_advert(2, Some(false), 0)]);
+        gate.flags.journal_lease_dry_run = true;
+        let decision = decide_claim_path(&gate);
+        assert_eq!((decision.path, decision.intended), (ClaimPath::Bus, ClaimPath::Bus));
+        assert_eq!(
+            decision.reason,
+            Reason::DryRun(Box::new(Reason::Incapable { node: 2, online: true }))
+        );
+    }
+
+    #[test]
+    fn flag_off_wins_over_dry_run_and_peers() {
+        let mut gate = input(vec![capable(2, 0)]);
+        gate.flags = GateFlags { journal_lease: false, journal_lease_dry_run: true };
+        let decision = decide_claim_path(&gate);
+        assert_eq!(
+            (decision.path, decision.intended, decision.reason),
+            (ClaimPath::Bus, ClaimPath::Bus, Reason::FlagOff)
+        );
+        assert!(!gate.flags.advertised_journal_lease());
+    }
+
+    #[test]
+    fn one_incapable_peer_among_many_decides_and_is_named() {
+        let decision = decide_claim_path(&input(vec![
+            capable(2, 0),
+            with_advert(3, Some(false), 200),
+            capable(4, 0),
+        ]));
+        assert_eq!(
+            (decision.path, decision.reason),
+            (ClaimPath::Bus, Reason::Incapable { node: 3, online: true })
+        );
+    }
+
+    #[test]
+    fn only_the_flag_on_and_dry_run_off_advertises_capability() {
+        let flags = |journal_lease, journal_lease_dry_run| GateFlags {
+            journal_lease,
+            journal_lease_dry_run,
+        };
+        assert!(flags(true, false).advertised_journal_lease());
+        assert!(!flags(true, true).advertised_journal_lease());
+        assert!(!flags(false, false).advertised_journal_lease());
+        assert!(!flags(false, true).advertised_journal_lease());
+    }
+
+    #[test]
+    fn a_change_counts_once_settled() {
+        // Changed from false to true at 10 s, settling in 3 s.
+        assert!(!value_at(true, false, 10_000, 3_000, 10_000));
+        assert!(!value_at(true, false, 10_000, 3_000, 12_999));
+        assert!(value_at(true, false, 10_000, 3_000, 13_000));
+        // Never changed (since 0): the current value holds from the start.
+        assert!(value_at(true, false, 0, 3_000, 3_000));
+        assert!(value_at(true, false, u64::MAX, 3_000, u64::MAX));
     }
 
     #[test]

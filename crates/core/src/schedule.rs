@@ -67,6 +67,10 @@ pub enum SkipReason {
     Paused,
     /// `target = each` and no live node matched.
     NoTarget,
+    /// The tick was claimed and run on the broadcast (bus) path while the
+    /// cutover gate chose it; the journal records it so a later switch to
+    /// the journal does not run it again.
+    Bus,
 }
 
 impl SkipReason {
@@ -77,6 +81,7 @@ impl SkipReason {
             SkipReason::Catchup => "catchup",
             SkipReason::Paused => "paused",
             SkipReason::NoTarget => "no_target",
+            SkipReason::Bus => "bus",
         }
     }
 }
