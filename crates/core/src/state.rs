@@ -24,6 +24,22 @@ use crate::validate::{ValidationError, truncate_text, validate_command};
 /// Error text recorded on a job whose lease lapsed before it was acked.
 pub const LEASE_EXPIRED_ERROR: &str = "lease expired";
 
+/// How long after a new term's first command no lease is taken back
+/// (cluster time, milliseconds). The first term of a cluster has none.
+///
+/// While no leader lives, no holder can renew or ack, so a lease may lapse
+/// through no fault of its holder: a worker that finished its job during a
+/// failover has its ack waiting in a retry loop. Without this grace the new
+/// leader's first sweep would take such a job back and run it a second
+/// time. A lease's effective expiry is therefore
+/// `max(expires_at_ms, term start + grace)`: holders get this long, under a
+/// live leader, to renew or ack. It only ever delays a redelivery, never
+/// brings one forward, so lease exclusivity is untouched. Five seconds
+/// covers a client's retry backoff (at most 2 s between attempts) with
+/// room for finding the new leader; a dead worker's job is redelivered at
+/// most this much later after a leader change.
+pub const TERM_START_GRACE_MS: u64 = 5_000;
+
 /// Which jobs [`State::jobs`] lists. Every field left `None` matches all.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct JobFilter {
@@ -91,6 +107,11 @@ pub struct State {
     schedules: BTreeMap<String, Schedule>,
     /// Registered nodes by id.
     nodes: BTreeMap<u64, NodeInfo>,
+    /// The largest epoch (Raft term) of any applied proposal.
+    epoch: u64,
+    /// No sweep takes a lease back before this cluster time: the end of
+    /// the current term's [`TERM_START_GRACE_MS`] (0 = no grace).
+    grace_end_ms: u64,
     /// Derived from `jobs`; rebuilt on deserialize.
     #[serde(skip)]
     indexes: Indexes,
@@ -106,6 +127,10 @@ struct Snapshot {
     jobs: BTreeMap<u64, Job>,
     schedules: BTreeMap<String, Schedule>,
     nodes: BTreeMap<u64, NodeInfo>,
+    #[serde(default)]
+    epoch: u64,
+    #[serde(default)]
+    grace_end_ms: u64,
 }
 
 impl From<Snapshot> for State {
@@ -118,6 +143,8 @@ impl From<Snapshot> for State {
             jobs: snapshot.jobs,
             schedules: snapshot.schedules,
             nodes: snapshot.nodes,
+            epoch: snapshot.epoch,
+            grace_end_ms: snapshot.grace_end_ms,
             indexes,
         }
     }
@@ -139,8 +166,19 @@ impl State {
     /// [`Limits::default`] — never the proposer's configuration, which a
     /// replica cannot see — and an invalid command changes nothing else.
     /// Refusals are [`Response::Refused`] values; `apply` never panics.
+    ///
+    /// The first proposal of a newer epoch (after the first) starts that
+    /// term's lease grace (see [`TERM_START_GRACE_MS`]).
     pub fn apply(&mut self, epoch: u64, proposal: &Proposal) -> Response {
         self.cluster_time_ms = self.cluster_time_ms.max(proposal.now_ms);
+        if epoch > self.epoch {
+            // The very first term takes over from nobody: no lease can
+            // predate it, so it starts no grace.
+            if self.epoch > 0 {
+                self.grace_end_ms = self.cluster_time_ms.saturating_add(TERM_START_GRACE_MS);
+            }
+            self.epoch = epoch;
+        }
         self.apply_command(epoch, &proposal.command)
     }
 
@@ -282,10 +320,18 @@ impl State {
             .map(|&(not_before_ms, _)| not_before_ms)
     }
 
-    /// The earliest `expires_at_ms` of any current lease: when the leader
-    /// should next propose a `Sweep`.
+    /// When the leader should next propose a `Sweep`: the earliest
+    /// `expires_at_ms` of any current lease, but not before the current
+    /// term's grace ends (see [`TERM_START_GRACE_MS`]).
     pub fn next_expiry_ms(&self) -> Option<u64> {
-        self.indexes.expiries.first().map(|&(expires_at_ms, _)| expires_at_ms)
+        let grace_end_ms = self.grace_end_ms();
+        self.indexes.expiries.first().map(|&(expires_at_ms, _)| expires_at_ms.max(grace_end_ms))
+    }
+
+    /// The end of the current term's lease grace, cluster time: no sweep
+    /// takes a lease back before it (see [`TERM_START_GRACE_MS`]).
+    pub fn grace_end_ms(&self) -> u64 {
+        self.grace_end_ms
     }
 
     /// Whether a `Purge` applied at `now_ms` would drop any tombstone.
@@ -517,10 +563,14 @@ impl State {
     }
 
     /// Takes back every lease that lapsed at or before cluster time, charging
-    /// the attempt. Leases still valid are untouched, so a repeated sweep
-    /// finds nothing.
+    /// the attempt — once the current term's grace has passed; within it a
+    /// sweep takes nothing. Leases still valid are untouched, so a repeated
+    /// sweep finds nothing.
     fn sweep(&mut self) -> Response {
         let now_ms = self.cluster_time_ms;
+        if now_ms < self.grace_end_ms() {
+            return Response::Swept { requeued: Vec::new(), dead: Vec::new() };
+        }
         let lapsed: Vec<u64> =
             self.indexes.expiries.range(..=(now_ms, u64::MAX)).map(|&(_, job_id)| job_id).collect();
         let mut requeued = Vec::new();

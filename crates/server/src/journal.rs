@@ -217,7 +217,11 @@ impl Journal {
     pub fn is_leader(&self) -> bool {
         let metrics = self.inner.raft.metrics();
         let metrics = metrics.borrow();
+        // A restarted ex-leader reads its own committed vote back as
+        // `current_leader` before it learns of a newer term; only the
+        // Leader role says it leads now.
         metrics.current_leader == Some(self.inner.config.node_id)
+            && metrics.state == openraft::ServerState::Leader
     }
 
     /// Reads the local state machine as it is now (possibly behind the leader).

@@ -776,6 +776,9 @@ mod release {
 mod sweep {
     use super::*;
 
+    /// Where the tests below claim; the first term has no grace anyway.
+    const AFTER_GRACE: u64 = 1_000;
+
     #[test]
     fn takes_back_lapsed_leases_only() {
         let mut state = State::new();
@@ -788,10 +791,11 @@ mod sweep {
                 spec("q"),
             ],
         );
-        claim(&mut state, 0, "q", 3);
-        // expires_at == cluster time counts as lapsed.
+        claim(&mut state, AFTER_GRACE, "q", 3);
+        // The first term starts no grace; expires_at == cluster time counts
+        // as lapsed.
         assert_eq!(
-            apply(&mut state, 2_000, Command::Sweep),
+            apply(&mut state, AFTER_GRACE + 2_000, Command::Sweep),
             Response::Swept { requeued: vec![1, 2], dead: vec![] }
         );
         for id in [1, 2] {
@@ -799,11 +803,60 @@ mod sweep {
             assert_eq!(swept.state, JobState::Ready);
             assert_eq!(swept.attempts, 1);
             assert_eq!(swept.last_error.as_deref(), Some(LEASE_EXPIRED_ERROR));
-            assert_eq!(swept.not_before_ms, 2_000);
+            assert_eq!(swept.not_before_ms, AFTER_GRACE + 2_000);
             assert_eq!(swept.lease, None);
         }
         assert_eq!(job(&state, 3).state, JobState::Claimed);
-        assert_eq!(state.next_expiry_ms(), Some(TTL_MS));
+        assert_eq!(state.next_expiry_ms(), Some(AFTER_GRACE + TTL_MS));
+    }
+
+    /// A lease that lapsed while no leader lived (its holder could neither
+    /// renew nor ack) is not taken back by the new term's first sweep: the
+    /// holder gets the grace to ack, and the job does not run twice.
+    #[test]
+    fn spares_leases_for_the_grace_after_a_new_term_starts() {
+        let mut state = State::new();
+        let id = enqueue_one(&mut state, 0, JobSpec { lease_ttl_ms: Some(1_000), ..spec("q") });
+        let lease = claim_one(&mut state, AFTER_GRACE, "q");
+        // Term EPOCH+1 begins long after the lease lapsed.
+        let new_term_ms = AFTER_GRACE + 10_000;
+        let sweep = Proposal { now_ms: new_term_ms, command: Command::Sweep };
+        assert_eq!(
+            state.apply(EPOCH + 1, &sweep),
+            Response::Swept { requeued: vec![], dead: vec![] }
+        );
+        assert_eq!(state.next_expiry_ms(), Some(new_term_ms + TERM_START_GRACE_MS));
+        let late_sweep =
+            Proposal { now_ms: new_term_ms + TERM_START_GRACE_MS - 1, command: Command::Sweep };
+        assert_eq!(
+            state.apply(EPOCH + 1, &late_sweep),
+            Response::Swept { requeued: vec![], dead: vec![] }
+        );
+        let ack = Proposal { now_ms: new_term_ms + 2_000, command: ack(id, lease.token) };
+        assert_eq!(state.apply(EPOCH + 1, &ack), Response::Acked);
+        assert_eq!(job(&state, id).state, JobState::Acked);
+    }
+
+    /// Once the grace is over, a lease nobody renewed is taken back as usual.
+    #[test]
+    fn takes_back_unrenewed_leases_once_the_grace_ends() {
+        let mut state = State::new();
+        let id = enqueue_one(&mut state, 0, JobSpec { lease_ttl_ms: Some(1_000), ..spec("q") });
+        claim_one(&mut state, AFTER_GRACE, "q");
+        let new_term_ms = AFTER_GRACE + 10_000;
+        let first = Proposal { now_ms: new_term_ms, command: Command::Sweep };
+        state.apply(EPOCH + 1, &first);
+        let at_grace_end =
+            Proposal { now_ms: new_term_ms + TERM_START_GRACE_MS, command: Command::Sweep };
+        assert_eq!(
+            state.apply(EPOCH + 1, &at_grace_end),
+            Response::Swept { requeued: vec![id], dead: vec![] }
+        );
+        // A command of an older term (a deposed leader's, committed late)
+        // starts no new grace.
+        let old_term = Proposal { now_ms: new_term_ms + 20_000, command: Command::Sweep };
+        state.apply(EPOCH, &old_term);
+        assert_eq!(state.grace_end_ms(), new_term_ms + TERM_START_GRACE_MS);
     }
 
     #[test]
