@@ -34,6 +34,23 @@ enum ClusterCommand {
         /// The member's node id.
         id: u64,
     },
+    /// Change a node's cutover-gate flags at run time (any member may be
+    /// asked; it passes the change on). A change counts on every node from
+    /// three heartbeat intervals after it is made.
+    Flags {
+        /// The node whose flags change.
+        #[arg(long = "node")]
+        node: u64,
+        /// Use the journal lease when every peer can: on or off.
+        #[arg(long, value_parser = crate::serve::on_off)]
+        journal_lease: Option<bool>,
+        /// Stay on the bus and log the claims the journal would take: on or off.
+        #[arg(long, value_parser = crate::serve::on_off)]
+        dry_run: Option<bool>,
+        /// Output format.
+        #[arg(long, value_enum, default_value_t)]
+        output: Output,
+    },
 }
 
 /// Runs a cluster subcommand.
@@ -58,6 +75,9 @@ pub async fn run(args: ClusterArgs) -> anyhow::Result<ExitCode> {
                             node.applied_index,
                             node.digest
                         );
+                        for line in render::gate_lines(node) {
+                            println!("  {line}");
+                        }
                     }
                 }
             }
@@ -66,10 +86,32 @@ pub async fn run(args: ClusterArgs) -> anyhow::Result<ExitCode> {
             client.drain(id).await?;
             println!("node {id} is draining");
         }
+        ClusterCommand::Flags { node, journal_lease, dry_run, output } => {
+            if journal_lease.is_none() && dry_run.is_none() {
+                anyhow::bail!("nothing to change: give --journal-lease and/or --dry-run");
+            }
+            let flags = client.set_flags(node, journal_lease, dry_run).await?;
+            match output {
+                Output::Json => render::print_json(&serde_json::json!({
+                    "node": node,
+                    "journal_lease": flags.journal_lease,
+                    "dry_run": flags.dry_run,
+                })),
+                Output::Text => println!(
+                    "node {node}: journal_lease={} dry_run={}",
+                    on_off_name(flags.journal_lease),
+                    on_off_name(flags.dry_run)
+                ),
+            }
+        }
         ClusterCommand::Remove { id } => {
             let voters = client.remove_member(id).await?;
             println!("node {id} removed; voters now {voters:?}");
         }
     }
     Ok(ExitCode::SUCCESS)
+}
+
+fn on_off_name(on: bool) -> &'static str {
+    if on { "on" } else { "off" }
 }

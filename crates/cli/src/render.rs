@@ -117,8 +117,60 @@ pub fn status(status: &v1::StatusResponse) -> Value {
             "commit_index": n.commit_index,
             "applied_index": n.applied_index,
             "digest": format!("{:016x}", n.digest),
+            "gate": n.gate.as_ref().map(|g| json!({
+                "path": g.path,
+                "reason": g.reason,
+                "reason_label": g.reason_label,
+                "intended": g.intended,
+                "journal_lease": g.journal_lease,
+                "dry_run": g.dry_run,
+            })),
+            "adverts": n.adverts.iter().map(|a| json!({
+                "node_id": a.node_id,
+                "version": a.version,
+                "journal_lease": a.journal_lease,
+                "dry_run": a.dry_run,
+                "draining": a.draining,
+                "role": a.role,
+                "age_ms": a.age_ms,
+                "online": a.online,
+            })).collect::<Vec<_>>(),
+            "adverts_rejected": n.adverts_rejected,
         })).collect::<Vec<_>>(),
     })
+}
+
+/// The gate part of one node's status, as text lines.
+pub fn gate_lines(node: &v1::NodeStatus) -> Vec<String> {
+    let mut lines = Vec::new();
+    if let Some(gate) = &node.gate {
+        lines.push(format!(
+            "gate: path={} intended={} flags: journal_lease={} dry_run={} reason: {}",
+            gate.path, gate.intended, gate.journal_lease, gate.dry_run, gate.reason
+        ));
+    }
+    for advert in &node.adverts {
+        let journal_lease = match advert.journal_lease {
+            Some(on) => on.to_string(),
+            None => "absent".to_string(),
+        };
+        lines.push(format!(
+            "advert from node {}: version={} journal_lease={} dry_run={} draining={} role={} \
+             age={}ms {}",
+            advert.node_id,
+            advert.version,
+            journal_lease,
+            advert.dry_run,
+            advert.draining,
+            advert.role,
+            advert.age_ms,
+            if advert.online { "online" } else { "offline" }
+        ));
+    }
+    if node.adverts_rejected > 0 {
+        lines.push(format!("adverts rejected: {}", node.adverts_rejected));
+    }
+    lines
 }
 
 /// Prints a JSON document on stdout.

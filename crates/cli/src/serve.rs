@@ -40,9 +40,31 @@ pub struct ServeArgs {
     /// Expose the Faults service (clock skew, store faults) for tests.
     #[arg(long, env = "LEASEHOLD_FAULT_INJECTION", hide = true)]
     fault_injection: bool,
+    /// The cluster secret authenticating adverts and bus claims (prefer the
+    /// environment variable or a file: a flag shows in the process list).
+    #[arg(long, env = "LEASEHOLD_CLUSTER_SECRET", hide_env_values = true)]
+    cluster_secret: Option<String>,
+    /// A file holding the cluster secret.
+    #[arg(long, env = "LEASEHOLD_CLUSTER_SECRET_FILE")]
+    cluster_secret_file: Option<PathBuf>,
+    /// The journal_lease gate flag at start (default on).
+    #[arg(long, env = "LEASEHOLD_JOURNAL_LEASE", value_parser = on_off)]
+    journal_lease: Option<bool>,
+    /// The journal_lease dry-run flag at start (default off).
+    #[arg(long, env = "LEASEHOLD_JOURNAL_LEASE_DRY_RUN", value_parser = on_off)]
+    journal_lease_dry_run: Option<bool>,
     /// Log format.
     #[arg(long, env = "LEASEHOLD_LOG_FORMAT", default_value = "text")]
     log_format: LogFormat,
+}
+
+/// Parses `on`/`off` (also `true`/`false`, `1`/`0`).
+pub fn on_off(text: &str) -> Result<bool, String> {
+    match text.trim().to_ascii_lowercase().as_str() {
+        "on" | "true" | "1" | "yes" => Ok(true),
+        "off" | "false" | "0" | "no" => Ok(false),
+        other => Err(format!("expected on or off, got {other:?}")),
+    }
 }
 
 #[derive(Clone, Copy, Debug, clap::ValueEnum)]
@@ -93,6 +115,18 @@ fn resolve(args: &ServeArgs) -> anyhow::Result<Config> {
     }
     if args.fault_injection {
         config.fault_injection = true;
+    }
+    if let Some(secret) = &args.cluster_secret {
+        config.cluster_secret = Some(secret.clone());
+    }
+    if let Some(path) = &args.cluster_secret_file {
+        config.cluster_secret_file = Some(path.clone());
+    }
+    if let Some(on) = args.journal_lease {
+        config.journal_lease = on;
+    }
+    if let Some(on) = args.journal_lease_dry_run {
+        config.journal_lease_dry_run = on;
     }
     config.validate()?;
     Ok(config)

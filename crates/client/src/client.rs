@@ -349,6 +349,23 @@ impl Client {
         .await
     }
 
+    /// Changes node `id`'s cutover-gate flags (unset ones keep their
+    /// value) and answers them as they now are.
+    pub async fn set_flags(
+        &self,
+        id: u64,
+        journal_lease: Option<bool>,
+        dry_run: Option<bool>,
+    ) -> Result<v1::SetFlagsResponse, ClientError> {
+        self.retrying(true, || {
+            let mut stub = self.cluster();
+            let request =
+                self.request(v1::SetFlagsRequest { id, journal_lease, dry_run }, self.call_timeout);
+            async move { stub.set_flags(request).await.map(|r| r.into_inner()) }
+        })
+        .await
+    }
+
     /// Removes a member (learner or voter, the leader included).
     pub async fn remove_member(&self, id: u64) -> Result<Vec<u64>, ClientError> {
         self.retrying(true, || {

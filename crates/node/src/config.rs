@@ -58,6 +58,26 @@ pub struct Config {
     pub executor_timeout_ms: u64,
     /// How long running commands may finish when the node stops.
     pub drain_grace_ms: u64,
+    /// The cluster secret that authenticates adverts and bus messages
+    /// (`LEASEHOLD_CLUSTER_SECRET`); every node of a cluster needs the same.
+    /// Without it (and without `cluster_secret_file`) a node generates one:
+    /// fine for a dev cluster, whose nodes receive it when they join.
+    pub cluster_secret: Option<String>,
+    /// A file holding the cluster secret (surrounding whitespace ignored).
+    pub cluster_secret_file: Option<PathBuf>,
+    /// How often this node sends its advert to every peer; a peer is online
+    /// while its last advert is younger than three intervals.
+    pub advert_interval_ms: u64,
+    /// An advert older than this is too old to count: the pool stays on the
+    /// bus until that peer is heard again or removed.
+    pub advert_stale_after_ms: u64,
+    /// Use the journal lease for claims when every peer can (the gate flag;
+    /// changeable at run time with `leasehold cluster flags`).
+    pub journal_lease: bool,
+    /// Stay on the bus but log the claims the journal would have taken.
+    pub journal_lease_dry_run: bool,
+    /// How long a bus claimant collects answers before judging its claim.
+    pub bus_window_ms: u64,
 }
 
 impl Default for Config {
@@ -85,6 +105,13 @@ impl Default for Config {
             executor_concurrency: 4,
             executor_timeout_ms: 3_600_000,
             drain_grace_ms: 30_000,
+            cluster_secret: None,
+            cluster_secret_file: None,
+            advert_interval_ms: 1_000,
+            advert_stale_after_ms: 30_000,
+            journal_lease: true,
+            journal_lease_dry_run: false,
+            bus_window_ms: 200,
         }
     }
 }
@@ -170,6 +197,23 @@ impl Config {
         }
         if self.snapshot_every_entries == 0 {
             return invalid("snapshot_every_entries", "must be at least 1");
+        }
+        if self.advert_interval_ms == 0 || self.advert_interval_ms > 60_000 {
+            return invalid("advert_interval_ms", "must be 1 ..= 60000");
+        }
+        if self.advert_stale_after_ms <= self.advert_interval_ms.saturating_mul(3) {
+            return invalid(
+                "advert_stale_after_ms",
+                "must exceed three advert intervals (the online window)",
+            );
+        }
+        if self.bus_window_ms == 0 || self.bus_window_ms > 5_000 {
+            return invalid("bus_window_ms", "must be 1 ..= 5000");
+        }
+        if let Some(secret) = &self.cluster_secret
+            && let Err(error) = leasehold_server::secret::ClusterSecret::from_text(secret)
+        {
+            return invalid("cluster_secret", &error.to_string());
         }
         Ok(())
     }

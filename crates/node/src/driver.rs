@@ -1,18 +1,32 @@
-//! The leader-side driver: runs at its own pace and proposes housekeeping
-//! commands only while this node leads. Sweep returns lapsed leases to ready;
-//! Purge drops tombstones past retention. Both are idempotent, so a stale or
-//! duplicated proposal from a deposed leader is harmless.
+//! The driver: runs at its own pace. While this node leads it proposes
+//! housekeeping (Sweep returns lapsed leases to ready; Purge drops
+//! tombstones past retention; both idempotent, so a stale or duplicated
+//! proposal from a deposed leader is harmless). On every node it runs the
+//! cron tickers, and each due tick goes through the cutover gate once:
+//!
+//! - **journal**: the leader proposes `Fire`/`Skip` (exactly once per tick
+//!   through the journal's `last_fired_bucket`); the other nodes do nothing;
+//! - **bus**: every node claims `(schedule, bucket)` on the bus and the
+//!   winner runs the schedule's command itself ([`crate::gate`]).
+//!
+//! When the pool comes back from the bus to the journal, the leader first
+//! records the ticks the bus ran as skipped (`SkipReason::Bus`), so the
+//! journal's catch-up never runs them again.
 
 use std::collections::HashMap;
 use std::time::Duration;
 
 use leasehold_core::cron::{self, CronSchedule};
-use leasehold_core::schedule::{Target, TickOutcome, TickPlan, plan_ticks};
+use leasehold_core::gate::ClaimPath;
+use leasehold_core::schedule::{Schedule, SkipReason, Target, TickOutcome, TickPlan, plan_ticks};
 use leasehold_core::{Command, Response};
-use leasehold_server::Journal;
 use leasehold_server::metrics::TickLabels;
 use leasehold_server::schedules_service::each_targets;
+use leasehold_server::{Gate, Journal};
 use tokio::sync::watch;
+use tokio::task::JoinSet;
+
+use crate::gate::{BusRunner, run_bus_tick};
 
 /// How often the leader looks for due ticks (the fire lag of a healthy
 /// cluster is about half of this plus one commit).
@@ -21,34 +35,69 @@ pub const TICK_INTERVAL: Duration = Duration::from_millis(25);
 /// follow the catch-up policy.
 pub const TICK_TOLERANCE_MS: u64 = 5_000;
 
-/// Intervals of the driver.
-#[derive(Clone, Copy, Debug)]
+/// Most ticks read to find the newest due one before narrowing the span.
+const MAX_TICKS_READ: usize = 1_000;
+
+/// Settings of the driver.
+#[derive(Clone, Debug)]
 pub struct DriverConfig {
     /// How often to check for lapsed leases.
     pub sweep_interval: Duration,
     /// How often to check for tombstones past retention.
     pub purge_interval: Duration,
+    /// Whether this node runs commands (the built-in executor is on): only
+    /// then does it take bus claims.
+    pub run_commands: bool,
+    /// This node's tags (for `target = each` ticks on the bus).
+    pub tags: Vec<String>,
+    /// How long a bus-run command may take.
+    pub command_timeout: Duration,
+    /// How long running bus commands may finish when the driver stops.
+    pub grace: Duration,
 }
 
-/// Runs until `shutdown` turns true.
-pub async fn run(journal: Journal, config: DriverConfig, mut shutdown: watch::Receiver<bool>) {
+/// The tickers' memory between rounds.
+#[derive(Default)]
+pub struct Ticker {
+    parsed: HashMap<(String, String), Option<CronSchedule>>,
+    /// Newest bucket of each schedule this node handled on the bus.
+    bus_done: HashMap<String, u64>,
+    /// Newest bucket of each schedule a follower decided for the journal
+    /// (nothing to do there; remembered so it is decided once).
+    journal_seen: HashMap<String, u64>,
+    running: JoinSet<()>,
+}
+
+/// Runs until `shutdown` turns true; running bus commands then get the
+/// grace period.
+pub async fn run(
+    journal: Journal,
+    gate: Gate,
+    config: DriverConfig,
+    mut shutdown: watch::Receiver<bool>,
+) {
     let mut sweep = tokio::time::interval(config.sweep_interval);
     sweep.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut purge = tokio::time::interval(config.purge_interval);
     purge.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut ticker = tokio::time::interval(TICK_INTERVAL);
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let mut parsed = HashMap::new();
+    let mut state = Ticker::default();
     loop {
         tokio::select! {
-            _ = shutdown.changed() => return,
+            _ = shutdown.changed() => break,
             _ = sweep.tick() => sweep_once(&journal).await,
             _ = purge.tick() => purge_once(&journal).await,
-            _ = ticker.tick() => tick_schedules(&journal, &mut parsed).await,
+            _ = ticker.tick() => tick_schedules(&journal, &gate, &config, &mut state).await,
         }
         if *shutdown.borrow() {
-            return;
+            break;
         }
+        while state.running.try_join_next().is_some() {}
+    }
+    let running = std::mem::take(&mut state.running);
+    if tokio::time::timeout(config.grace, running.join_all()).await.is_err() {
+        tracing::warn!("bus commands did not finish within the grace period");
     }
 }
 
@@ -99,115 +148,258 @@ async fn purge_once(journal: &Journal) {
     }
 }
 
-/// Proposes `Fire` or `Skip` for every due tick of every schedule, when this
-/// node leads. The plan comes from the journal's `last_fired_bucket`, so a
-/// new leader picks up exactly where the last one stopped; the journal
-/// refuses any bucket already covered, so a duplicate proposal (a deposed
-/// leader, a retry) changes nothing.
+/// The newest tick of `cron` in `(after_ms, now_ms]`, if any.
+fn newest_due(cron: &CronSchedule, after_ms: u64, now_ms: u64) -> Option<u64> {
+    let mut from_ms = after_ms;
+    for _ in 0..64 {
+        let ticks = cron.ticks_between(from_ms, now_ms, MAX_TICKS_READ);
+        if ticks.len() < MAX_TICKS_READ {
+            return ticks.last().copied();
+        }
+        // Too many to read: look at the newer half of the span.
+        from_ms += now_ms.saturating_sub(from_ms) / 2;
+    }
+    None
+}
+
+/// Runs the tickers once: finds every schedule with a due tick, decides its
+/// claim path once (as of the tick's instant), and carries it out.
 pub async fn tick_schedules(
     journal: &Journal,
-    parsed: &mut HashMap<(String, String), Option<CronSchedule>>,
+    gate: &Gate,
+    config: &DriverConfig,
+    ticker: &mut Ticker,
 ) {
-    if !journal.is_leader() {
-        return;
-    }
     let now_ms = journal.clock().now_ms();
+    let leader = journal.is_leader();
     // Clone only the schedules with a tick due: this runs every 25 ms.
-    let schedules = journal.read_stale(|state| {
+    let Ticker { parsed, bus_done, journal_seen, .. } = ticker;
+    let due = journal.read_stale(|state| {
         state
             .schedules()
             .values()
-            .filter(|schedule| {
+            .filter_map(|schedule| {
                 let key = (schedule.spec.cron.clone(), schedule.spec.timezone.clone());
                 let cron = parsed.entry(key).or_insert_with(|| {
                     cron::parse(&schedule.spec.cron, &schedule.spec.timezone).ok()
                 });
-                let after_ms = if schedule.last_fired_bucket > 0 {
+                let mut after_ms = if schedule.last_fired_bucket > 0 {
                     cron::tick_ms(schedule.last_fired_bucket)
                 } else {
                     schedule.created_at_ms
                 };
-                cron.as_ref()
-                    .and_then(|cron| cron.next_after(after_ms))
-                    .is_some_and(|next_ms| next_ms <= now_ms)
+                if let Some(done) = bus_done.get(&schedule.spec.name) {
+                    after_ms = after_ms.max(cron::tick_ms(*done));
+                }
+                let newest_ms = newest_due(cron.as_ref()?, after_ms, now_ms)?;
+                let seen = journal_seen.get(&schedule.spec.name).copied().unwrap_or(0);
+                if !leader && cron::bucket_of(newest_ms) <= seen {
+                    return None;
+                }
+                Some((schedule.clone(), newest_ms))
             })
-            .cloned()
             .collect::<Vec<_>>()
     });
-    for schedule in schedules {
-        let key = (schedule.spec.cron.clone(), schedule.spec.timezone.clone());
-        let Some(Some(cron)) = parsed.get(&key) else {
-            tracing::warn!(schedule = %schedule.spec.name, "cron expression no longer parses");
-            continue;
-        };
-        for step in plan_ticks(&schedule, cron, now_ms, TICK_TOLERANCE_MS) {
-            let name = schedule.spec.name.clone();
-            let command = match step {
-                TickPlan::Fire(bucket) => {
-                    let targets = match schedule.spec.target {
-                        Target::Each => each_targets(journal, &schedule),
-                        Target::Any => Vec::new(),
-                    };
-                    Command::Fire { schedule: name, bucket, targets }
+    for (schedule, newest_ms) in due {
+        let name = schedule.spec.name.clone();
+        let bucket = cron::bucket_of(newest_ms);
+        // The one decision of this claim, reused for everything below.
+        let decision = gate.decide_for_claim(&schedule.job_key(bucket, None), newest_ms);
+        match decision.path {
+            ClaimPath::Journal if leader => {
+                let cron_key = (schedule.spec.cron.clone(), schedule.spec.timezone.clone());
+                let Some(Some(cron)) = ticker.parsed.get(&cron_key) else {
+                    tracing::warn!(schedule = %name, "cron expression no longer parses");
+                    continue;
+                };
+                if !skip_bus_ran(journal, gate, &schedule, cron).await {
+                    return;
                 }
-                TickPlan::Skip { bucket, reason, ticks } => {
-                    Command::Skip { schedule: name, bucket, reason, ticks }
-                }
-            };
-            let bucket = match &command {
-                Command::Fire { bucket, .. } | Command::Skip { bucket, .. } => *bucket,
-                _ => 0,
-            };
-            match journal.propose(command).await {
-                Ok(Response::Tick(Some(TickOutcome::Fired { job_ids, lag_ms }))) => {
-                    tracing::info!(
-                        event = "cron.fire",
-                        schedule = %schedule.spec.name,
-                        bucket,
-                        lag_ms,
-                        jobs = ?job_ids,
-                        "tick fired"
-                    );
-                    let metrics = journal.metrics();
-                    metrics.fire_lag_seconds.observe(lag_ms as f64 / 1_000.0);
-                    metrics
-                        .ticks
-                        .get_or_create(&TickLabels {
-                            outcome: "fired".into(),
-                            reason: String::new(),
-                        })
-                        .inc();
-                }
-                Ok(Response::Tick(Some(TickOutcome::Skipped { reason, ticks }))) => {
-                    tracing::info!(
-                        event = "cron.skip",
-                        schedule = %schedule.spec.name,
-                        bucket,
-                        reason = reason.as_str(),
-                        ticks,
-                        "tick skipped"
-                    );
-                    journal
-                        .metrics()
-                        .ticks
-                        .get_or_create(&TickLabels {
-                            outcome: "skipped".into(),
-                            reason: reason.as_str().into(),
-                        })
-                        .inc_by(ticks);
-                }
-                Ok(Response::Tick(None)) => {}
-                Ok(other) => {
-                    tracing::warn!(schedule = %schedule.spec.name, response = ?other, "tick refused");
-                    break;
-                }
-                Err(error) => {
-                    // Not committed (no quorum, leadership moved): the next
-                    // round plans again from the journal.
-                    tracing::warn!(schedule = %schedule.spec.name, %error, "tick not committed");
+                if !fire_on_journal(journal, &schedule, cron, now_ms).await {
                     return;
                 }
             }
+            ClaimPath::Journal => {
+                ticker.journal_seen.insert(name, bucket);
+            }
+            ClaimPath::Bus => {
+                ticker.bus_done.insert(name.clone(), bucket);
+                if let Some(why) = bus_refusal(gate, config, &schedule, newest_ms, now_ms) {
+                    tracing::info!(event = "cron.skip", path = "bus", schedule = %name, bucket, reason = why, "bus tick not claimed here");
+                    continue;
+                }
+                let key = match schedule.spec.target {
+                    Target::Any => schedule.job_key(bucket, None),
+                    Target::Each => schedule.job_key(bucket, Some(gate.node_id())),
+                };
+                let runner = BusRunner { command_timeout: config.command_timeout };
+                ticker.running.spawn(run_bus_tick(
+                    gate.clone(),
+                    journal.clone(),
+                    runner,
+                    schedule,
+                    bucket,
+                    key,
+                ));
+            }
         }
     }
+}
+
+/// Why this node takes no bus claim for a tick, if it does not.
+fn bus_refusal(
+    gate: &Gate,
+    config: &DriverConfig,
+    schedule: &Schedule,
+    tick_ms: u64,
+    now_ms: u64,
+) -> Option<&'static str> {
+    if !gate.warmed_up() {
+        // Not every online peer may have been heard yet.
+        return Some("warming_up");
+    }
+    if schedule.spec.paused {
+        return Some("paused");
+    }
+    if now_ms.saturating_sub(tick_ms) >= TICK_TOLERANCE_MS {
+        // The bus runs current ticks only; missed ones are not caught up.
+        return Some("missed");
+    }
+    if schedule.spec.template.command.is_none() {
+        // A queue job can only be enqueued through the journal.
+        return Some("not_a_command");
+    }
+    if !config.run_commands {
+        return Some("no_executor");
+    }
+    if schedule.spec.target == Target::Each
+        && !schedule.spec.template.tags.iter().all(|tag| config.tags.contains(tag))
+    {
+        return Some("no_target");
+    }
+    None
+}
+
+/// Before the journal fires anything, records as skipped (reason `bus`)
+/// every tick the bus already ran, so the journal's catch-up does not run
+/// them a second time. Answers whether the journal plan may go on in this
+/// round (false after a skip was proposed: the next round plans from the
+/// updated journal, and false when the bus table cannot be read).
+async fn skip_bus_ran(
+    journal: &Journal,
+    gate: &Gate,
+    schedule: &Schedule,
+    cron: &CronSchedule,
+) -> bool {
+    let high = match gate.bus().high_water(&schedule.spec.name) {
+        Ok(Some(high)) if high > schedule.last_fired_bucket => high,
+        Ok(_) => return true,
+        Err(error) => {
+            tracing::warn!(schedule = %schedule.spec.name, %error, "bus table unreadable");
+            return false;
+        }
+    };
+    let after_ms = if schedule.last_fired_bucket > 0 {
+        cron::tick_ms(schedule.last_fired_bucket)
+    } else {
+        schedule.created_at_ms
+    };
+    let ticks = cron.ticks_between(after_ms, cron::tick_ms(high) + 1, MAX_TICKS_READ).len().max(1);
+    let command = Command::Skip {
+        schedule: schedule.spec.name.clone(),
+        bucket: high,
+        reason: SkipReason::Bus,
+        ticks: ticks as u64,
+    };
+    match journal.propose(command).await {
+        Ok(_) => {
+            tracing::info!(event = "cron.skip", schedule = %schedule.spec.name, bucket = high, reason = "bus", ticks, "ticks the bus ran recorded in the journal");
+            false
+        }
+        Err(error) => {
+            tracing::warn!(schedule = %schedule.spec.name, %error, "recording bus ticks not committed");
+            false
+        }
+    }
+}
+
+/// Proposes `Fire` or `Skip` for every due tick of `schedule` (this node
+/// leads and the gate chose the journal). The plan comes from the journal's
+/// `last_fired_bucket`, so a new leader picks up exactly where the last one
+/// stopped; the journal refuses any bucket already covered, so a duplicate
+/// proposal (a deposed leader, a retry) changes nothing. Answers false when
+/// a proposal did not commit (the next round plans again).
+async fn fire_on_journal(
+    journal: &Journal,
+    schedule: &Schedule,
+    cron: &CronSchedule,
+    now_ms: u64,
+) -> bool {
+    for step in plan_ticks(schedule, cron, now_ms, TICK_TOLERANCE_MS) {
+        let name = schedule.spec.name.clone();
+        let command = match step {
+            TickPlan::Fire(bucket) => {
+                let targets = match schedule.spec.target {
+                    Target::Each => each_targets(journal, schedule),
+                    Target::Any => Vec::new(),
+                };
+                Command::Fire { schedule: name, bucket, targets }
+            }
+            TickPlan::Skip { bucket, reason, ticks } => {
+                Command::Skip { schedule: name, bucket, reason, ticks }
+            }
+        };
+        let bucket = match &command {
+            Command::Fire { bucket, .. } | Command::Skip { bucket, .. } => *bucket,
+            _ => 0,
+        };
+        match journal.propose(command).await {
+            Ok(Response::Tick(Some(TickOutcome::Fired { job_ids, lag_ms }))) => {
+                tracing::info!(
+                    event = "cron.fire",
+                    schedule = %schedule.spec.name,
+                    bucket,
+                    lag_ms,
+                    jobs = ?job_ids,
+                    "tick fired"
+                );
+                let metrics = journal.metrics();
+                metrics.fire_lag_seconds.observe(lag_ms as f64 / 1_000.0);
+                metrics
+                    .ticks
+                    .get_or_create(&TickLabels { outcome: "fired".into(), reason: String::new() })
+                    .inc();
+            }
+            Ok(Response::Tick(Some(TickOutcome::Skipped { reason, ticks }))) => {
+                tracing::info!(
+                    event = "cron.skip",
+                    schedule = %schedule.spec.name,
+                    bucket,
+                    reason = reason.as_str(),
+                    ticks,
+                    "tick skipped"
+                );
+                journal
+                    .metrics()
+                    .ticks
+                    .get_or_create(&TickLabels {
+                        outcome: "skipped".into(),
+                        reason: reason.as_str().into(),
+                    })
+                    .inc_by(ticks);
+            }
+            Ok(Response::Tick(None)) => {}
+            Ok(other) => {
+                tracing::warn!(schedule = %schedule.spec.name, response = ?other, "tick refused");
+                break;
+            }
+            Err(error) => {
+                // Not committed (no quorum, leadership moved): the next
+                // round plans again from the journal.
+                tracing::warn!(schedule = %schedule.spec.name, %error, "tick not committed");
+                return false;
+            }
+        }
+    }
+    true
 }

@@ -8,6 +8,7 @@
 pub mod config;
 pub mod driver;
 pub mod executor;
+pub mod gate;
 pub mod node;
 
 pub use config::Config;

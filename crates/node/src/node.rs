@@ -12,16 +12,20 @@ use leasehold_proto::v1::JoinRequest;
 use leasehold_proto::v1::cluster_client::ClusterClient;
 use leasehold_proto::v1::cluster_server::ClusterServer;
 use leasehold_proto::v1::faults_server::FaultsServer;
+use leasehold_proto::v1::peer_server::PeerServer;
 use leasehold_proto::v1::queue_server::QueueServer;
 use leasehold_proto::v1::raft_server::RaftServer;
 use leasehold_proto::v1::schedules_server::SchedulesServer;
 use leasehold_raft::{NetworkFactory, Raft, envelope};
+use leasehold_server::bus::Bus;
 use leasehold_server::cluster_service::ClusterService;
 use leasehold_server::faults_service::FaultsService;
+use leasehold_server::peer_service::PeerService;
 use leasehold_server::queue_service::QueueService;
 use leasehold_server::raft_service::RaftService;
 use leasehold_server::schedules_service::SchedulesService;
-use leasehold_server::{Clock, Journal, JournalConfig, Readiness};
+use leasehold_server::secret::ClusterSecret;
+use leasehold_server::{Clock, Gate, GateConfig, Journal, JournalConfig, Readiness};
 use openraft::{BasicNode, SnapshotPolicy};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
@@ -30,6 +34,7 @@ use tokio::task::JoinHandle;
 use crate::config::{Config, ConfigError};
 use crate::driver::{self, DriverConfig};
 use crate::executor::{self, ExecutorConfig};
+use crate::gate::{keep_dev_secret, resolve_secret};
 
 /// The listeners a node serves on. Tests bind port 0 and pass them in.
 pub struct Transport {
@@ -113,6 +118,23 @@ impl Node {
         let (log, state) = tokio::task::spawn_blocking(move || leasehold_storage::open(&data))
             .await
             .map_err(|e| NodeError::Serve(e.to_string()))??;
+        let bus_tree = log.open_local_tree(leasehold_storage::layout::BUS_TREE)?;
+        let secret = resolve_secret(&config)?;
+        if secret.fresh {
+            if let Err(error) = keep_dev_secret(&config.data, &secret.secret) {
+                tracing::warn!(%error, "could not keep the generated cluster secret in the data dir");
+            }
+            if config.join.is_none() {
+                let text = String::from_utf8_lossy(secret.secret.as_bytes()).into_owned();
+                tracing::warn!(
+                    cluster_secret = %text,
+                    "no cluster secret configured: generated one for this dev cluster (nodes that \
+                     join through this one receive it); for a fleet set cluster_secret, \
+                     LEASEHOLD_CLUSTER_SECRET or cluster_secret_file on every node"
+                );
+                println!("generated cluster secret: {text}");
+            }
+        }
 
         let raft_config = raft_config(&config)?;
         // Peer connections leave from the gRPC listen address when it names
@@ -151,6 +173,22 @@ impl Node {
             clock,
             peers,
         );
+        let gate = Gate::new(
+            journal.clone(),
+            GateConfig {
+                advert_interval: Duration::from_millis(config.advert_interval_ms),
+                stale_after_ms: config.advert_stale_after_ms,
+                bus_window: Duration::from_millis(config.bus_window_ms),
+                version: env!("CARGO_PKG_VERSION").to_string(),
+            },
+            leasehold_core::gate::GateFlags {
+                journal_lease: config.journal_lease,
+                journal_lease_dry_run: config.journal_lease_dry_run,
+            },
+            secret.secret,
+            secret.generated,
+            Bus::new(config.id, bus_tree),
+        );
         let readiness = Readiness::new(journal.clone());
         let (shutdown, shutdown_rx) = watch::channel(false);
         // Intake (driver ticks, executor claims) stops first on a drain,
@@ -178,7 +216,8 @@ impl Node {
             .add_service(health_service)
             .add_service(reflection)
             .add_service(QueueServer::new(QueueService::new(journal.clone())))
-            .add_service(ClusterServer::new(ClusterService::new(journal.clone())))
+            .add_service(ClusterServer::new(ClusterService::new(journal.clone(), gate.clone())))
+            .add_service(PeerServer::new(PeerService::new(gate.clone())))
             .add_service(SchedulesServer::new(SchedulesService::new(journal.clone())))
             .add_service(
                 RaftServer::new(RaftService::new(journal.clone()))
@@ -199,9 +238,20 @@ impl Node {
         tasks.push(tokio::spawn(async move { http.await.map_err(|e| e.to_string()) }));
 
         tasks.push(tokio::spawn(report_health(readiness, health, shutdown_rx.clone())));
+        // Adverts go on through a drain (they say the node drains) until the
+        // servers stop.
+        let adverts = leasehold_server::gate::run_adverts(gate.clone(), shutdown_rx.clone());
+        tasks.push(tokio::spawn(async move {
+            adverts.await;
+            Ok(())
+        }));
         let driver_config = DriverConfig {
             sweep_interval: Duration::from_millis(config.sweep_interval_ms),
             purge_interval: Duration::from_millis(config.purge_interval_ms),
+            run_commands: config.executor,
+            tags: config.tags.clone(),
+            command_timeout: Duration::from_millis(config.executor_timeout_ms),
+            grace: Duration::from_millis(config.drain_grace_ms),
         };
         if config.executor {
             let executor_config = ExecutorConfig {
@@ -220,7 +270,7 @@ impl Node {
             config.tags.clone(),
             intake_rx.clone(),
         )));
-        let driver = driver::run(journal.clone(), driver_config, intake_rx);
+        let driver = driver::run(journal.clone(), gate.clone(), driver_config, intake_rx);
         intake_tasks.push(tokio::spawn(driver));
         tracing::info!(node = config.id, grpc = %grpc_addr, http = %http_addr, "node started");
         let handle = NodeHandle {
@@ -238,9 +288,14 @@ impl Node {
                 raft.is_initialized().await.map_err(|e| NodeError::Raft(e.to_string()))?;
             if initialized {
                 tracing::info!(node = config.id, "data dir holds a membership; not joining again");
-            } else if let Err(error) = join(config.id, &advertise, member).await {
-                let _ = handle.shutdown(Duration::from_secs(5)).await;
-                return Err(error);
+            } else {
+                match join(config.id, &advertise, member).await {
+                    Ok(dev_secret) => adopt_dev_secret(&gate, &config, dev_secret),
+                    Err(error) => {
+                        let _ = handle.shutdown(Duration::from_secs(5)).await;
+                        return Err(error);
+                    }
+                }
             }
         }
         Ok(handle)
@@ -276,13 +331,32 @@ async fn register(journal: Journal, tags: Vec<String>, mut stop: watch::Receiver
     }
 }
 
+/// Takes the secret a dev cluster handed out at join, when this node has
+/// none configured, and keeps it in the data dir for restarts.
+fn adopt_dev_secret(gate: &Gate, config: &Config, handed: Vec<u8>) {
+    if handed.is_empty() || gate.dev_secret().is_none() {
+        return;
+    }
+    match ClusterSecret::from_bytes(handed) {
+        Ok(secret) => {
+            if let Err(error) = keep_dev_secret(&config.data, &secret) {
+                tracing::warn!(%error, "could not keep the cluster's dev secret in the data dir");
+            }
+            gate.adopt_secret(secret);
+            tracing::info!("using the dev cluster secret handed out at join");
+        }
+        Err(error) => tracing::warn!(%error, "the cluster handed out an unusable secret"),
+    }
+}
+
 /// How long a joining node keeps asking before it gives up.
 const JOIN_DEADLINE: Duration = Duration::from_secs(180);
 
 /// Asks `member` to add this node (learner, then voter once caught up).
 /// Retries while the cluster is unavailable; a refusal (id or address in use,
-/// bad input) ends the attempt with its message.
-async fn join(id: u64, advertise: &str, member: &str) -> Result<(), NodeError> {
+/// bad input) ends the attempt with its message. Answers the dev secret the
+/// cluster handed out (empty when it has a configured one).
+async fn join(id: u64, advertise: &str, member: &str) -> Result<Vec<u8>, NodeError> {
     let channel = leasehold_raft::network::endpoint(member)
         .map_err(|e| NodeError::Join(format!("--join {member}: {e}")))?
         .connect_lazy();
@@ -294,7 +368,7 @@ async fn join(id: u64, advertise: &str, member: &str) -> Result<(), NodeError> {
             Ok(reply) => {
                 let reply = reply.into_inner();
                 tracing::info!(node = id, leader = reply.leader, voters = ?reply.voters, "joined the cluster");
-                return Ok(());
+                return Ok(reply.dev_cluster_secret);
             }
             Err(status)
                 if matches!(

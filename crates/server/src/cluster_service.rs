@@ -13,6 +13,7 @@ use openraft::{BasicNode, ChangeMembers, ServerState};
 use tonic::{Request, Response, Status};
 
 use crate::error::Error;
+use crate::gate::Gate;
 use crate::journal::Journal;
 
 /// How long a member's local status may take before it counts as unreachable.
@@ -24,12 +25,14 @@ const CATCH_UP_TIMEOUT: Duration = Duration::from_secs(120);
 #[derive(Clone)]
 pub struct ClusterService {
     journal: Journal,
+    gate: Gate,
 }
 
 impl ClusterService {
-    /// A service reporting on and changing `journal`'s cluster.
-    pub fn new(journal: Journal) -> Self {
-        ClusterService { journal }
+    /// A service reporting on and changing `journal`'s cluster, and the
+    /// flags of `gate`.
+    pub fn new(journal: Journal, gate: Gate) -> Self {
+        ClusterService { journal, gate }
     }
 
     /// This node's own view of itself.
@@ -39,6 +42,7 @@ impl ClusterService {
         let membership = metrics.membership_config.membership();
         let voter = membership.voter_ids().any(|id| id == me);
         let addr = membership.get_node(&me).map(|n| n.addr.clone()).unwrap_or_default();
+        let (gate, adverts) = self.gate.status();
         v1::NodeStatus {
             id: me,
             addr,
@@ -49,6 +53,9 @@ impl ClusterService {
             digest: self.journal.state_machine().digest(),
             voter,
             reachable: true,
+            gate: Some(gate),
+            adverts,
+            adverts_rejected: self.gate.rejected_total(),
         }
     }
 
@@ -216,6 +223,11 @@ impl Cluster for ClusterService {
         Ok(Response::new(v1::JoinResponse {
             leader: self.journal.node_id(),
             voters: self.voters(),
+            dev_cluster_secret: self
+                .gate
+                .dev_secret()
+                .map(|secret| secret.as_bytes().to_vec())
+                .unwrap_or_default(),
         }))
     }
 
@@ -271,5 +283,34 @@ impl Cluster for ClusterService {
             .channel(&addr)
             .map_err(|e| Error::Unavailable(format!("node {} at {addr}: {e}", request.id)))?;
         ClusterClient::new(channel).drain(Request::new(request)).await
+    }
+
+    async fn set_flags(
+        &self,
+        request: Request<v1::SetFlagsRequest>,
+    ) -> Result<Response<v1::SetFlagsResponse>, Status> {
+        let request = request.into_inner();
+        if request.id == 0 {
+            return Err(Status::invalid_argument("id: must be at least 1"));
+        }
+        if request.id == self.journal.node_id() {
+            let flags = self.gate.set_flags(request.journal_lease, request.dry_run);
+            return Ok(Response::new(v1::SetFlagsResponse {
+                journal_lease: flags.journal_lease,
+                dry_run: flags.journal_lease_dry_run,
+            }));
+        }
+        let metrics = self.journal.raft().metrics().borrow().clone();
+        let Some(addr) =
+            metrics.membership_config.membership().get_node(&request.id).map(|n| n.addr.clone())
+        else {
+            return Err(Status::not_found(format!("id: node {} is not a member", request.id)));
+        };
+        let channel = self
+            .journal
+            .peers()
+            .channel(&addr)
+            .map_err(|e| Error::Unavailable(format!("node {} at {addr}: {e}", request.id)))?;
+        ClusterClient::new(channel).set_flags(Request::new(request)).await
     }
 }

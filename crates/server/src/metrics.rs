@@ -49,6 +49,31 @@ pub struct TickLabels {
     pub reason: String,
 }
 
+/// Labels of a cutover-gate decision.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct GateLabels {
+    /// journal or bus.
+    pub path: String,
+    /// The reason's label, e.g. `peer_incapable`.
+    pub reason: String,
+}
+
+/// Labels of a dropped peer message.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RejectLabels {
+    /// advert or bus.
+    pub kind: String,
+    /// bad_mac, malformed, from_self or replay.
+    pub reason: String,
+}
+
+/// Labels of a bus claim's outcome.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct OutcomeLabels {
+    /// won, lost or failed.
+    pub outcome: String,
+}
+
 /// Every metric a node exports.
 pub struct Metrics {
     registry: Registry,
@@ -82,6 +107,14 @@ pub struct Metrics {
     pub draining: Gauge,
     /// The last fencing token issued.
     pub last_token: Gauge,
+    /// Cutover-gate decisions made for claims, by path and reason.
+    pub gate_decisions: Family<GateLabels, Counter>,
+    /// Valid adverts accepted from peers.
+    pub adverts_accepted: Counter,
+    /// Peer messages dropped, by kind and reason.
+    pub peer_rejected: Family<RejectLabels, Counter>,
+    /// Bus claims made by this node, by outcome.
+    pub bus_claims: Family<OutcomeLabels, Counter>,
     encode_lock: Mutex<()>,
 }
 
@@ -134,6 +167,26 @@ impl Metrics {
         let raft_applied_index = gauge(&mut registry, "raft_applied_index", "Last applied index");
         let draining = gauge(&mut registry, "draining", "1 while the node drains");
         let last_token = gauge(&mut registry, "last_fencing_token", "Last fencing token issued");
+        let gate_decisions = Family::<GateLabels, Counter>::default();
+        registry.register(
+            "gate_decisions",
+            "Cutover-gate decisions made for claims, by path and reason",
+            gate_decisions.clone(),
+        );
+        let adverts_accepted = Counter::default();
+        registry.register(
+            "adverts_accepted",
+            "Valid peer adverts accepted",
+            adverts_accepted.clone(),
+        );
+        let peer_rejected = Family::<RejectLabels, Counter>::default();
+        registry.register(
+            "peer_messages_rejected",
+            "Peer adverts and bus messages dropped (bad MAC, malformed, replayed), by kind and reason",
+            peer_rejected.clone(),
+        );
+        let bus_claims = Family::<OutcomeLabels, Counter>::default();
+        registry.register("bus_claims", "Bus claims made here, by outcome", bus_claims.clone());
         Metrics {
             registry,
             rpcs,
@@ -151,6 +204,10 @@ impl Metrics {
             raft_applied_index,
             draining,
             last_token,
+            gate_decisions,
+            adverts_accepted,
+            peer_rejected,
+            bus_claims,
             encode_lock: Mutex::new(()),
         }
     }

@@ -8,6 +8,7 @@
 //! | [`META_TREE`] | [`VOTE_KEY`], [`COMMITTED_KEY`], [`LAST_PURGED_KEY`] | bincode `Vote` / `LogId` |
 //! | [`SNAPSHOT_TREE`] | [`SNAPSHOT_META_KEY`], [`SNAPSHOT_DATA_KEY`] | bincode `SnapshotMeta` / snapshot bytes |
 //! | [`PROBE_TREE`] | [`PROBE_KEY`] | the last readiness probe's nonce |
+//! | [`BUS_TREE`] | a bus claim key, e.g. `cron:NAME:BUCKET` | JSON claims of that key (local, unreplicated) |
 //!
 //! Log keys are big-endian so sled's byte order is index order: `last()` is
 //! the newest entry and a range scan walks the log forwards.
@@ -20,6 +21,9 @@ pub const META_TREE: &str = "meta";
 pub const SNAPSHOT_TREE: &str = "snapshot";
 /// Scratch record written and read back by the readiness probe.
 pub const PROBE_TREE: &str = "probe";
+
+/// The bus's local claim table: never replicated, never in a snapshot.
+pub const BUS_TREE: &str = "bus";
 
 /// Key of the last saved vote in [`META_TREE`].
 pub const VOTE_KEY: &str = "vote";

@@ -69,6 +69,13 @@ impl LogStore {
         })
     }
 
+    /// Opens (or creates) a tree of the same database that is not part of
+    /// the Raft log or state, e.g. the bus's local, unreplicated claim table
+    /// ([`crate::layout::BUS_TREE`]).
+    pub fn open_local_tree(&self, name: &str) -> Result<sled::Tree, StorageError> {
+        Ok(self.db.open_tree(name)?)
+    }
+
     /// Makes every flush also fsync `file` (sled's data file).
     pub(crate) fn with_data_file(mut self, file: std::fs::File) -> Self {
         self.data_file = Some(std::sync::Arc::new(file));

@@ -1,0 +1,335 @@
+//! The broadcast ("bus") claim path: best-effort claims for pools whose
+//! peers cannot all take part in the journal lease.
+//!
+//! A claimant records `BusClaim{key, node, at}` in its own table and sends
+//! it to every online peer; each peer records it and answers with every
+//! claim it holds for the key (its own included). After a short collection
+//! window the lowest `(at, node)` in the claimant's table wins. The table is
+//! a local, unreplicated sled tree. A winner that has run the work releases
+//! the key by broadcast; a released key is kept as a tombstone (until
+//! [`Bus::prune`]) so a late claimant cannot win it again.
+//!
+//! **The bus may run a job twice.** Two nodes that cannot reach each other
+//! (a partition, a dropped message, a peer not yet heard from) each see only
+//! their own claim and each win. That is why the bus is the fallback and the
+//! journal lease the path the cutover gate moves to once every peer can.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use leasehold_proto::v1;
+use prost::Message;
+use serde::{Deserialize, Serialize};
+
+use crate::secret::{BUS_DOMAIN, ClusterSecret};
+
+/// Why a bus operation failed locally.
+#[derive(Debug, thiserror::Error)]
+pub enum BusError {
+    /// The sled tree failed.
+    #[error("bus table: {0}")]
+    Store(#[from] sled::Error),
+    /// A stored record does not decode (a damaged or foreign value).
+    #[error("bus table: record {key:?} does not decode: {source}")]
+    Corrupt {
+        /// The key.
+        key: String,
+        /// The decode error.
+        source: serde_json::Error,
+    },
+}
+
+/// What the table holds for one key.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Record {
+    /// Every claim heard, as `(at_ms, node)`, sorted: the first one wins.
+    pub claims: Vec<(u64, u64)>,
+    /// The winner ran and released the key.
+    pub released: bool,
+    /// When this node last changed the record (its clock, Unix ms).
+    pub touched_ms: u64,
+}
+
+impl Record {
+    /// The winning node, if any claim was heard.
+    pub fn winner(&self) -> Option<u64> {
+        self.claims.first().map(|(_, node)| *node)
+    }
+
+    fn add(&mut self, at_ms: u64, node: u64) {
+        // One claim per node: a node that claims again keeps its first.
+        if self.claims.iter().all(|(_, held)| *held != node) {
+            self.claims.push((at_ms, node));
+            self.claims.sort_unstable();
+        }
+    }
+}
+
+/// The outcome of one claim.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Outcome {
+    /// This node won: run the work, then release.
+    Won,
+    /// Another node won (or the key was already released).
+    Lost {
+        /// The winner, when known.
+        winner: Option<u64>,
+    },
+}
+
+/// The local bus table and this node's side of the protocol.
+#[derive(Clone)]
+pub struct Bus {
+    node_id: u64,
+    tree: sled::Tree,
+}
+
+impl Bus {
+    /// The bus of node `node_id` over `tree`.
+    pub fn new(node_id: u64, tree: sled::Tree) -> Bus {
+        Bus { node_id, tree }
+    }
+
+    /// The record of `key`.
+    pub fn record(&self, key: &str) -> Result<Record, BusError> {
+        match self.tree.get(key.as_bytes())? {
+            Some(bytes) => serde_json::from_slice(&bytes)
+                .map_err(|source| BusError::Corrupt { key: key.to_string(), source }),
+            None => Ok(Record::default()),
+        }
+    }
+
+    fn update(
+        &self,
+        key: &str,
+        now_ms: u64,
+        change: impl Fn(&mut Record),
+    ) -> Result<Record, BusError> {
+        // Compare-and-swap loop: the service and the ticker may touch one key
+        // at once.
+        loop {
+            let old = self.tree.get(key.as_bytes())?;
+            let mut record = match &old {
+                Some(bytes) => serde_json::from_slice(bytes)
+                    .map_err(|source| BusError::Corrupt { key: key.to_string(), source })?,
+                None => Record::default(),
+            };
+            change(&mut record);
+            record.touched_ms = now_ms;
+            let new = serde_json::to_vec(&record)
+                .map_err(|source| BusError::Corrupt { key: key.to_string(), source })?;
+            if self.tree.compare_and_swap(key.as_bytes(), old, Some(new))?.is_ok() {
+                return Ok(record);
+            }
+        }
+    }
+
+    /// Records a claim (this node's or a peer's) and answers the key's record.
+    pub fn record_claim(&self, claim: &v1::BusClaim, now_ms: u64) -> Result<Record, BusError> {
+        self.update(&claim.key, now_ms, |record| record.add(claim.at_ms, claim.node))
+    }
+
+    /// Marks `key` released by `node` when `node` won it (a release from a
+    /// node that did not win changes nothing).
+    pub fn record_release(&self, key: &str, node: u64, now_ms: u64) -> Result<Record, BusError> {
+        self.update(key, now_ms, |record| {
+            if record.winner() == Some(node) {
+                record.released = true;
+            }
+        })
+    }
+
+    /// Answers a peer's signed bus message, or why it was refused.
+    pub fn serve(&self, message: v1::BusMessage, now_ms: u64) -> Result<v1::BusReply, BusError> {
+        let (key, record) = match message.kind {
+            Some(v1::bus_message::Kind::Claim(claim)) => {
+                (claim.key.clone(), self.record_claim(&claim, now_ms)?)
+            }
+            Some(v1::bus_message::Kind::Release(release)) => {
+                (release.key.clone(), self.record_release(&release.key, release.node, now_ms)?)
+            }
+            None => return Ok(v1::BusReply::default()),
+        };
+        Ok(reply(&key, &record))
+    }
+
+    /// Merges a peer's answer into the table.
+    pub fn merge(&self, key: &str, answer: &v1::BusReply, now_ms: u64) -> Result<(), BusError> {
+        self.update(key, now_ms, |record| {
+            for claim in answer.claims.iter().filter(|c| c.key == key) {
+                record.add(claim.at_ms, claim.node);
+            }
+            record.released |= answer.released;
+        })?;
+        Ok(())
+    }
+
+    /// Whether this node won `key`, judged from its table (call after the
+    /// collection window).
+    pub fn outcome(&self, key: &str) -> Result<Outcome, BusError> {
+        let record = self.record(key)?;
+        Ok(match record.winner() {
+            Some(winner) if winner == self.node_id && !record.released => Outcome::Won,
+            winner => Outcome::Lost { winner },
+        })
+    }
+
+    /// Whether this node holds `key` (won it and not yet released).
+    pub fn holds(&self, key: &str) -> Result<bool, BusError> {
+        Ok(self.outcome(key)? == Outcome::Won)
+    }
+
+    /// The highest bucket of schedule `name` any node claimed on the bus
+    /// (keys `cron:NAME:BUCKET`), read from the table.
+    pub fn high_water(&self, name: &str) -> Result<Option<u64>, BusError> {
+        let prefix = format!("cron:{name}:");
+        let mut high = None;
+        for entry in self.tree.scan_prefix(prefix.as_bytes()) {
+            let (key, _) = entry?;
+            let bucket = std::str::from_utf8(&key[prefix.len()..])
+                .ok()
+                .and_then(|rest| rest.split(':').next())
+                .and_then(|bucket| bucket.parse::<u64>().ok());
+            high = high.max(bucket);
+        }
+        Ok(high)
+    }
+
+    /// Drops records untouched since `before_ms`.
+    pub fn prune(&self, before_ms: u64) -> Result<usize, BusError> {
+        let mut dropped = 0;
+        for entry in self.tree.iter() {
+            let (key, value) = entry?;
+            let touched = serde_json::from_slice::<Record>(&value).map(|r| r.touched_ms);
+            // A record that does not decode is dropped too: it is only a
+            // local cache of claims that have long been decided.
+            if touched.map_or(true, |touched| touched < before_ms) {
+                self.tree.remove(key)?;
+                dropped += 1;
+            }
+        }
+        Ok(dropped)
+    }
+
+    /// The records held, for tests and debugging.
+    pub fn records(&self) -> Result<BTreeMap<String, Record>, BusError> {
+        let mut records = BTreeMap::new();
+        for entry in self.tree.iter() {
+            let (key, _) = entry?;
+            let key = String::from_utf8_lossy(&key).into_owned();
+            let record = self.record(&key)?;
+            records.insert(key, record);
+        }
+        Ok(records)
+    }
+}
+
+/// The reply describing `record`.
+fn reply(key: &str, record: &Record) -> v1::BusReply {
+    v1::BusReply {
+        claims: record
+            .claims
+            .iter()
+            .map(|(at_ms, node)| v1::BusClaim { key: key.to_string(), node: *node, at_ms: *at_ms })
+            .collect(),
+        released: record.released,
+    }
+}
+
+/// Signs a bus message.
+pub fn seal(secret: &ClusterSecret, message: &v1::BusMessage) -> v1::Signed {
+    let body = message.encode_to_vec();
+    let mac = secret.sign(BUS_DOMAIN, &body);
+    v1::Signed { body, mac }
+}
+
+/// Checks and decodes a signed bus message; `None` when it is not
+/// authentic or not a bus message.
+pub fn open(secret: &ClusterSecret, signed: &v1::Signed) -> Option<v1::BusMessage> {
+    if !secret.verify(BUS_DOMAIN, &signed.body, &signed.mac) {
+        return None;
+    }
+    v1::BusMessage::decode(signed.body.as_slice()).ok()
+}
+
+/// How long a claimant collects answers before it judges the claim.
+pub const DEFAULT_WINDOW: Duration = Duration::from_millis(200);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn bus(node: u64) -> Result<(tempfile::TempDir, Bus), BusError> {
+        let dir = tempfile::tempdir().map_err(|e| BusError::Store(sled::Error::Io(e)))?;
+        let db = sled::Config::new().temporary(true).path(dir.path()).open()?;
+        Ok((dir, Bus::new(node, db.open_tree("bus")?)))
+    }
+
+    fn claim(key: &str, node: u64, at_ms: u64) -> v1::BusClaim {
+        v1::BusClaim { key: key.to_string(), node, at_ms }
+    }
+
+    #[test]
+    fn the_lowest_at_then_node_wins_whatever_the_arrival_order() -> Result<(), BusError> {
+        let (_a, one) = bus(1)?;
+        let (_b, two) = bus(2)?;
+        let key = "cron:backup:100";
+        // Node 1 claims at 500, node 2 at 500 too: the tie goes to node 1.
+        one.record_claim(&claim(key, 1, 500), 1)?;
+        two.record_claim(&claim(key, 2, 500), 1)?;
+        let answer = two.serve(
+            v1::BusMessage { kind: Some(v1::bus_message::Kind::Claim(claim(key, 1, 500))) },
+            2,
+        )?;
+        one.merge(key, &answer, 2)?;
+        assert_eq!(one.outcome(key)?, Outcome::Won);
+        assert_eq!(two.outcome(key)?, Outcome::Lost { winner: Some(1) });
+        // An earlier claim beats a lower node id.
+        one.record_claim(&claim("k2", 1, 600), 1)?;
+        one.record_claim(&claim("k2", 3, 599), 1)?;
+        assert_eq!(one.outcome("k2")?, Outcome::Lost { winner: Some(3) });
+        Ok(())
+    }
+
+    #[test]
+    fn a_released_key_cannot_be_won_again_and_only_the_winner_releases() -> Result<(), BusError> {
+        let (_a, one) = bus(1)?;
+        let key = "cron:backup:100";
+        one.record_claim(&claim(key, 1, 500), 1)?;
+        one.record_release(key, 2, 2)?;
+        assert!(one.holds(key)?, "a release from a loser changes nothing");
+        one.record_release(key, 1, 3)?;
+        assert!(!one.holds(key)?);
+        one.record_claim(&claim(key, 1, 900), 4)?;
+        assert_eq!(one.outcome(key)?, Outcome::Lost { winner: Some(1) });
+        // Releasing a key nobody holds is a no-op.
+        let record = one.record_release("cron:other:1", 1, 5)?;
+        assert!(!record.released && record.claims.is_empty());
+        Ok(())
+    }
+
+    #[test]
+    fn high_water_reads_cron_buckets_and_prune_drops_old_records() -> Result<(), BusError> {
+        let (_a, one) = bus(1)?;
+        for bucket in [1_700_000_005u64, 1_700_000_007, 1_700_000_006] {
+            one.record_claim(&claim(&format!("cron:backup:{bucket}"), 2, 10), bucket)?;
+        }
+        one.record_claim(&claim("cron:backup2:1800000000", 2, 10), 1)?;
+        assert_eq!(one.high_water("backup")?, Some(1_700_000_007));
+        assert_eq!(one.high_water("none")?, None);
+        assert_eq!(one.prune(1_700_000_007)?, 3);
+        assert_eq!(one.records()?.len(), 1);
+        Ok(())
+    }
+
+    #[test]
+    fn signed_messages_open_only_with_the_secret() -> Result<(), crate::secret::SecretError> {
+        let key = ClusterSecret::from_text("the cluster secret of the test")?;
+        let other = ClusterSecret::from_text("not the cluster secret at all")?;
+        let message = v1::BusMessage { kind: Some(v1::bus_message::Kind::Claim(claim("k", 1, 2))) };
+        let signed = seal(&key, &message);
+        assert_eq!(open(&key, &signed), Some(message));
+        assert_eq!(open(&other, &signed), None);
+        Ok(())
+    }
+}

@@ -1,0 +1,572 @@
+//! The live cutover gate of one node: its flags (changeable at run time),
+//! the peer registry, the bus, and the inputs of the pure
+//! [`decide_claim_path`] gathered from them.
+//!
+//! Every claim asks [`Gate::decide_for_claim`] once and keeps the answer for
+//! the whole claim (claim, run, release), so one job never consults both
+//! paths in one evaluation. The decision for a cron tick is made *as of the
+//! tick's instant*: flag changes (ours and our peers') count from their
+//! `since` plus the settle time of three heartbeat intervals
+//! ([`leasehold_core::gate::value_at`]), so every node decides one tick the
+//! same way and the pool switches paths at one tick.
+
+use std::collections::BTreeSet;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::{Duration, Instant};
+
+use leasehold_core::gate::{
+    Advert, ClaimPath, Decision, GateFlags, GateInput, Member, decide_claim_path, value_at,
+};
+use leasehold_proto::v1;
+use leasehold_proto::v1::peer_client::PeerClient;
+use tokio::sync::{Notify, watch};
+
+use crate::adverts::{self, PeerRegistry, Rejection};
+use crate::bus::{self, Bus, BusError, Outcome};
+use crate::cluster_service::role_name;
+use crate::journal::Journal;
+use crate::metrics::{GateLabels, OutcomeLabels, RejectLabels};
+use crate::secret::ClusterSecret;
+
+/// Settings of the gate.
+#[derive(Clone, Debug)]
+pub struct GateConfig {
+    /// How often adverts are sent; a peer is online while its advert is
+    /// younger than three of these.
+    pub advert_interval: Duration,
+    /// An advert older than this is too old to count at all.
+    pub stale_after_ms: u64,
+    /// How long a bus claimant collects answers before it judges a claim.
+    pub bus_window: Duration,
+    /// This node's version, as advertised.
+    pub version: String,
+}
+
+impl GateConfig {
+    /// The heartbeat interval in ms.
+    pub fn interval_ms(&self) -> u64 {
+        u64::try_from(self.advert_interval.as_millis()).unwrap_or(u64::MAX)
+    }
+
+    /// How long after a flag change the change counts: three heartbeat
+    /// intervals, time for every online peer to have heard of it.
+    pub fn settle_ms(&self) -> u64 {
+        self.interval_ms().saturating_mul(3)
+    }
+}
+
+/// This node's flags and their last change.
+#[derive(Clone, Copy, Debug)]
+struct FlagState {
+    current: GateFlags,
+    before: GateFlags,
+    since_ms: u64,
+}
+
+struct Inner {
+    journal: Journal,
+    config: GateConfig,
+    secret: RwLock<ClusterSecret>,
+    secret_generated: AtomicBool,
+    flags: Mutex<FlagState>,
+    registry: PeerRegistry,
+    bus: Bus,
+    started: Instant,
+    flags_changed: Notify,
+    last_decision: Mutex<Option<(ClaimPath, String)>>,
+}
+
+/// Cheap to clone; shared by the Cluster and Peer services and the driver.
+#[derive(Clone)]
+pub struct Gate {
+    inner: Arc<Inner>,
+}
+
+impl Gate {
+    /// The gate of `journal`'s node. `secret_generated` says the secret was
+    /// made up at start (a dev cluster): it is then handed to joining nodes.
+    pub fn new(
+        journal: Journal,
+        config: GateConfig,
+        flags: GateFlags,
+        secret: ClusterSecret,
+        secret_generated: bool,
+        bus: Bus,
+    ) -> Gate {
+        let node_id = journal.node_id();
+        Gate {
+            inner: Arc::new(Inner {
+                journal,
+                config,
+                secret: RwLock::new(secret),
+                secret_generated: AtomicBool::new(secret_generated),
+                flags: Mutex::new(FlagState { current: flags, before: flags, since_ms: 0 }),
+                registry: PeerRegistry::new(node_id),
+                bus,
+                started: Instant::now(),
+                flags_changed: Notify::new(),
+                last_decision: Mutex::new(None),
+            }),
+        }
+    }
+
+    /// This node's id.
+    pub fn node_id(&self) -> u64 {
+        self.inner.journal.node_id()
+    }
+
+    /// The gate's settings.
+    pub fn config(&self) -> &GateConfig {
+        &self.inner.config
+    }
+
+    /// The bus table.
+    pub fn bus(&self) -> &Bus {
+        &self.inner.bus
+    }
+
+    /// The cluster secret.
+    pub fn secret(&self) -> ClusterSecret {
+        match self.inner.secret.read() {
+            Ok(secret) => secret.clone(),
+            Err(poisoned) => poisoned.into_inner().clone(),
+        }
+    }
+
+    /// Replaces the secret with the one a dev cluster handed out at join.
+    pub fn adopt_secret(&self, secret: ClusterSecret) {
+        match self.inner.secret.write() {
+            Ok(mut held) => *held = secret,
+            Err(poisoned) => *poisoned.into_inner() = secret,
+        }
+        self.inner.secret_generated.store(true, Ordering::SeqCst);
+    }
+
+    /// The secret to hand a joining node: only a generated (dev) one.
+    pub fn dev_secret(&self) -> Option<ClusterSecret> {
+        self.inner.secret_generated.load(Ordering::SeqCst).then(|| self.secret())
+    }
+
+    fn flag_state(&self) -> FlagState {
+        match self.inner.flags.lock() {
+            Ok(state) => *state,
+            Err(poisoned) => *poisoned.into_inner(),
+        }
+    }
+
+    /// This node's flags as set now (a change counts once settled).
+    pub fn flags(&self) -> GateFlags {
+        self.flag_state().current
+    }
+
+    /// Changes the flags (unset ones keep their value) and answers them.
+    /// The change is advertised at once and counts from now plus the
+    /// settle time.
+    pub fn set_flags(&self, journal_lease: Option<bool>, dry_run: Option<bool>) -> GateFlags {
+        let now_ms = self.inner.journal.clock().now_ms();
+        let settle_ms = self.inner.config.settle_ms();
+        let updated = {
+            let mut state = match self.inner.flags.lock() {
+                Ok(state) => state,
+                Err(poisoned) => poisoned.into_inner(),
+            };
+            let mut next = state.current;
+            if let Some(on) = journal_lease {
+                next.journal_lease = on;
+            }
+            if let Some(on) = dry_run {
+                next.journal_lease_dry_run = on;
+            }
+            if next != state.current {
+                // What counts right now becomes the value before the change,
+                // so two quick changes never skip the settle time.
+                let counting =
+                    value_at(state.current, state.before, state.since_ms, settle_ms, now_ms);
+                *state = FlagState { current: next, before: counting, since_ms: now_ms };
+            }
+            state.current
+        };
+        tracing::info!(
+            event = "gate.flags",
+            node = self.node_id(),
+            journal_lease = updated.journal_lease,
+            dry_run = updated.journal_lease_dry_run,
+            effective_in_ms = settle_ms,
+            "gate flags set"
+        );
+        self.inner.flags_changed.notify_one();
+        updated
+    }
+
+    /// Whether the node has been up for a settle time: before that it may
+    /// not have heard every online peer yet, and takes no bus claims.
+    pub fn warmed_up(&self) -> bool {
+        self.inner.started.elapsed().as_millis() >= u128::from(self.inner.config.settle_ms())
+    }
+
+    /// Every member (id, address) of the Raft membership.
+    fn membership(&self) -> Vec<(u64, String)> {
+        let metrics = self.inner.journal.raft().metrics().borrow().clone();
+        metrics
+            .membership_config
+            .membership()
+            .nodes()
+            .map(|(id, node)| (*id, node.addr.clone()))
+            .collect()
+    }
+
+    /// The gate's input for a claim at `at_ms` (this node's clock).
+    pub fn input_at(&self, at_ms: u64) -> GateInput {
+        let config = &self.inner.config;
+        let settle_ms = config.settle_ms();
+        let state = self.flag_state();
+        let flags = value_at(state.current, state.before, state.since_ms, settle_ms, at_ms);
+        let membership = self.membership();
+        let mut read_failure = None;
+        if membership.is_empty() {
+            read_failure = Some("membership is not known yet".to_string());
+        }
+        let entries = self.inner.registry.snapshot().unwrap_or_else(|| {
+            read_failure = Some("the peer registry cannot be read".to_string());
+            Default::default()
+        });
+        let now = Instant::now();
+        let ids: BTreeSet<u64> =
+            membership.iter().map(|(id, _)| *id).chain(entries.keys().copied()).collect();
+        let members = ids
+            .into_iter()
+            .map(|node| Member {
+                node,
+                advert: entries.get(&node).map(|entry| {
+                    let sent = &entry.advert;
+                    let journal_lease = sent.journal_lease.map(|current| {
+                        let before = sent.journal_lease_before.unwrap_or(false);
+                        value_at(current, before, sent.journal_lease_since_ms, settle_ms, at_ms)
+                    });
+                    let advert = Advert {
+                        version: sent.version.clone(),
+                        journal_lease,
+                        draining: sent.draining,
+                    };
+                    (advert, entry.age_ms(now))
+                }),
+            })
+            .collect();
+        GateInput {
+            node: self.node_id(),
+            flags,
+            members,
+            read_failure,
+            heartbeat_interval_ms: config.interval_ms(),
+            stale_after_ms: config.stale_after_ms,
+        }
+    }
+
+    /// The decision for a claim at `at_ms`, without counting it (status).
+    pub fn decide_at(&self, at_ms: u64) -> Decision {
+        decide_claim_path(&self.input_at(at_ms))
+    }
+
+    /// The decision for one claim of `key` at `at_ms`: counted by path and
+    /// reason, logged as `gate.decide` (at info when it differs from the
+    /// previous decision), and under dry-run the intended journal claim is
+    /// logged. The caller keeps it for the whole claim.
+    pub fn decide_for_claim(&self, key: &str, at_ms: u64) -> Decision {
+        let decision = self.decide_at(at_ms);
+        let path = decision.path.as_str();
+        let reason = decision.reason.to_string();
+        self.inner
+            .journal
+            .metrics()
+            .gate_decisions
+            .get_or_create(&GateLabels {
+                path: path.to_string(),
+                reason: decision.reason.label().to_string(),
+            })
+            .inc();
+        let changed = match self.inner.last_decision.lock() {
+            Ok(mut last) => {
+                let now = Some((decision.path, reason.clone()));
+                let changed = *last != now;
+                *last = now;
+                changed
+            }
+            Err(_) => true,
+        };
+        if changed {
+            tracing::info!(
+                event = "gate.decide",
+                node = self.node_id(),
+                key,
+                path,
+                intended = decision.intended.as_str(),
+                reason = %reason,
+                "claim path changed"
+            );
+        } else {
+            tracing::debug!(event = "gate.decide", key, path, reason = %reason, "claim path");
+        }
+        if decision.path != decision.intended {
+            tracing::info!(
+                event = "gate.decide",
+                node = self.node_id(),
+                dry_run = true,
+                intended_claim = key,
+                intended = decision.intended.as_str(),
+                "dry-run: would claim on the journal; claiming on the bus"
+            );
+        }
+        decision
+    }
+
+    /// This node's advert as of now.
+    pub fn own_advert(&self) -> v1::Advert {
+        let state = self.flag_state();
+        let metrics = self.inner.journal.raft().metrics().borrow().clone();
+        v1::Advert {
+            node_id: self.node_id(),
+            version: self.inner.config.version.clone(),
+            journal_lease: Some(state.current.advertised_journal_lease()),
+            dry_run: state.current.journal_lease_dry_run,
+            draining: self.inner.journal.is_draining(),
+            role: role_name(metrics.state).to_string(),
+            sent_at_ms: self.inner.journal.clock().now_ms(),
+            journal_lease_since_ms: state.since_ms,
+            journal_lease_before: Some(state.before.advertised_journal_lease()),
+        }
+    }
+
+    fn count_rejection(&self, kind: &str, reason: &str) {
+        self.inner
+            .journal
+            .metrics()
+            .peer_rejected
+            .get_or_create(&RejectLabels { kind: kind.to_string(), reason: reason.to_string() })
+            .inc();
+    }
+
+    /// Takes a peer's signed advert; a bad one is dropped, counted and
+    /// logged (`gate.advert_rejected`).
+    pub fn accept_advert(&self, signed: &v1::Signed) -> Result<u64, Rejection> {
+        let result = self.inner.registry.accept(&self.secret(), signed, Instant::now());
+        match result {
+            Ok(_) => {
+                self.inner.journal.metrics().adverts_accepted.inc();
+            }
+            Err(rejection) => {
+                self.count_rejection("advert", rejection.label());
+                tracing::warn!(
+                    event = "gate.advert_rejected",
+                    reason = rejection.label(),
+                    "dropped a peer advert"
+                );
+            }
+        }
+        result
+    }
+
+    /// Total peer messages dropped by this node.
+    pub fn rejected_total(&self) -> u64 {
+        // Sum over the label sets this node can produce.
+        let family = &self.inner.journal.metrics().peer_rejected;
+        let mut total = 0;
+        for kind in ["advert", "bus"] {
+            for reason in ["bad_mac", "malformed", "from_self", "replay"] {
+                let labels = RejectLabels { kind: kind.to_string(), reason: reason.to_string() };
+                total += family.get_or_create(&labels).get();
+            }
+        }
+        total
+    }
+
+    /// Answers a peer's signed bus message; `None` when it is not authentic
+    /// (dropped and counted).
+    pub fn serve_bus(&self, signed: &v1::Signed) -> Result<Option<v1::BusReply>, BusError> {
+        let Some(message) = bus::open(&self.secret(), signed) else {
+            self.count_rejection("bus", "bad_mac");
+            tracing::warn!(event = "gate.advert_rejected", kind = "bus", "dropped a bus message");
+            return Ok(None);
+        };
+        let now_ms = self.inner.journal.clock().now_ms();
+        self.inner.bus.serve(message, now_ms).map(Some)
+    }
+
+    /// The peers (id, address) whose advert says they are online.
+    fn online_peers(&self) -> Vec<(u64, String)> {
+        let online_ms = self.inner.config.interval_ms().saturating_mul(3);
+        let entries = self.inner.registry.snapshot().unwrap_or_default();
+        let now = Instant::now();
+        self.membership()
+            .into_iter()
+            .filter(|(id, _)| {
+                *id != self.node_id() && entries.get(id).is_some_and(|e| e.age_ms(now) < online_ms)
+            })
+            .collect()
+    }
+
+    async fn broadcast(&self, message: v1::BusMessage) -> Vec<(u64, v1::BusReply)> {
+        let signed = bus::seal(&self.secret(), &message);
+        let window = self.inner.config.bus_window;
+        let sends = self.online_peers().into_iter().map(|(id, addr)| {
+            let channel = self.inner.journal.peers().channel(&addr);
+            let signed = signed.clone();
+            async move {
+                let mut client = PeerClient::new(channel.ok()?);
+                let mut request = tonic::Request::new(signed);
+                request.set_timeout(window);
+                let reply = tokio::time::timeout(window, client.bus(request)).await.ok()?;
+                match reply {
+                    Ok(reply) => Some((id, reply.into_inner())),
+                    Err(status) => {
+                        tracing::debug!(peer = id, error = %status.message(), "bus message not answered");
+                        None
+                    }
+                }
+            }
+        });
+        futures::future::join_all(sends).await.into_iter().flatten().collect()
+    }
+
+    /// Claims `key` on the bus: records the claim, sends it to every online
+    /// peer, waits the collection window, and judges. Counted by outcome.
+    pub async fn bus_claim(&self, key: &str) -> Result<Outcome, BusError> {
+        let started = tokio::time::Instant::now();
+        let now_ms = self.inner.journal.clock().now_ms();
+        let claim = v1::BusClaim { key: key.to_string(), node: self.node_id(), at_ms: now_ms };
+        let result = async {
+            self.inner.bus.record_claim(&claim, now_ms)?;
+            let message = v1::BusMessage { kind: Some(v1::bus_message::Kind::Claim(claim)) };
+            for (_, answer) in self.broadcast(message).await {
+                self.inner.bus.merge(key, &answer, self.inner.journal.clock().now_ms())?;
+            }
+            tokio::time::sleep_until(started + self.inner.config.bus_window).await;
+            self.inner.bus.outcome(key)
+        }
+        .await;
+        let outcome = match &result {
+            Ok(Outcome::Won) => "won",
+            Ok(Outcome::Lost { .. }) => "lost",
+            Err(_) => "failed",
+        };
+        self.inner
+            .journal
+            .metrics()
+            .bus_claims
+            .get_or_create(&OutcomeLabels { outcome: outcome.to_string() })
+            .inc();
+        result
+    }
+
+    /// Releases `key` on the bus if this node holds it (a no-op otherwise):
+    /// marks it released here and tells every online peer.
+    pub async fn bus_release(&self, key: &str) -> Result<bool, BusError> {
+        if !self.inner.bus.holds(key)? {
+            return Ok(false);
+        }
+        let now_ms = self.inner.journal.clock().now_ms();
+        self.inner.bus.record_release(key, self.node_id(), now_ms)?;
+        let release = v1::BusRelease { key: key.to_string(), node: self.node_id() };
+        self.broadcast(v1::BusMessage { kind: Some(v1::bus_message::Kind::Release(release)) })
+            .await;
+        tracing::info!(event = "lease.release", path = "bus", key, "released on the bus");
+        Ok(true)
+    }
+
+    /// The gate's part of `cluster status`: the decision now, and the
+    /// adverts held.
+    pub fn status(&self) -> (v1::GateStatus, Vec<v1::PeerAdvert>) {
+        let now_ms = self.inner.journal.clock().now_ms();
+        let decision = self.decide_at(now_ms);
+        let flags = self.flags();
+        let gate = v1::GateStatus {
+            path: decision.path.as_str().to_string(),
+            reason: decision.reason.to_string(),
+            intended: decision.intended.as_str().to_string(),
+            reason_label: decision.reason.label().to_string(),
+            journal_lease: flags.journal_lease,
+            dry_run: flags.journal_lease_dry_run,
+        };
+        let online_ms = self.inner.config.interval_ms().saturating_mul(3);
+        let now = Instant::now();
+        let adverts = self
+            .inner
+            .registry
+            .snapshot()
+            .unwrap_or_default()
+            .into_values()
+            .map(|entry| {
+                let age_ms = entry.age_ms(now);
+                let advert = entry.advert;
+                v1::PeerAdvert {
+                    node_id: advert.node_id,
+                    version: advert.version,
+                    journal_lease: advert.journal_lease,
+                    dry_run: advert.dry_run,
+                    draining: advert.draining,
+                    role: advert.role,
+                    age_ms,
+                    online: age_ms < online_ms,
+                }
+            })
+            .collect();
+        (gate, adverts)
+    }
+}
+
+/// How long old bus records are kept.
+const BUS_RETENTION_MS: u64 = 3_600_000;
+
+/// Sends this node's advert to every other member every interval (and at
+/// once when the flags change), until `shutdown` turns true. Also prunes
+/// the registry and the bus table now and then.
+pub async fn run_adverts(gate: Gate, mut shutdown: watch::Receiver<bool>) {
+    let mut tick = tokio::time::interval(gate.inner.config.advert_interval);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut rounds: u64 = 0;
+    loop {
+        tokio::select! {
+            _ = shutdown.changed() => return,
+            _ = tick.tick() => {}
+            _ = gate.inner.flags_changed.notified() => {}
+        }
+        if *shutdown.borrow() {
+            return;
+        }
+        send_adverts(&gate).await;
+        rounds += 1;
+        if rounds.is_multiple_of(60) {
+            let members: Vec<u64> = gate.membership().into_iter().map(|(id, _)| id).collect();
+            gate.inner.registry.prune(&members, gate.inner.config.stale_after_ms, Instant::now());
+            let before_ms = gate.inner.journal.clock().now_ms().saturating_sub(BUS_RETENTION_MS);
+            if let Err(error) = gate.inner.bus.prune(before_ms) {
+                tracing::warn!(%error, "pruning the bus table failed");
+            }
+        }
+    }
+}
+
+/// One round of adverts, sent concurrently, each bounded by the interval.
+async fn send_adverts(gate: &Gate) {
+    let signed = adverts::seal(&gate.secret(), &gate.own_advert());
+    let timeout = gate.inner.config.advert_interval;
+    let me = gate.node_id();
+    let sends = gate.membership().into_iter().filter(|(id, _)| *id != me).map(|(id, addr)| {
+        let channel = gate.inner.journal.peers().channel(&addr);
+        let signed = signed.clone();
+        async move {
+            let Ok(channel) = channel else { return };
+            let mut request = tonic::Request::new(signed);
+            request.set_timeout(timeout);
+            let mut client = PeerClient::new(channel);
+            match tokio::time::timeout(timeout, client.advertise(request)).await {
+                Ok(Ok(_)) => {}
+                Ok(Err(status)) => {
+                    tracing::debug!(peer = id, error = %status.message(), "advert not taken")
+                }
+                Err(_) => tracing::debug!(peer = id, "advert timed out"),
+            }
+        }
+    });
+    futures::future::join_all(sends).await;
+}

@@ -1,0 +1,121 @@
+//! The cluster secret and the HMAC that authenticates peer messages (adverts
+//! and bus claims). Every node of one cluster must hold the same secret:
+//! from the configuration, `LEASEHOLD_CLUSTER_SECRET`, or a file. A node
+//! started without one generates a random secret (a dev cluster); such a
+//! node hands it to nodes that join through it, which keep it in their data
+//! directory.
+
+use std::fmt;
+
+use hmac::{Hmac, Mac};
+use rand::RngCore;
+use sha2::Sha256;
+
+/// Domain tag of an advert's MAC, so a signed bus message can never pass
+/// for an advert or the other way round.
+pub const ADVERT_DOMAIN: &[u8] = b"leasehold.advert.v1";
+/// Domain tag of a bus message's MAC.
+pub const BUS_DOMAIN: &[u8] = b"leasehold.bus.v1";
+/// Shortest secret accepted, in bytes.
+pub const MIN_SECRET_BYTES: usize = 16;
+/// Length of a generated secret, in bytes (printed as hex, twice as long).
+const GENERATED_SECRET_BYTES: usize = 32;
+
+type HmacSha256 = Hmac<Sha256>;
+
+/// Why a secret cannot be used.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum SecretError {
+    /// Too short to resist guessing.
+    #[error("cluster secret: must be at least {MIN_SECRET_BYTES} bytes, got {0}")]
+    TooShort(usize),
+}
+
+/// The cluster secret. Its `Debug` never prints the key.
+#[derive(Clone, PartialEq, Eq)]
+pub struct ClusterSecret {
+    key: Vec<u8>,
+}
+
+impl fmt::Debug for ClusterSecret {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "ClusterSecret({} bytes)", self.key.len())
+    }
+}
+
+impl ClusterSecret {
+    /// A secret from configured text (surrounding whitespace, e.g. a file's
+    /// trailing newline, is not part of it).
+    pub fn from_text(text: &str) -> Result<ClusterSecret, SecretError> {
+        ClusterSecret::from_bytes(text.trim().as_bytes().to_vec())
+    }
+
+    /// A secret from raw bytes.
+    pub fn from_bytes(key: Vec<u8>) -> Result<ClusterSecret, SecretError> {
+        if key.len() < MIN_SECRET_BYTES {
+            return Err(SecretError::TooShort(key.len()));
+        }
+        Ok(ClusterSecret { key })
+    }
+
+    /// A fresh random secret (hex text, so it can be printed and pasted into
+    /// another node's configuration as it is).
+    pub fn generate() -> ClusterSecret {
+        let mut raw = [0u8; GENERATED_SECRET_BYTES];
+        rand::thread_rng().fill_bytes(&mut raw);
+        let hex: String = raw.iter().map(|b| format!("{b:02x}")).collect();
+        ClusterSecret { key: hex.into_bytes() }
+    }
+
+    /// The key bytes (to store or hand to a joining dev node).
+    pub fn as_bytes(&self) -> &[u8] {
+        &self.key
+    }
+
+    /// The MAC of `body` under `domain`.
+    pub fn sign(&self, domain: &[u8], body: &[u8]) -> Vec<u8> {
+        self.mac(domain, body).finalize().into_bytes().to_vec()
+    }
+
+    /// Whether `mac` is the MAC of `body` under `domain` (constant time).
+    pub fn verify(&self, domain: &[u8], body: &[u8], mac: &[u8]) -> bool {
+        self.mac(domain, body).verify_slice(mac).is_ok()
+    }
+
+    fn mac(&self, domain: &[u8], body: &[u8]) -> HmacSha256 {
+        let mut mac =
+            HmacSha256::new_from_slice(&self.key).expect("HMAC accepts keys of every length");
+        mac.update(domain);
+        mac.update(&[0]);
+        mac.update(body);
+        mac
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_signed_body_verifies_and_any_change_does_not() -> Result<(), SecretError> {
+        let secret = ClusterSecret::from_text("correct horse battery staple\n")?;
+        let mac = secret.sign(ADVERT_DOMAIN, b"body");
+        assert!(secret.verify(ADVERT_DOMAIN, b"body", &mac));
+        assert!(!secret.verify(ADVERT_DOMAIN, b"bodz", &mac));
+        assert!(!secret.verify(BUS_DOMAIN, b"body", &mac), "domains are separated");
+        let other = ClusterSecret::from_text("another secret of some length")?;
+        assert!(!other.verify(ADVERT_DOMAIN, b"body", &mac));
+        assert!(!secret.verify(ADVERT_DOMAIN, b"body", &mac[..16]), "a truncated MAC fails");
+        assert!(!secret.verify(ADVERT_DOMAIN, b"body", b""));
+        Ok(())
+    }
+
+    #[test]
+    fn short_secrets_are_refused_and_generated_ones_differ() {
+        assert_eq!(ClusterSecret::from_text(" short "), Err(SecretError::TooShort(5)));
+        let (a, b) = (ClusterSecret::generate(), ClusterSecret::generate());
+        assert_ne!(a, b);
+        assert_eq!(a.as_bytes().len(), 2 * GENERATED_SECRET_BYTES);
+        assert!(!format!("{a:?}").contains(&String::from_utf8_lossy(a.as_bytes()).to_string()));
+    }
+}
