@@ -304,6 +304,9 @@ pub struct Node {
 
 /// The log filter of every node unless a test asks for another.
 const DEFAULT_LOG_FILTER: &str = "info,openraft=warn";
+/// The cluster secret every node started here shares: adverts and bus
+/// claims are authenticated with it (`LEASEHOLD_CLUSTER_SECRET`).
+pub const CLUSTER_SECRET: &str = "leasehold-e2e-cluster-secret";
 
 impl Node {
     /// Starts node 1 in `sandbox` on free ports and waits until it serves.
@@ -426,6 +429,7 @@ impl Node {
             .arg(&self.data)
             .env_remove("LEASEHOLD_ADDR")
             .env("LEASEHOLD_LOG", &self.log_filter)
+            .env("LEASEHOLD_CLUSTER_SECRET", CLUSTER_SECRET)
             .env("NO_COLOR", "1");
         if let Some(config) = &self.config {
             command.arg("--config").arg(config);
