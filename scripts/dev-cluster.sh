@@ -14,6 +14,13 @@ root=dev-cluster
 [ $fresh = 1 ] && rm -rf "$root"
 mkdir -p "$root"
 
+# One cluster secret for all three nodes (adverts and bus claims are signed
+# with it), made once and kept with the data.
+secret="$root/cluster-secret"
+if [ ! -s "$secret" ]; then
+  (umask 077; head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n' >"$secret")
+fi
+
 pids=()
 stop() {
   trap - INT TERM EXIT
@@ -27,7 +34,7 @@ trap stop INT TERM EXIT
 start() {
   local id=$1; shift
   "$bin" serve --id "$id" --grpc "127.0.0.1:707$((id - 1))" --http "127.0.0.1:708$((id - 1))" \
-    --data "$root/node$id" "$@" >"$root/node$id.log" 2>&1 &
+    --data "$root/node$id" --cluster-secret-file "$secret" "$@" >"$root/node$id.log" 2>&1 &
   pids+=($!)
 }
 
