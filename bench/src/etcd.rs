@@ -13,6 +13,11 @@
 //! TTL by enough for expiry to matter. Each client starts at a different
 //! candidate (its index modulo the candidates), so 32 clients do not all
 //! race for the same first key; that only helps etcd.
+//!
+//! Against a cluster (`--addr a,b,c`) client number `i` connects to member
+//! `i mod n` only, so the clients spread evenly over the members; a follower
+//! forwards proposals to the leader and serves linearizable reads with a
+//! ReadIndex round, as etcd does for any client.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -28,9 +33,9 @@ const LEASE_TTL_S: i64 = 30;
 /// Most claim keys read per try; claims are at most about one per client.
 const MAX_CLAIMS_READ: i64 = 4_096;
 
-/// An etcd server at one client URL.
+/// An etcd server, or a cluster, at one or more client URLs.
 pub struct Etcd {
-    endpoint: String,
+    endpoints: Vec<String>,
     /// Jobs read per claim try: enough that every client finds one of its own.
     candidates: i64,
     /// Job ids shared by every client of this run.
@@ -38,20 +43,24 @@ pub struct Etcd {
 }
 
 impl Etcd {
-    /// The server at `addr` (`host:port`), for `clients` clients.
+    /// The member(s) at `addr` (`host:port`, or several separated by
+    /// commas), for `clients` clients.
     pub fn new(addr: &str, clients: usize) -> Etcd {
         let clients = i64::try_from(clients).unwrap_or(1024);
+        let addrs = addr.split(',').map(str::trim).filter(|a| !a.is_empty());
         Etcd {
-            endpoint: format!("http://{addr}"),
+            endpoints: addrs.map(|a| format!("http://{a}")).collect(),
             candidates: (2 * clients).max(16),
             next_job: Arc::new(AtomicU64::new(1)),
         }
     }
 
-    /// Succeeds once the server answers a linearizable read.
+    /// Succeeds once every member answers a linearizable read.
     pub async fn probe(&self) -> anyhow::Result<()> {
-        let mut client = Client::connect([self.endpoint.as_str()], None).await?;
-        client.get("/q/probe", None).await?;
+        for endpoint in &self.endpoints {
+            let mut client = Client::connect([endpoint.as_str()], None).await?;
+            client.get("/q/probe", None).await?;
+        }
         Ok(())
     }
 }
@@ -70,7 +79,8 @@ impl Target for Etcd {
 
     async fn connect(&self, index: usize) -> anyhow::Result<EtcdConn> {
         // `connect` dials eagerly, so the connection exists before the window.
-        let client = Client::connect([self.endpoint.as_str()], None).await?;
+        let endpoint = &self.endpoints[index % self.endpoints.len().max(1)];
+        let client = Client::connect([endpoint.as_str()], None).await?;
         Ok(EtcdConn {
             client,
             index,

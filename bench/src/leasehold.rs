@@ -1,6 +1,11 @@
 //! leasehold through its own typed client: enqueue one job, claim one
 //! (`max = 1`, 30 s lease, long-poll up to a second), ack with the fencing
 //! token. One `Client` (one HTTP/2 connection) per benchmark client.
+//!
+//! Against a cluster (`--addr a,b,c`) client number `i` gets the list rotated
+//! to start at node `i mod n`: the client talks to its first address until
+//! that node fails, so the clients spread evenly over the nodes, and the
+//! followers forward writes to the leader as they would for any user.
 
 use leasehold_client::Client;
 use leasehold_proto::v1;
@@ -14,21 +19,34 @@ const LEASE_TTL_MS: u64 = 30_000;
 /// Long-poll of one claim try.
 const CLAIM_WAIT_MS: u64 = 1_000;
 
-/// A leasehold node at one gRPC address.
+/// A leasehold node, or a cluster, at one or more gRPC addresses.
 pub struct Leasehold {
-    addr: String,
+    addrs: Vec<String>,
 }
 
 impl Leasehold {
-    /// The node at `addr` (`host:port`).
+    /// The node(s) at `addr`: `host:port`, or several separated by commas.
     pub fn new(addr: &str) -> Leasehold {
-        Leasehold { addr: addr.to_string() }
+        let addrs = addr.split(',').map(str::trim).filter(|a| !a.is_empty());
+        Leasehold { addrs: addrs.map(str::to_string).collect() }
     }
 
-    /// Succeeds once the node has a leader and serves a linearizable read.
+    /// The address list for client `index`: every address, starting at
+    /// node `index mod n`.
+    fn addrs_from(&self, index: usize) -> String {
+        let n = self.addrs.len().max(1);
+        let mut rotated = self.addrs.clone();
+        rotated.rotate_left(index % n);
+        rotated.join(",")
+    }
+
+    /// Succeeds once every node answers a linearizable read (each one with a
+    /// leader to forward to).
     pub async fn probe(&self) -> anyhow::Result<()> {
-        let client = Client::connect(&self.addr)?;
-        client.stats(None, false).await?;
+        for addr in &self.addrs {
+            let client = Client::connect(addr)?;
+            client.stats(None, false).await?;
+        }
         Ok(())
     }
 }
@@ -43,7 +61,7 @@ impl Target for Leasehold {
     type Conn = LeaseholdConn;
 
     async fn connect(&self, index: usize) -> anyhow::Result<LeaseholdConn> {
-        let client = Client::connect(&self.addr)?;
+        let client = Client::connect(&self.addrs_from(index))?;
         // Connect now rather than lazily inside the measured window.
         client.stats(Some(QUEUE.to_string()), true).await?;
         Ok(LeaseholdConn { client, worker: format!("bench-{index}") })

@@ -11,9 +11,15 @@
 //! - `report` turns those lines into the markdown tables of
 //!   `docs/benchmarks.md`;
 //! - `wait` blocks until a server answers (bounded);
+//! - `wait-cluster` blocks until a leasehold cluster is whole (bounded);
+//! - `failover` SIGKILLs a leasehold cluster's leader and times the outage;
+//! - `fire-lag` measures every-second cron schedules on a leasehold cluster;
 //! - `free-port` prints a loopback port that was free a moment ago.
 
+mod cluster;
 mod etcd;
+mod failover;
+mod firelag;
 mod leasehold;
 mod measure;
 mod postgres;
@@ -41,6 +47,13 @@ enum Command {
     Run(RunArgs),
     /// Wait until a server accepts the calls the workload makes.
     Wait(WaitArgs),
+    /// Wait until a leasehold cluster has one agreed leader, every node a
+    /// caught-up, reachable voter.
+    WaitCluster(WaitClusterArgs),
+    /// One failover trial: SIGKILL the leader, time the first write after it.
+    Failover(FailoverArgs),
+    /// Fire lag of every-second cron schedules on a leasehold cluster.
+    FireLag(FireLagArgs),
     /// Print a loopback TCP port that is free right now.
     FreePort,
     /// Render result lines as markdown tables with ratios.
@@ -75,7 +88,9 @@ struct RunArgs {
     /// The system behind `--addr`.
     #[arg(long, value_enum)]
     system: System,
-    /// `host:port` of the server (leasehold gRPC, etcd client URL, PostgreSQL).
+    /// `host:port` of the server (leasehold gRPC, etcd client URL, PostgreSQL);
+    /// for a leasehold or etcd cluster, every member's, separated by commas
+    /// (the clients are spread over them).
     #[arg(long)]
     addr: String,
     /// Concurrent clients, each with its own connection.
@@ -118,16 +133,94 @@ struct WaitArgs {
 }
 
 #[derive(clap::Args, Debug)]
+struct WaitClusterArgs {
+    /// gRPC addresses of nodes 1..=n, separated by commas.
+    #[arg(long)]
+    addrs: String,
+    /// Give up after this many seconds.
+    #[arg(long, default_value_t = 60.0)]
+    timeout: f64,
+}
+
+#[derive(clap::Args, Debug)]
+struct FailoverArgs {
+    /// gRPC addresses of nodes 1..=n, separated by commas.
+    #[arg(long)]
+    addrs: String,
+    /// Process ids of nodes 1..=n, separated by commas.
+    #[arg(long)]
+    pids: String,
+    /// Trial number, for the report.
+    #[arg(long, default_value_t = 1)]
+    trial: u32,
+    /// Light-load clients on the survivors.
+    #[arg(long, default_value_t = 2)]
+    load_clients: usize,
+    /// Pause between a light-load client's cycles, milliseconds.
+    #[arg(long, default_value_t = 100)]
+    load_pause_ms: u64,
+    /// Light load before the kill, seconds.
+    #[arg(long, default_value_t = 2.0)]
+    settle: f64,
+    /// Probe interval (enqueue and leader watch), milliseconds.
+    #[arg(long, default_value_t = 10)]
+    probe_interval_ms: u64,
+    /// Give up after this many seconds without a write.
+    #[arg(long, default_value_t = 30.0)]
+    give_up: f64,
+    /// Append the trial's JSON line to this file.
+    #[arg(long)]
+    results: Option<PathBuf>,
+}
+
+#[derive(clap::Args, Debug)]
+struct FireLagArgs {
+    /// gRPC addresses of the nodes, separated by commas.
+    #[arg(long)]
+    addrs: String,
+    /// Every-second schedules to create.
+    #[arg(long, default_value_t = 20)]
+    schedules: usize,
+    /// Measured window, seconds.
+    #[arg(long, default_value_t = 600.0)]
+    duration: f64,
+    /// Time between creating the schedules and the window, seconds.
+    #[arg(long, default_value_t = 5.0)]
+    warmup: f64,
+    /// File the schedules' commands append their start times to.
+    #[arg(long)]
+    fires_log: PathBuf,
+    /// Append the JSON summary line to this file.
+    #[arg(long)]
+    results: Option<PathBuf>,
+}
+
+#[derive(clap::Args, Debug)]
 struct ReportArgs {
     /// JSON lines written by `run --results`.
     #[arg(long)]
     results: PathBuf,
+    /// JSON lines written by `failover --results`.
+    #[arg(long)]
+    failover: Option<PathBuf>,
+    /// JSON lines written by `fire-lag --results`.
+    #[arg(long)]
+    fire_lag: Option<PathBuf>,
     /// The product's single-node throughput goal, cycles per second.
     #[arg(long, default_value_t = 3000.0)]
     target_cycles_per_s: f64,
-    /// The client count at which the goal applies.
+    /// The client count at which the goals apply.
     #[arg(long, default_value_t = 32)]
     target_clients: usize,
+    /// The three-node goal: this many times the three-member etcd's cycles/s.
+    #[arg(long, default_value_t = 5.0)]
+    target_cluster_ratio: f64,
+    /// The failover goal: median time to the first write below this, ms.
+    #[arg(long, default_value_t = 1500.0)]
+    target_failover_ms: f64,
+    /// The fire-lag goal: p99 tick → enqueue below this, ms.
+    #[arg(long, default_value_t = 100.0)]
+    target_fire_lag_ms: f64,
 }
 
 fn main() -> anyhow::Result<()> {
@@ -138,6 +231,13 @@ fn main() -> anyhow::Result<()> {
             single_thread_runtime()?.block_on(wait(args))?;
             Ok(())
         }
+        Command::WaitCluster(args) => {
+            let addrs = cluster::split_addrs(&args.addrs);
+            let timeout = Duration::from_secs_f64(args.timeout);
+            single_thread_runtime()?.block_on(cluster::wait_whole(&addrs, timeout))
+        }
+        Command::Failover(args) => failover(args),
+        Command::FireLag(args) => fire_lag(args),
         Command::FreePort => {
             // Port 0 asks the kernel for a free ephemeral port; the script
             // binds it a moment later (a small, accepted race).
@@ -146,18 +246,104 @@ fn main() -> anyhow::Result<()> {
             Ok(())
         }
         Command::Report(args) => {
-            let text = std::fs::read_to_string(&args.results)
-                .with_context(|| format!("reading {}", args.results.display()))?;
-            let mut runs = Vec::new();
-            for (number, line) in text.lines().enumerate().filter(|(_, l)| !l.trim().is_empty()) {
-                let summary: RunSummary = serde_json::from_str(line)
-                    .with_context(|| format!("{} line {}", args.results.display(), number + 1))?;
-                runs.push(summary);
-            }
-            print!("{}", report::render(&runs, args.target_cycles_per_s, args.target_clients));
+            let runs: Vec<RunSummary> = read_lines(&args.results)?;
+            let failovers = match &args.failover {
+                Some(path) => read_lines(path)?,
+                None => Vec::new(),
+            };
+            let fire_lags = match &args.fire_lag {
+                Some(path) => read_lines(path)?,
+                None => Vec::new(),
+            };
+            let targets = report::Targets {
+                cycles_per_s: args.target_cycles_per_s,
+                clients: args.target_clients,
+                cluster_ratio: args.target_cluster_ratio,
+                failover_ms: args.target_failover_ms,
+                fire_lag_ms: args.target_fire_lag_ms,
+            };
+            print!("{}", report::render(&runs, &failovers, &fire_lags, &targets));
             Ok(())
         }
     }
+}
+
+/// Every non-empty line of `path` as JSON; a missing file is no lines.
+fn read_lines<T: serde::de::DeserializeOwned>(path: &std::path::Path) -> anyhow::Result<Vec<T>> {
+    let text = match std::fs::read_to_string(path) {
+        Ok(text) => text,
+        Err(error) if error.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(error) => return Err(error).with_context(|| format!("reading {}", path.display())),
+    };
+    let mut lines = Vec::new();
+    for (number, line) in text.lines().enumerate().filter(|(_, l)| !l.trim().is_empty()) {
+        lines.push(
+            serde_json::from_str(line)
+                .with_context(|| format!("{} line {}", path.display(), number + 1))?,
+        );
+    }
+    Ok(lines)
+}
+
+/// Appends `line` to `path`.
+fn append_line(path: &std::path::Path, line: &str) -> anyhow::Result<()> {
+    let mut file = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(path)
+        .with_context(|| format!("opening {}", path.display()))?;
+    writeln!(file, "{line}")?;
+    Ok(())
+}
+
+fn failover(args: FailoverArgs) -> anyhow::Result<()> {
+    let pids = args
+        .pids
+        .split(',')
+        .map(|p| p.trim().parse::<i32>().with_context(|| format!("--pids: {p:?}")))
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    let config = failover::FailoverConfig {
+        addrs: cluster::split_addrs(&args.addrs),
+        pids,
+        trial: args.trial,
+        load_clients: args.load_clients.max(1),
+        load_pause: Duration::from_millis(args.load_pause_ms),
+        settle: Duration::from_secs_f64(args.settle),
+        probe_interval: Duration::from_millis(args.probe_interval_ms.max(1)),
+        give_up: Duration::from_secs_f64(args.give_up),
+    };
+    let runtime =
+        tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
+    let trial = runtime.block_on(failover::trial(&config))?;
+    let line = serde_json::to_string(&trial)?;
+    eprintln!("failover: {line}");
+    if let Some(path) = &args.results {
+        append_line(path, &line)?;
+    }
+    println!("killed={}", trial.killed);
+    Ok(())
+}
+
+fn fire_lag(args: FireLagArgs) -> anyhow::Result<()> {
+    anyhow::ensure!(
+        args.duration >= 1.0 && args.duration <= 24.0 * 3600.0,
+        "--duration must be 1 ..= 86400"
+    );
+    let config = firelag::FireLagConfig {
+        addrs: args.addrs.clone(),
+        schedules: args.schedules,
+        duration: Duration::from_secs_f64(args.duration),
+        warmup: Duration::from_secs_f64(args.warmup.max(0.0)),
+        fires_log: args.fires_log.clone(),
+    };
+    let nodes = cluster::split_addrs(&args.addrs).len();
+    let summary = single_thread_runtime()?.block_on(firelag::run(&config, nodes))?;
+    let line = serde_json::to_string(&summary)?;
+    println!("{line}");
+    if let Some(path) = &args.results {
+        append_line(path, &line)?;
+    }
+    Ok(())
 }
 
 fn single_thread_runtime() -> anyhow::Result<tokio::runtime::Runtime> {
@@ -176,7 +362,10 @@ fn run(args: RunArgs) -> anyhow::Result<()> {
         .worker_threads(args.threads.clamp(1, 64))
         .enable_all()
         .build()?;
+    let nodes = args.addr.split(',').filter(|a| !a.trim().is_empty()).count();
+    anyhow::ensure!(nodes >= 1, "--addr names no server");
     let config = RunConfig {
+        nodes,
         clients: args.clients,
         warmup: Duration::from_secs_f64(args.warmup),
         duration: Duration::from_secs_f64(args.duration),
@@ -206,12 +395,7 @@ fn run(args: RunArgs) -> anyhow::Result<()> {
     println!("{line}");
     eprintln!("{}", summary.one_line());
     if let Some(path) = &args.results {
-        let mut file = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(path)
-            .with_context(|| format!("opening {}", path.display()))?;
-        writeln!(file, "{line}")?;
+        append_line(path, &line)?;
     }
     Ok(())
 }

@@ -60,6 +60,8 @@ pub trait Target: Sync {
 /// The shape of one run.
 #[derive(Clone, Debug)]
 pub struct RunConfig {
+    /// Servers the clients are spread over (1, or the cluster's size).
+    pub nodes: usize,
     /// Concurrent clients.
     pub clients: usize,
     /// Driven but not recorded.
@@ -105,6 +107,10 @@ impl Latency {
 pub struct RunSummary {
     /// The system measured.
     pub system: System,
+    /// Nodes (members) of the system under test; lines written before
+    /// clusters were measured lack it and mean one.
+    #[serde(default = "one")]
+    pub nodes: usize,
     /// Concurrent clients.
     pub clients: usize,
     /// Measured window, seconds.
@@ -133,12 +139,17 @@ pub struct RunSummary {
     pub server_peak_rss_kib: Option<u64>,
 }
 
+fn one() -> usize {
+    1
+}
+
 impl RunSummary {
     /// A short human-readable line for the log.
     pub fn one_line(&self) -> String {
         format!(
-            "{} clients={} cycles/s={:.0} claim p50/p99={}/{} µs cycle p50/p99={}/{} µs errors={} retries={}",
+            "{} nodes={} clients={} cycles/s={:.0} claim p50/p99={}/{} µs cycle p50/p99={}/{} µs errors={} retries={}",
             self.system.name(),
+            self.nodes,
             self.clients,
             self.cycles_per_s,
             self.claim.p50_us,
@@ -188,7 +199,8 @@ impl Recorder {
     }
 }
 
-fn micros(elapsed: Duration) -> u64 {
+/// Microseconds for a histogram: at least 1, at most the histogram's range.
+pub fn micros(elapsed: Duration) -> u64 {
     u64::try_from(elapsed.as_micros()).unwrap_or(u64::MAX).clamp(1, HISTOGRAM_MAX_US)
 }
 
@@ -222,6 +234,7 @@ pub async fn drive<T: Target>(
     let duration_s = config.duration.as_secs_f64();
     Ok(RunSummary {
         system,
+        nodes: config.nodes,
         clients: config.clients,
         duration_s,
         warmup_s: config.warmup.as_secs_f64(),

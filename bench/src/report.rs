@@ -1,14 +1,33 @@
-//! Markdown tables from run summaries: absolute numbers per system and
-//! client count, then leasehold's ratios against each peer measured in the
-//! same invocation, then leasehold's peak memory and the throughput goal.
+//! Markdown tables from the result lines: for one node, absolute numbers per
+//! system and client count, leasehold's ratios against each peer measured in
+//! the same invocation, peak memory and the throughput goal; for three nodes,
+//! leasehold against a three-member etcd and the cluster goal; then the
+//! failover trials and the cron fire lag, each against its goal.
 
 use std::collections::BTreeMap;
 use std::fmt::Write;
 
 use crate::System;
+use crate::failover::FailoverTrial;
+use crate::firelag::FireLagSummary;
 use crate::measure::RunSummary;
 
 const PEERS: [System; 2] = [System::Etcd, System::Postgres];
+
+/// The goals the report checks.
+#[derive(Clone, Copy, Debug)]
+pub struct Targets {
+    /// Single node: cycles/s above this at `clients`.
+    pub cycles_per_s: f64,
+    /// The client count both throughput goals apply at.
+    pub clients: usize,
+    /// Three nodes: at least this many times the three-member etcd.
+    pub cluster_ratio: f64,
+    /// Failover: median kill → first write below this, ms.
+    pub failover_ms: f64,
+    /// Cron: p99 tick → enqueue below this, ms.
+    pub fire_lag_ms: f64,
+}
 
 fn ms(us: u64) -> String {
     format!("{:.2}", us as f64 / 1000.0)
@@ -24,27 +43,64 @@ fn ratio(ours: Option<f64>, theirs: Option<f64>) -> String {
     }
 }
 
-/// Renders the tables for `runs` (later lines win for the same system and
-/// client count).
-pub fn render(runs: &[RunSummary], target_cycles_per_s: f64, target_clients: usize) -> String {
-    let mut by_key: BTreeMap<(usize, u8), &RunSummary> = BTreeMap::new();
-    for run in runs {
-        by_key.insert((run.clients, run.system as u8), run);
-    }
-    let get = |clients: usize, system: System| by_key.get(&(clients, system as u8)).copied();
-    let mut client_counts: Vec<usize> = runs.iter().map(|r| r.clients).collect();
-    client_counts.sort_unstable();
-    client_counts.dedup();
+type Runs<'a> = BTreeMap<(usize, usize, u8), &'a RunSummary>;
 
+/// Renders every section there are results for (later lines win for the
+/// same system, size and client count).
+pub fn render(
+    runs: &[RunSummary],
+    failovers: &[FailoverTrial],
+    fire_lags: &[FireLagSummary],
+    targets: &Targets,
+) -> String {
+    let mut by_key: Runs = BTreeMap::new();
+    for run in runs {
+        by_key.insert((run.nodes, run.clients, run.system as u8), run);
+    }
     let mut out = String::new();
-    let window = runs.first().map(|r| (r.duration_s, r.warmup_s, r.payload_bytes));
-    if let Some((duration, warmup, payload)) = window {
+    if let Some(run) = runs.first() {
         let _ = writeln!(
             out,
-            "Each run: {warmup:.0} s warm-up, then {duration:.0} s measured; {payload}-byte payloads; \
-             one connection per client. Latencies in milliseconds.\n"
+            "Each throughput run: {:.0} s warm-up, then {:.0} s measured; {}-byte payloads; \
+             one connection per client. Latencies in milliseconds.\n",
+            run.warmup_s, run.duration_s, run.payload_bytes
         );
     }
+    if runs.iter().any(|r| r.nodes == 1) {
+        out.push_str("### One node\n\n");
+        single(&mut out, &by_key, targets);
+    }
+    let cluster_sizes: Vec<usize> = {
+        let mut sizes: Vec<usize> = runs.iter().map(|r| r.nodes).filter(|n| *n > 1).collect();
+        sizes.sort_unstable();
+        sizes.dedup();
+        sizes
+    };
+    for nodes in cluster_sizes {
+        let _ = writeln!(out, "\n### {nodes} nodes\n");
+        cluster(&mut out, &by_key, nodes, targets);
+    }
+    if !failovers.is_empty() {
+        out.push_str("\n### Failover\n\n");
+        failover(&mut out, failovers, targets);
+    }
+    if let Some(lag) = fire_lags.last() {
+        out.push_str("\n### Cron fire lag\n\n");
+        fire_lag(&mut out, lag, targets);
+    }
+    out
+}
+
+fn client_counts(by_key: &Runs, nodes: usize) -> Vec<usize> {
+    let mut counts: Vec<usize> =
+        by_key.keys().filter(|(n, _, _)| *n == nodes).map(|(_, c, _)| *c).collect();
+    counts.dedup();
+    counts
+}
+
+fn single(out: &mut String, by_key: &Runs, targets: &Targets) {
+    let get = |clients: usize, system: System| by_key.get(&(1, clients, system as u8)).copied();
+    let client_counts = client_counts(by_key, 1);
     out.push_str(
         "| clients | system | cycles/s | claim p50 | claim p99 | cycle p50 | cycle p99 | errors | claim retries |\n",
     );
@@ -107,22 +163,223 @@ pub fn render(runs: &[RunSummary], target_cycles_per_s: f64, target_clients: usi
         let _ = writeln!(out, "| {clients} | {rss} |");
     }
 
-    let verdict = match get(target_clients, System::Leasehold) {
-        Some(run) if run.cycles_per_s > target_cycles_per_s => format!(
-            "**met**: {:.0} cycles/s at {target_clients} clients (goal: above {target_cycles_per_s:.0}).",
-            run.cycles_per_s
-        ),
+    let (goal, at) = (targets.cycles_per_s, targets.clients);
+    let verdict = match get(at, System::Leasehold) {
+        Some(run) if run.cycles_per_s > goal => {
+            format!(
+                "**met**: {:.0} cycles/s at {at} clients (goal: above {goal:.0}).",
+                run.cycles_per_s
+            )
+        }
         Some(run) => format!(
-            "**not met**: {:.0} cycles/s at {target_clients} clients, {:.0}% of the goal of \
-             {target_cycles_per_s:.0}.",
+            "**not met**: {:.0} cycles/s at {at} clients, {:.0}% of the goal of {goal:.0}.",
             run.cycles_per_s,
-            100.0 * run.cycles_per_s / target_cycles_per_s
+            100.0 * run.cycles_per_s / goal
         ),
-        None => format!("not measured (no leasehold run with {target_clients} clients)."),
+        None => format!("not measured (no single-node leasehold run with {at} clients)."),
+    };
+    let _ =
+        writeln!(out, "\nSingle-node goal, above {goal:.0} cycles/s at {at} clients: {verdict}");
+}
+
+fn cluster(out: &mut String, by_key: &Runs, nodes: usize, targets: &Targets) {
+    let get =
+        |n: usize, clients: usize, system: System| by_key.get(&(n, clients, system as u8)).copied();
+    let client_counts = client_counts(by_key, nodes);
+    out.push_str(
+        "| clients | system | cycles/s | enqueue p50 | enqueue p99 | claim p50 | claim p99 | ack p50 | ack p99 | cycle p50 | cycle p99 | errors | claim retries |\n",
+    );
+    out.push_str("| ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n");
+    for &clients in &client_counts {
+        for system in [System::Leasehold, System::Etcd] {
+            if let Some(run) = get(nodes, clients, system) {
+                let _ = writeln!(
+                    out,
+                    "| {clients} | {} ×{nodes} | {:.0} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
+                    system.name(),
+                    run.cycles_per_s,
+                    ms(run.enqueue.p50_us),
+                    ms(run.enqueue.p99_us),
+                    ms(run.claim.p50_us),
+                    ms(run.claim.p99_us),
+                    ms(run.ack.p50_us),
+                    ms(run.ack.p99_us),
+                    ms(run.cycle.p50_us),
+                    ms(run.cycle.p99_us),
+                    run.errors,
+                    run.claim_retries
+                );
+            }
+        }
+    }
+    let _ = writeln!(
+        out,
+        "\nRatios: leasehold ×{nodes} ÷ etcd ×{nodes}, and leasehold ×{nodes} ÷ leasehold ×1, \
+         same invocation.\n"
+    );
+    out.push_str("| clients | cycles/s vs etcd | cycle p99 vs etcd | claim p99 vs etcd | cycles/s vs one node |\n");
+    out.push_str("| ---: | ---: | ---: | ---: | ---: |\n");
+    for &clients in &client_counts {
+        let ours = get(nodes, clients, System::Leasehold);
+        let etcd = get(nodes, clients, System::Etcd);
+        let single = get(1, clients, System::Leasehold);
+        let _ = writeln!(
+            out,
+            "| {clients} | {} | {} | {} | {} |",
+            ratio(ours.map(|r| r.cycles_per_s), etcd.map(|r| r.cycles_per_s)),
+            ratio(ours.map(|r| r.cycle.p99_us as f64), etcd.map(|r| r.cycle.p99_us as f64)),
+            ratio(ours.map(|r| r.claim.p99_us as f64), etcd.map(|r| r.claim.p99_us as f64)),
+            ratio(ours.map(|r| r.cycles_per_s), single.map(|r| r.cycles_per_s)),
+        );
+    }
+    let (goal, at) = (targets.cluster_ratio, targets.clients);
+    let verdict = match (get(nodes, at, System::Leasehold), get(nodes, at, System::Etcd)) {
+        (Some(ours), Some(etcd)) if etcd.cycles_per_s > 0.0 => {
+            let times = ours.cycles_per_s / etcd.cycles_per_s;
+            format!(
+                "**{}**: {:.0} against {:.0} cycles/s at {at} clients, {times:.2}×.",
+                if times >= goal { "met" } else { "not met" },
+                ours.cycles_per_s,
+                etcd.cycles_per_s
+            )
+        }
+        _ => format!("not measured (no {nodes}-node pair of runs with {at} clients)."),
     };
     let _ = writeln!(
         out,
-        "\nSingle-node goal, above {target_cycles_per_s:.0} cycles/s at {target_clients} clients: {verdict}"
+        "\n{nodes}-node goal, at least {goal:.0}× the {nodes}-member etcd's cycles/s at {at} clients: {verdict}"
     );
-    out
+}
+
+/// The median of `values` (mean of the middle two for an even count).
+fn median(values: &[f64]) -> Option<f64> {
+    let mut sorted = values.to_vec();
+    sorted.sort_by(f64::total_cmp);
+    let n = sorted.len();
+    match n {
+        0 => None,
+        _ if n % 2 == 1 => Some(sorted[n / 2]),
+        _ => Some((sorted[n / 2 - 1] + sorted[n / 2]) / 2.0),
+    }
+}
+
+fn opt_ms(value: Option<f64>) -> String {
+    value.map(|v| format!("{v:.0}")).unwrap_or_else(|| "–".to_string())
+}
+
+/// One column of the failover trials.
+type Field = fn(&FailoverTrial) -> Option<f64>;
+
+fn failover(out: &mut String, trials: &[FailoverTrial], targets: &Targets) {
+    out.push_str(
+        "Milliseconds from the SIGKILL of the leader. *first write*: the first enqueue the \
+         survivors accept (a probe sends one every 10 ms, no client retries); *leader seen*: a \
+         survivor first reports the new leader; *load client*: a light-load client (stock \
+         client, default retries, connected to the survivors) completes its first enqueue.\n\n",
+    );
+    out.push_str(
+        "| trial | killed | new leader | leader seen | first write | load client | load errors |\n",
+    );
+    out.push_str("| ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n");
+    for trial in trials {
+        let _ = writeln!(
+            out,
+            "| {} | {} | {} | {} | {} | {} | {} |",
+            trial.trial,
+            trial.killed,
+            if trial.new_leader == 0 { "–".to_string() } else { trial.new_leader.to_string() },
+            opt_ms(trial.leader_seen_ms),
+            opt_ms(trial.first_write_ms),
+            opt_ms(trial.load_client_ms),
+            trial.load_errors
+        );
+    }
+    let column = |f: Field| -> Vec<f64> { trials.iter().filter_map(f).collect() };
+    out.push_str(
+        "\n| | median | min | max | trials with a value |\n| --- | ---: | ---: | ---: | ---: |\n",
+    );
+    let rows: [(&str, Field); 3] = [
+        ("kill → first write", |t| t.first_write_ms),
+        ("kill → leader seen", |t| t.leader_seen_ms),
+        ("kill → load client's write", |t| t.load_client_ms),
+    ];
+    for (label, f) in rows {
+        let values = column(f);
+        let min = values.iter().copied().reduce(f64::min);
+        let max = values.iter().copied().reduce(f64::max);
+        let _ = writeln!(
+            out,
+            "| {label} | {} | {} | {} | {} of {} |",
+            opt_ms(median(&values)),
+            opt_ms(min),
+            opt_ms(max),
+            values.len(),
+            trials.len()
+        );
+    }
+    let writes = column(|t| t.first_write_ms);
+    let goal = targets.failover_ms;
+    let verdict = match median(&writes) {
+        Some(m) if writes.len() < trials.len() => format!(
+            "**not met**: {} of {} trials saw no write within the probe's limit (median of the rest {m:.0} ms).",
+            trials.len() - writes.len(),
+            trials.len()
+        ),
+        Some(m) if m < goal => format!("**met**: median {m:.0} ms over {} trials.", trials.len()),
+        Some(m) => format!("**not met**: median {m:.0} ms over {} trials.", trials.len()),
+        None => "**not met**: no trial saw a write.".to_string(),
+    };
+    let _ =
+        writeln!(out, "\nFailover goal, median kill → first write below {goal:.0} ms: {verdict}");
+}
+
+fn fire_lag(out: &mut String, lag: &FireLagSummary, targets: &Targets) {
+    let skipped: Vec<String> = lag.skipped.iter().map(|(r, n)| format!("{n} ({r})")).collect();
+    let _ = writeln!(
+        out,
+        "{} nodes, {} schedules `* * * * * *` (stock policies), {:.0} s window: {} ticks due, \
+         {} fired, {} skipped{}, {} with no record, {} late (≥ 2 s); commands: {} never \
+         started, {} started more than once.\n",
+        lag.nodes,
+        lag.schedules,
+        lag.duration_s,
+        lag.expected_ticks,
+        lag.fired,
+        lag.skipped.values().sum::<u64>(),
+        if skipped.is_empty() { String::new() } else { format!(" ({})", skipped.join(", ")) },
+        lag.unrecorded,
+        lag.late,
+        lag.never_started,
+        lag.started_twice
+    );
+    out.push_str("| lag from the tick's instant | samples | p50 ms | p99 ms | max ms |\n");
+    out.push_str("| --- | ---: | ---: | ---: | ---: |\n");
+    for (label, stats) in [
+        ("→ job enqueued (journal's lag_ms)", &lag.to_enqueue),
+        ("→ command started", &lag.to_start),
+    ] {
+        let _ = writeln!(
+            out,
+            "| {label} | {} | {:.1} | {:.1} | {:.1} |",
+            stats.count, stats.p50_ms, stats.p99_ms, stats.max_ms
+        );
+    }
+    if !lag.by_schedule_p50_ms.is_empty() {
+        let medians: Vec<String> =
+            lag.by_schedule_p50_ms.iter().map(|m| format!("{m:.0}")).collect();
+        let _ = writeln!(
+            out,
+            "\nMedian lag to enqueue per schedule, in creation order (ms): {}.",
+            medians.join(", ")
+        );
+    }
+    let goal = targets.fire_lag_ms;
+    let verdict = if lag.to_enqueue.count == 0 {
+        "**not met**: no tick fired.".to_string()
+    } else if lag.to_enqueue.p99_ms < goal {
+        format!("**met**: p99 {:.1} ms.", lag.to_enqueue.p99_ms)
+    } else {
+        format!("**not met**: p99 {:.1} ms.", lag.to_enqueue.p99_ms)
+    };
+    let _ = writeln!(out, "\nFire-lag goal, p99 tick → enqueue below {goal:.0} ms: {verdict}");
 }
