@@ -333,7 +333,12 @@ pub async fn run(args: JobArgs) -> anyhow::Result<ExitCode> {
             let job = client.get_job(id, stale).await?;
             match output {
                 Output::Json => render::print_json(&render::job(&job)),
-                Output::Text => println!("{}", render::job_line(&job)),
+                Output::Text => {
+                    println!("{}", render::job_line(&job));
+                    if !job.result.is_empty() {
+                        println!("result:\n{}", String::from_utf8_lossy(&job.result).trim_end());
+                    }
+                }
             }
         }
         JobCommand::List { queue, state, limit, page_token, stale, output } => {

@@ -54,6 +54,7 @@ pub fn job(job: &v1::Job) -> Value {
         "lease": job.lease.as_ref().map(lease),
         "enqueued_at_ms": job.enqueued_at_ms,
         "finished_at_ms": job.finished_at_ms,
+        "result": (!job.result.is_empty()).then(|| payload(&job.result)),
     })
 }
 

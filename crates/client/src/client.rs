@@ -251,9 +251,22 @@ impl Client {
 
     /// Acks a job (idempotent for the same token, so retried).
     pub async fn ack(&self, job_id: u64, token: u64) -> Result<(), ClientError> {
+        self.ack_with_result(job_id, token, Vec::new()).await
+    }
+
+    /// Finishes a job and keeps `result` on it (empty = none; at most
+    /// 16 KiB). Retried like [`Client::ack`]: a retry of an ack that was
+    /// committed is answered success and keeps the first result.
+    pub async fn ack_with_result(
+        &self,
+        job_id: u64,
+        token: u64,
+        result: Vec<u8>,
+    ) -> Result<(), ClientError> {
         self.retrying(true, || {
             let mut stub = self.queue();
-            let request = self.request(v1::AckRequest { job_id, token }, self.call_timeout);
+            let ack = v1::AckRequest { job_id, token, result: result.clone() };
+            let request = self.request(ack, self.call_timeout);
             async move { stub.ack(request).await.map(|_| ()) }
         })
         .await

@@ -167,7 +167,9 @@ pub async fn run(command: &CommandLine, payload: Vec<u8>) -> Run {
     let stdout = stdout.await.unwrap_or_default();
     let stderr = stderr.await.unwrap_or_default();
     let outcome = match status {
-        Some(Ok(status)) if status.success() => Outcome::Ack,
+        Some(Ok(status)) if status.success() => {
+            Outcome::Ack { result: stdout.clone().into_bytes() }
+        }
         Some(Ok(status)) => {
             Outcome::Nack { error: format!("{status}: {}", stderr.trim()), retry_after_ms: None }
         }
@@ -201,7 +203,7 @@ mod tests {
     #[tokio::test]
     async fn exit_zero_acks_and_captures_output_and_stdin() {
         let run = run(&sh("echo \"$GREETING $(cat)\""), b"there".to_vec()).await;
-        assert_eq!(run.outcome, Outcome::Ack);
+        assert_eq!(run.outcome, Outcome::Ack { result: b"hi there\n".to_vec() });
         assert_eq!(run.stdout.trim(), "hi there");
     }
 

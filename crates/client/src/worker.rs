@@ -20,8 +20,12 @@ use crate::client::Client;
 /// How a run of a job ended, as the handler reports it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Outcome {
-    /// Done: ack with the lease's token.
-    Ack,
+    /// Done: ack with the lease's token, keeping `result` on the job
+    /// (empty = none; at most 16 KiB).
+    Ack {
+        /// The job's result (a command's standard output).
+        result: Vec<u8>,
+    },
     /// Failed: nack, retried after backoff (or `retry_after_ms`), or dead.
     Nack {
         /// Kept as the job's last_error.
@@ -31,6 +35,17 @@ pub enum Outcome {
     },
     /// Not run: give the job back without charging an attempt.
     Release,
+}
+
+impl Outcome {
+    /// `ack`, `nack` or `release`, for logs.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Outcome::Ack { .. } => "ack",
+            Outcome::Nack { .. } => "nack",
+            Outcome::Release => "release",
+        }
+    }
 }
 
 /// Settings of a worker.
@@ -214,7 +229,7 @@ async fn run_one<H, Fut>(
         return;
     };
     let finished = match &outcome {
-        Outcome::Ack => client.ack(job_id, token).await.map(|_| ()),
+        Outcome::Ack { result } => client.ack_with_result(job_id, token, result.clone()).await,
         Outcome::Nack { error, retry_after_ms } => client
             .nack(v1::NackRequest {
                 job_id,
@@ -228,9 +243,15 @@ async fn run_one<H, Fut>(
     };
     match finished {
         Ok(()) => {
-            tracing::info!(event = "lease.release", job = job_id, token, outcome = ?outcome, "job finished");
+            tracing::info!(
+                event = "lease.release",
+                job = job_id,
+                token,
+                outcome = outcome.name(),
+                "job finished"
+            );
             record(&|r| match outcome {
-                Outcome::Ack => r.acked.push((job_id, token)),
+                Outcome::Ack { .. } => r.acked.push((job_id, token)),
                 Outcome::Nack { .. } => r.nacked.push(job_id),
                 Outcome::Release => r.released.push(job_id),
             })

@@ -61,6 +61,8 @@ pub enum Command {
         job_id: u64,
         /// Fencing token of the lease.
         token: u64,
+        /// Kept on the job as its result (at most `max_result_bytes`).
+        result: Option<Vec<u8>>,
     },
     /// Fail an attempt: attempts+1, back to ready after backoff, or dead.
     Nack {

@@ -121,4 +121,6 @@ pub struct Job {
     pub enqueued_at_ms: u64,
     /// Cluster time the job became acked or dead.
     pub finished_at_ms: Option<u64>,
+    /// What the ack that finished the job reported (a command's output).
+    pub result: Option<Vec<u8>>,
 }

@@ -30,6 +30,8 @@ pub struct Limits {
     pub max_tags: usize,
     /// Longest error text kept from a nack (longer text is truncated, not refused).
     pub max_error_bytes: usize,
+    /// Largest result an ack may store on the job (larger is refused).
+    pub max_result_bytes: usize,
 }
 
 impl Default for Limits {
@@ -46,6 +48,7 @@ impl Default for Limits {
             max_text_bytes: 256,
             max_tags: 32,
             max_error_bytes: 4 * 1024,
+            max_result_bytes: 16 * 1024,
         }
     }
 }

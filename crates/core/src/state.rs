@@ -85,7 +85,7 @@ impl JobFilter {
 /// assert_eq!(grants[0].lease.token, 1);
 /// assert_eq!(grants[0].lease.expires_at_ms, 2_000 + 30_000);
 ///
-/// let ack = Command::Ack { job_id: grants[0].job.id, token: 1 };
+/// let ack = Command::Ack { job_id: grants[0].job.id, token: 1, result: None };
 /// assert_eq!(state.apply(1, &Proposal { now_ms: 3_000, command: ack }), Response::Acked);
 /// ```
 ///
@@ -199,7 +199,7 @@ impl State {
             Command::Refresh { worker: _, leases, lease_ttl_ms } => {
                 self.refresh(leases, *lease_ttl_ms)
             }
-            Command::Ack { job_id, token } => self.ack(*job_id, *token),
+            Command::Ack { job_id, token, result } => self.ack(*job_id, *token, result),
             Command::Nack { job_id, token, error, retry_after_ms } => {
                 self.nack(*job_id, *token, error, *retry_after_ms, &limits)
             }
@@ -491,8 +491,8 @@ impl State {
 
     /// Finishes a job held under `token`. Acking again with the same token is
     /// answered `Acked` again, so a worker whose first ack response was lost
-    /// can retry safely.
-    fn ack(&mut self, job_id: u64, token: u64) -> Response {
+    /// can retry safely; the retry's result does not replace the first one.
+    fn ack(&mut self, job_id: u64, token: u64, result: &Option<Vec<u8>>) -> Response {
         let Some(job) = self.jobs.get(&job_id) else {
             return Response::Refused(Refusal::NotFound { job_id });
         };
@@ -503,6 +503,7 @@ impl State {
                 // who finished the job, and what makes a retried ack idempotent.
                 job.state = JobState::Acked;
                 job.finished_at_ms = Some(now_ms);
+                job.result = result.clone();
             });
             return Response::Acked;
         }
@@ -707,6 +708,7 @@ fn new_job(job_id: u64, spec: &JobSpec, now_ms: u64, limits: &Limits) -> Job {
         lease: None,
         enqueued_at_ms: now_ms,
         finished_at_ms: None,
+        result: None,
     }
 }
 

@@ -111,9 +111,21 @@ pub fn validate_command(command: &Command, limits: &Limits) -> Result<(), Valida
         // job or a stale token is a refusal decided by `apply`, not bad
         // input. The nack's error text is truncated, never refused, so a
         // failing worker can always report its failure.
-        Command::Ack { job_id, .. }
-        | Command::Nack { job_id, .. }
-        | Command::Release { job_id, .. } => job_id_field("job_id", *job_id),
+        Command::Ack { job_id, result, .. } => {
+            job_id_field("job_id", *job_id)?;
+            match result {
+                Some(result) if result.len() > limits.max_result_bytes => {
+                    Err(ValidationError::too_large(
+                        "result",
+                        format!("is {} bytes, limit {}", result.len(), limits.max_result_bytes),
+                    ))
+                }
+                _ => Ok(()),
+            }
+        }
+        Command::Nack { job_id, .. } | Command::Release { job_id, .. } => {
+            job_id_field("job_id", *job_id)
+        }
         Command::Sweep | Command::Purge => Ok(()),
         Command::Redrive { target } => match target {
             RedriveTarget::Queue(queue) => queue_name("queue", queue),
@@ -756,7 +768,7 @@ mod tests {
     fn token_commands_refuse_only_job_id_zero() {
         let long_error = "e".repeat(100_000);
         assert_refused(
-            &Command::Ack { job_id: 0, token: 1 },
+            &Command::Ack { job_id: 0, token: 1, result: None },
             ValidationKind::Invalid,
             "job_id",
             "must be at least 1",
@@ -768,7 +780,7 @@ mod tests {
             "must be at least 1",
         );
         for command in [
-            Command::Ack { job_id: 1, token: 0 },
+            Command::Ack { job_id: 1, token: 0, result: None },
             Command::Nack {
                 job_id: u64::MAX,
                 token: 1,

@@ -19,8 +19,8 @@ fn a_batch_equals_its_commands_one_by_one() -> Result<(), String> {
             lease_ttl_ms: None,
             selector: vec![],
         },
-        Command::Ack { job_id: 1, token: 1 },
-        Command::Ack { job_id: 1, token: 7 },
+        Command::Ack { job_id: 1, token: 1, result: None },
+        Command::Ack { job_id: 1, token: 7, result: None },
     ];
     let mut batched = State::new();
     let answer = batched.apply(

@@ -280,7 +280,9 @@ fn resolve(op: &Op, state: &State, clock_ms: u64, granted: &[u64]) -> Command {
         }
         Op::Ack(pick, token) => {
             let (job_id, token) = job_and_token(pick, token);
-            Command::Ack { job_id, token }
+            // Some acks carry a result, so replicas and snapshots carry it too.
+            let result = (token % 2 == 0).then(|| token.to_le_bytes().to_vec());
+            Command::Ack { job_id, token, result }
         }
         Op::Nack(pick, token, retry_after_ms) => {
             let (job_id, token) = job_and_token(pick, token);
@@ -466,7 +468,7 @@ proptest! {
                     }
                     prop_assert_eq!(renewed.len() + lost.len(), leases.len(), "{}", context);
                 }
-                (Command::Ack { job_id, token }, Response::Acked) => {
+                (Command::Ack { job_id, token, .. }, Response::Acked) => {
                     let current = live.get(job_id) == Some(token);
                     let retry = acked_with.get(job_id) == Some(token);
                     prop_assert!(current || retry, "{}: ack with a token that is not current", context);

@@ -108,7 +108,7 @@ async fn run_job(node_id: u64, grant: v1::Grant, timeout: Duration) -> Outcome {
     tracing::info!(
         node = node_id,
         job = job.id,
-        outcome = ?run.outcome,
+        outcome = run.outcome.name(),
         stdout = %run.stdout.trim_end(),
         stderr = %run.stderr.trim_end(),
         "executor command finished"

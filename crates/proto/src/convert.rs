@@ -112,6 +112,7 @@ pub fn job_to_wire(job: &core::Job) -> v1::Job {
         lease: job.lease.as_ref().map(lease_to_wire),
         enqueued_at_ms: job.enqueued_at_ms,
         finished_at_ms: job.finished_at_ms,
+        result: job.result.clone().unwrap_or_default(),
     }
 }
 

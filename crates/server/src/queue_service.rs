@@ -190,7 +190,9 @@ impl QueueService {
         request: Request<v1::AckRequest>,
     ) -> Result<Reply<v1::AckResponse>, Status> {
         let request = request.into_inner();
-        match self.submit(Command::Ack { job_id: request.job_id, token: request.token }).await? {
+        let result = (!request.result.is_empty()).then_some(request.result);
+        let command = Command::Ack { job_id: request.job_id, token: request.token, result };
+        match self.submit(command).await? {
             Response::Acked => Ok(Reply::new(v1::AckResponse {})),
             other => Err(unexpected(&other).into()),
         }

@@ -220,9 +220,19 @@ fn cases(held: v1::LeaseRef) -> Vec<Case> {
         // as GetJob says for the same field.
         case(
             "ack: job_id 0",
-            Call::Ack(v1::AckRequest { job_id: 0, token: held.token }),
+            Call::Ack(v1::AckRequest { job_id: 0, token: held.token, ..Default::default() }),
             Invalid,
             "job_id",
+        ),
+        case(
+            "ack: result over 16 KiB",
+            Call::Ack(v1::AckRequest {
+                job_id: held.job_id,
+                token: held.token,
+                result: vec![b'x'; 16 * 1024 + 1],
+            }),
+            TooLarge,
+            "result",
         ),
         case(
             "nack: job_id 0",

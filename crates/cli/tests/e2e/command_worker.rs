@@ -8,7 +8,9 @@
 //! that appends "ID TOKEN ATTEMPT PAYLOAD" to a file and fails (saying
 //! "boom") on the payload "fail". Enqueue three good jobs and one failing job
 //! with max_attempts 1, wait for 3 acked and 1 dead, and check the file
-//! against what the server recorded.
+//! against what the server recorded. The command's standard output becomes
+//! the acked job's result, for `leasehold worker` and for the node's
+//! built-in executor alike.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::process::Command;
@@ -19,7 +21,8 @@ use leasehold_proto::v1;
 use nix::sys::signal::Signal;
 
 use super::support::{
-    Check, Node, Process, Sandbox, binary, deadline_in, job, phase, queue_stats, wait_until,
+    Check, Node, Process, Sandbox, binary, deadline_in, job, phase, queue_stats, run_cli,
+    wait_until,
 };
 
 const QUEUE: &str = "q";
@@ -27,6 +30,7 @@ const WORKER_ID: &str = "e2e-command-worker";
 /// Appends one line per run; fails on the payload "fail".
 const SCRIPT: &str = r#"payload=$(cat)
 echo "$LEASEHOLD_JOB_ID $LEASEHOLD_FENCING_TOKEN $LEASEHOLD_ATTEMPT $payload" >> "$E2E_RUNS_FILE"
+echo "out-$LEASEHOLD_JOB_ID"
 if [ "$payload" = fail ]; then echo boom >&2; exit 1; fi"#;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -142,6 +146,12 @@ async fn story(sandbox: &Sandbox) -> Result<()> {
                 "job {job_id}: command saw token {}, server acked lease {lease:?}",
                 run.token
             );
+            let expected = format!("out-{job_id}\n");
+            ensure!(
+                job.result == expected.as_bytes(),
+                "job {job_id}: result {:?}, not the command's output {expected:?}",
+                String::from_utf8_lossy(&job.result)
+            );
         }
     }
     let last_token = stub
@@ -159,5 +169,63 @@ async fn story(sandbox: &Sandbox) -> Result<()> {
     worker.signal(Signal::SIGTERM)?;
     let status = worker.wait_exit(deadline_in(Duration::from_secs(5))).await?;
     ensure!(status.code() == Some(0), "worker exited with {status} after SIGTERM");
+    Ok(())
+}
+
+/// The node's built-in executor runs a job of its `exec` queue with
+/// `sh -c PAYLOAD`, acks it, and keeps the command's output as the job's
+/// result, which `leasehold job get` shows.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_builtin_executor_keeps_command_output_as_the_result() -> Result<()> {
+    let sandbox = Sandbox::new("executor-result")?;
+    sandbox.run(Duration::from_secs(60), executor_result_story(&sandbox)).await
+}
+
+async fn executor_result_story(sandbox: &Sandbox) -> Result<()> {
+    phase("start node 1 (executor on) and enqueue a command job on `exec`");
+    let node = Node::start(sandbox).await?;
+    let mut stub = node.stub()?;
+    let command = b"echo \"ran $LEASEHOLD_JOB_ID\"; echo ignored >&2";
+    let results = stub
+        .enqueue(v1::EnqueueRequest { jobs: vec![job("exec", command)] })
+        .await
+        .context("enqueue")?
+        .into_inner()
+        .results;
+    let job_id = results.first().context("enqueue answered nothing")?.job_id;
+
+    phase("wait until the executor acked it");
+    wait_until("the command job acked", deadline_in(Duration::from_secs(30)), || {
+        let mut stub = stub.clone();
+        async move {
+            let job = stub
+                .get_job(v1::GetJobRequest { job_id, stale: false })
+                .await?
+                .into_inner()
+                .job
+                .context("reply without a job")?;
+            Ok(if job.state == v1::JobState::Acked as i32 {
+                Check::Done(())
+            } else {
+                Check::NotYet(format!("state {}", job.state))
+            })
+        }
+    })
+    .await?;
+
+    phase("`leasehold job get --output json` shows the command's stdout as the result");
+    let id = job_id.to_string();
+    let addr = node.addr();
+    let got =
+        run_cli(sandbox, &["job", "get", &id, "--output", "json"], &[("LEASEHOLD_ADDR", &addr)])
+            .await?
+            .success()?
+            .json()?;
+    let expected = format!("ran {job_id}\n");
+    ensure!(
+        got["result"]["text"] == expected.as_str(),
+        "job {job_id} result {} is not the command's stdout {expected:?}",
+        got["result"]
+    );
     Ok(())
 }

@@ -82,7 +82,7 @@ async fn story(sandbox: &Sandbox) -> Result<()> {
             first_delay: Duration::from_millis(100),
             max_delay: Duration::from_secs(2),
         });
-        let handler = |_grant: v1::Grant| async { Outcome::Ack };
+        let handler = |_grant: v1::Grant| async { Outcome::Ack { result: Vec::new() } };
         workers.push(tokio::spawn(worker::run(worker_client, config, handler, stopped.clone())));
     }
 
@@ -239,7 +239,7 @@ async fn story(sandbox: &Sandbox) -> Result<()> {
         ("another lease's token", token_b),
         ("a token never issued", before.last_token + 1_000),
     ] {
-        let refused = stub.ack(v1::AckRequest { job_id: job_a, token }).await;
+        let refused = stub.ack(v1::AckRequest { job_id: job_a, token, ..Default::default() }).await;
         let status = match refused {
             Ok(_) => anyhow::bail!("ack of job {job_a} with {label} ({token}) was accepted"),
             Err(status) => status,

@@ -111,7 +111,8 @@ async fn story(sandbox: &Sandbox) -> Result<()> {
     ensure!(second_job.attempts == 1, "grant shows attempts {}", second_job.attempts);
 
     phase("worker-a's token is refused: ack and refresh");
-    let refused = stub.ack(v1::AckRequest { job_id, token: first.token }).await;
+    let refused =
+        stub.ack(v1::AckRequest { job_id, token: first.token, ..Default::default() }).await;
     match refused {
         Ok(_) => bail!("ack with the expired token {} was accepted", first.token),
         Err(status) => ensure!(
@@ -146,7 +147,9 @@ async fn story(sandbox: &Sandbox) -> Result<()> {
     ensure!(current.lease.as_ref() == Some(&second), "lease {:?}", current.lease);
 
     phase("worker-b's current token is accepted");
-    stub.ack(v1::AckRequest { job_id, token: second.token }).await.context("ack by worker-b")?;
+    stub.ack(v1::AckRequest { job_id, token: second.token, ..Default::default() })
+        .await
+        .context("ack by worker-b")?;
     let acked = stub
         .get_job(v1::GetJobRequest { job_id, stale: false })
         .await

@@ -559,12 +559,18 @@ async fn metrics_story(sandbox: &Sandbox) -> Result<()> {
         leases.push(claim_lease(&mut stub, request).await?);
     }
     for lease in &leases[..2] {
-        stub.ack(v1::AckRequest { job_id: lease.job_id, token: lease.token })
+        stub.ack(v1::AckRequest { job_id: lease.job_id, token: lease.token, ..Default::default() })
             .await
             .with_context(|| format!("ack of {lease:?}"))?;
     }
     // The third lease acked with the first lease's token: stale.
-    let stale = stub.ack(v1::AckRequest { job_id: leases[2].job_id, token: leases[0].token }).await;
+    let stale = stub
+        .ack(v1::AckRequest {
+            job_id: leases[2].job_id,
+            token: leases[0].token,
+            ..Default::default()
+        })
+        .await;
     match stale {
         Err(status) if status.code() == tonic::Code::FailedPrecondition => {}
         other => bail!("an ack with another lease's token must fail FailedPrecondition: {other:?}"),

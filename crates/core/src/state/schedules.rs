@@ -318,7 +318,8 @@ mod tests {
         let Response::Claimed(grants) = apply(&mut state, T0_MS + 3_000, claim) else {
             panic!("claim answers grants")
         };
-        let ack = Command::Ack { job_id: grants[0].job.id, token: grants[0].lease.token };
+        let ack =
+            Command::Ack { job_id: grants[0].job.id, token: grants[0].lease.token, result: None };
         assert_eq!(apply(&mut state, T0_MS + 3_000, ack), Response::Acked);
         assert!(matches!(
             fire(&mut state, bucket + 2),

@@ -70,7 +70,7 @@ fn job(state: &State, job_id: u64) -> &Job {
 }
 
 fn ack(job_id: u64, token: u64) -> Command {
-    Command::Ack { job_id, token }
+    Command::Ack { job_id, token, result: None }
 }
 
 fn nack(job_id: u64, token: u64, retry_after_ms: Option<u64>) -> Command {
@@ -506,6 +506,43 @@ mod refresh {
 
 mod ack {
     use super::*;
+
+    #[test]
+    fn keeps_the_result_of_the_ack_that_finished_the_job() {
+        let mut state = State::new();
+        let id = enqueue_one(&mut state, 0, spec("q"));
+        let lease = claim_one(&mut state, 1_000, "q");
+        let first = Command::Ack { job_id: id, token: lease.token, result: Some(b"out".to_vec()) };
+        assert_eq!(apply(&mut state, 2_000, first), Response::Acked);
+        assert_eq!(job(&state, id).result.as_deref(), Some(&b"out"[..]));
+        // A retried ack is answered the same and does not replace it.
+        let retry = Command::Ack { job_id: id, token: lease.token, result: Some(b"x".to_vec()) };
+        assert_eq!(apply(&mut state, 3_000, retry), Response::Acked);
+        assert_eq!(job(&state, id).result.as_deref(), Some(&b"out"[..]));
+    }
+
+    #[test]
+    fn an_oversized_result_is_refused_and_changes_nothing() {
+        let mut state = State::new();
+        let id = enqueue_one(&mut state, 0, spec("q"));
+        let lease = claim_one(&mut state, 1_000, "q");
+        let before = state.clone();
+        let big = vec![b'x'; Limits::default().max_result_bytes + 1];
+        let response = apply(
+            &mut state,
+            1_000,
+            Command::Ack { job_id: id, token: lease.token, result: Some(big) },
+        );
+        match response {
+            Response::Refused(Refusal::Invalid(error)) => {
+                assert_eq!(error.kind, ValidationKind::TooLarge);
+                assert_eq!(error.field, "result");
+            }
+            other => panic!("expected a refusal, got {other:?}"),
+        }
+        assert_eq!(job(&state, id), before.job(id).expect("job"));
+        assert_eq!(job(&state, id).state, JobState::Claimed);
+    }
 
     #[test]
     fn the_current_token_finishes_the_job() {

@@ -84,7 +84,7 @@ async fn story(sandbox: &Sandbox) -> Result<()> {
         other => bail!("claim through the follower answered {other:?}, expected job {job_id}"),
     };
     through_follower
-        .ack(v1::AckRequest { job_id, token })
+        .ack(v1::AckRequest { job_id, token, ..Default::default() })
         .await
         .context("ack through the follower")?;
 
