@@ -13,11 +13,6 @@
 //! skewed ahead (`clock_offset_ms` under `fault_injection`), so no test
 //! waits for minutes.
 //!
-//! One story is `#[ignore]`d because it fails on a known product bug (an
-//! ack given up during a failover re-runs a finished command; the forced
-//! trigger bug it was paired with is fixed and its story runs); run it
-//! with `--ignored` once the bugs are fixed, then drop the attribute.
-//!
 //! Another module may grow a shared multi-node helper; this one keeps its
 //! own small `leasehold serve` starter ([`ServeNode`]) because it needs
 //! configuration files (election timeouts, clock offsets) per node.
@@ -346,16 +341,15 @@ async fn wait_fired_up_to(
     .await
 }
 
-/// Known bug, kept as a story until it is fixed: a command that finishes on
-/// a follower while the leader is down is run a second time. The built-in
-/// executor's ack is forwarded to the dead leader, its client gives up after
-/// three tries (about 0.6 s, `crates/node/src/executor.rs`), far less than
-/// a failover, so the lease lapses and the job is redelivered although the
-/// command finished. Here the schedule's jobs are tagged for one follower
-/// (`node:ID`), whose command takes a second; the leader is killed while
-/// that command runs.
+/// A command that finishes on a follower while the leader is down runs
+/// once. Its ack waits in the executor's retry loop while no leader lives,
+/// and its 3 s lease lapses during the 3-4 s election: the new term's lease
+/// grace (`TERM_START_GRACE_MS` in core) is what keeps the new leader's
+/// first sweep from taking the job back before the ack lands. Without the
+/// grace this story fails every time (the job runs again under a new
+/// token). The schedule's jobs are tagged for one follower (`node:ID`),
+/// whose command takes a second; the leader is killed while it runs.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-#[ignore = "bug: an ack during a failover is given up and the finished job runs again"]
 async fn a_command_finishing_during_a_failover_runs_once() -> Result<()> {
     let sandbox = Sandbox::new("cron-ack-during-failover")?;
     sandbox.run(Duration::from_secs(120), ack_during_failover_story(&sandbox)).await
@@ -394,7 +388,7 @@ async fn ack_during_failover_story(sandbox: &Sandbox) -> Result<()> {
         "--catchup-max",
         "100",
         "--lease-ttl-ms",
-        "5000",
+        "3000",
     ];
     cli(sandbox, &nodes[0].addr(), &put).await?.success()?;
 
@@ -423,7 +417,7 @@ async fn ack_during_failover_story(sandbox: &Sandbox) -> Result<()> {
     nodes[index].spawn(sandbox)?;
     wait_serving(&mut nodes[index], "the restarted node to rejoin and serve", |l| l != 0).await?;
 
-    phase("let the lease of the job lapse (5 s), pause, wait for every job to be acked");
+    phase("let the lease of the job lapse (3 s), pause, wait for every job to be acked");
     let client = nodes[index].client()?;
     wait_until("ten more ticks", deadline_in(Duration::from_secs(30)), || {
         let client = client.clone();
