@@ -1,0 +1,464 @@
+//! Goal: the cutover gate of issue 5 with real node processes (SPEC §4) —
+//! one node with its `journal_lease` flag off keeps the whole pool on the
+//! broadcast (bus) path; turning it on moves the pool to the journal within
+//! a few heartbeats, and off again moves it back, while an every-second
+//! schedule runs each of its ticks exactly once throughout; and an advert
+//! that is not signed with the cluster secret changes nothing and is
+//! counted.
+//!
+//! Method: three nodes from the shared harness (adverts every 500 ms, so a
+//! flag change settles in 1.5 s). The schedule's command appends
+//! `$LEASEHOLD_BUCKET`, the claim path and the node to a file in the
+//! sandbox; that file, not the nodes' own account, is the judge of
+//! "exactly once". `leasehold cluster status --output json` is read at
+//! every step and must show each node's path and the reason naming the
+//! deciding peer. The forged advert is sent straight to a node's Peer
+//! service; a correctly signed advert from an unknown node is the control
+//! showing that the node does act on adverts that verify.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::Path;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use anyhow::{Context, Result, bail, ensure};
+use leasehold_proto::v1;
+use leasehold_proto::v1::peer_client::PeerClient;
+use prost::Message;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tonic::transport::Endpoint;
+
+use super::support::{
+    CLUSTER_SECRET, Check, Cluster, ClusterOptions, RPC_TIMEOUT, Sandbox, deadline_in, phase,
+    run_cli, wait_until,
+};
+
+/// Adverts every 500 ms: a flag change counts 1.5 s after it is made.
+const GATE_CONFIG: &str = "advert_interval_ms = 500\n";
+/// Settle time of a flag change under [`GATE_CONFIG`].
+const SETTLE_MS: u64 = 1_500;
+/// How long the pool may take to show a new path in status after a flip:
+/// the settle time plus a few heartbeats.
+const SWITCH_TIMEOUT: Duration = Duration::from_secs(6);
+/// Ticks each phase runs on its path before the next flip.
+const TICKS_PER_PHASE: usize = 5;
+/// How long the ticks of one phase may take to appear in the runs file.
+const PHASE_TIMEOUT: Duration = Duration::from_secs(30);
+/// The schedule of the flip story.
+const SCHEDULE: &str = "gate-every-second";
+
+fn unix_ms() -> Result<u64> {
+    let since = SystemTime::now().duration_since(UNIX_EPOCH).context("clock before 1970")?;
+    Ok(u64::try_from(since.as_millis())?)
+}
+
+/// One line of the runs file: the bucket, the claim path, the node.
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct RunLine {
+    bucket: u64,
+    path: String,
+    node: String,
+}
+
+fn read_runs(file: &Path) -> Result<Vec<RunLine>> {
+    let text = match std::fs::read_to_string(file) {
+        Ok(text) => text,
+        Err(error) if error.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(error) => return Err(error).context("reading the runs file"),
+    };
+    text.lines()
+        .filter(|line| !line.trim().is_empty())
+        .map(|line| {
+            let parts: Vec<&str> = line.split_whitespace().collect();
+            ensure!(parts.len() == 3, "malformed run line {line:?}");
+            Ok(RunLine {
+                bucket: parts[0].parse().with_context(|| format!("bucket of {line:?}"))?,
+                path: parts[1].to_string(),
+                node: parts[2].to_string(),
+            })
+        })
+        .collect()
+}
+
+/// Each node's gate as `cluster status --output json` (asked of node 1)
+/// shows it: id → (path, reason, intended).
+async fn gate_views(
+    sandbox: &Sandbox,
+    cluster: &Cluster,
+) -> Result<BTreeMap<u64, (String, String, String)>> {
+    let addr = cluster.node(1)?.addr();
+    let run = run_cli(
+        sandbox,
+        &["cluster", "status", "--output", "json"],
+        &[("LEASEHOLD_ADDR", addr.as_str())],
+    )
+    .await?
+    .success()?;
+    let status = run.json()?;
+    let nodes = status["nodes"].as_array().context("status has no nodes")?;
+    let mut views = BTreeMap::new();
+    for node in nodes {
+        let id = node["id"].as_u64().context("node without id")?;
+        let gate = &node["gate"];
+        let text = |field: &str| gate[field].as_str().map(str::to_string);
+        match (text("path"), text("reason"), text("intended")) {
+            (Some(path), Some(reason), Some(intended)) => {
+                views.insert(id, (path, reason, intended));
+            }
+            _ => bail!("node {id} shows no gate decision: {node}"),
+        }
+    }
+    Ok(views)
+}
+
+/// Waits until every node's gate shows `path` with a reason `reason_ok`
+/// accepts, and prints what status showed.
+async fn wait_gate(
+    sandbox: &Sandbox,
+    cluster: &Cluster,
+    what: &str,
+    path: &str,
+    reason_ok: impl Fn(u64, &str) -> bool,
+) -> Result<BTreeMap<u64, (String, String, String)>> {
+    let views = wait_until(what, deadline_in(SWITCH_TIMEOUT), || {
+        let look = gate_views(sandbox, cluster);
+        let reason_ok = &reason_ok;
+        async move {
+            let views = match look.await {
+                Ok(views) => views,
+                Err(error) => return Ok(Check::NotYet(format!("{error:#}"))),
+            };
+            let done = views.len() == 3
+                && views.iter().all(|(id, (p, reason, _))| p == path && reason_ok(*id, reason));
+            Ok(if done { Check::Done(views) } else { Check::NotYet(format!("{views:?}")) })
+        }
+    })
+    .await?;
+    for (id, (path, reason, intended)) in &views {
+        eprintln!("status: node {id} gate path={path} intended={intended} reason={reason:?}");
+    }
+    Ok(views)
+}
+
+/// Waits until the runs file holds `count` more runs than `before`, and
+/// answers them all.
+async fn wait_runs(file: &Path, before: usize, count: usize) -> Result<Vec<RunLine>> {
+    let what = format!("{count} more runs in the runs file");
+    wait_until(&what, deadline_in(PHASE_TIMEOUT), || async move {
+        let runs = read_runs(file)?;
+        Ok(if runs.len() >= before + count {
+            Check::Done(runs)
+        } else {
+            Check::NotYet(format!("{} runs", runs.len()))
+        })
+    })
+    .await
+}
+
+async fn set_flag(sandbox: &Sandbox, cluster: &Cluster, node: u64, on: bool) -> Result<u64> {
+    // Asked of node 1, which passes the change on to the named node.
+    let addr = cluster.node(1)?.addr();
+    let at_ms = unix_ms()?;
+    let node_text = node.to_string();
+    run_cli(
+        sandbox,
+        &[
+            "cluster",
+            "flags",
+            "--node",
+            &node_text,
+            "--journal-lease",
+            if on { "on" } else { "off" },
+        ],
+        &[("LEASEHOLD_ADDR", addr.as_str())],
+    )
+    .await?
+    .success()?;
+    Ok(at_ms)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn one_flag_moves_the_pool_between_bus_and_journal_and_every_tick_runs_once() -> Result<()> {
+    let sandbox = Sandbox::new("gate-flip")?;
+    sandbox.run(Duration::from_secs(240), flip_story(&sandbox)).await
+}
+
+async fn flip_story(sandbox: &Sandbox) -> Result<()> {
+    phase("start three nodes (adverts every 500 ms)");
+    let options = ClusterOptions { config: GATE_CONFIG.to_string(), ..Default::default() };
+    let cluster = Cluster::start_with(sandbox, 3, options).await?;
+    wait_gate(sandbox, &cluster, "every node on the journal", "journal", |_, reason| {
+        reason.contains("all 2 peers advertise journal_lease=true")
+    })
+    .await?;
+
+    phase("turn node 3's journal_lease off: the whole pool goes to the bus");
+    set_flag(sandbox, &cluster, 3, false).await?;
+    wait_gate(sandbox, &cluster, "every node on the bus because of node 3", "bus", |id, reason| {
+        if id == 3 {
+            reason.contains("journal_lease is off on this node")
+        } else {
+            reason.contains("peer 3 advertises journal_lease=false")
+        }
+    })
+    .await?;
+
+    phase("put an every-second schedule that appends its bucket, path and node");
+    let runs_file = sandbox.path().join("runs.txt");
+    let command = format!(
+        "echo \"$LEASEHOLD_BUCKET ${{LEASEHOLD_CLAIM_PATH:-journal}} ${{LEASEHOLD_NODE_ID:-executor}}\" >> {}",
+        runs_file.display()
+    );
+    let addr = cluster.node(1)?.addr();
+    let env = [("LEASEHOLD_ADDR", addr.as_str())];
+    run_cli(
+        sandbox,
+        &["cron", "put", SCHEDULE, "--cron", "* * * * * *", "--command", &command],
+        &env,
+    )
+    .await?
+    .success()?;
+    let bus_runs = wait_runs(&runs_file, 0, TICKS_PER_PHASE).await?;
+    ensure!(
+        bus_runs.iter().all(|run| run.path == "bus"),
+        "a tick ran off the bus while node 3's flag was off: {bus_runs:?}"
+    );
+
+    phase("turn node 3's flag on: the pool moves to the journal within a few heartbeats");
+    let on_ms = set_flag(sandbox, &cluster, 3, true).await?;
+    let switching = tokio::time::Instant::now();
+    wait_gate(sandbox, &cluster, "every node on the journal", "journal", |_, reason| {
+        reason.contains("all 2 peers advertise journal_lease=true")
+    })
+    .await?;
+    eprintln!("the pool moved to the journal in {} ms", switching.elapsed().as_millis());
+    let before = read_runs(&runs_file)?.len();
+    wait_runs(&runs_file, before, TICKS_PER_PHASE).await?;
+
+    phase("turn node 3's flag off again: back to the bus");
+    let off_ms = set_flag(sandbox, &cluster, 3, false).await?;
+    wait_gate(sandbox, &cluster, "every node on the bus again", "bus", |id, reason| {
+        if id == 3 {
+            reason.contains("journal_lease is off on this node")
+        } else {
+            reason.contains("peer 3 advertises journal_lease=false")
+        }
+    })
+    .await?;
+    let before = read_runs(&runs_file)?.len();
+    wait_runs(&runs_file, before, TICKS_PER_PHASE).await?;
+
+    phase("pause the schedule and let the last runs land");
+    run_cli(sandbox, &["cron", "pause", SCHEDULE], &env).await?.success()?;
+    let mut last = (usize::MAX, tokio::time::Instant::now());
+    let quiet = deadline_in(PHASE_TIMEOUT);
+    let runs = wait_until("the runs file to stay unchanged for 3 s", quiet, || {
+        let look = read_runs(&runs_file).map(|runs| {
+            if runs.len() != last.0 {
+                last = (runs.len(), tokio::time::Instant::now());
+                Check::NotYet(format!("{} runs", runs.len()))
+            } else if last.1.elapsed() >= Duration::from_secs(3) {
+                Check::Done(runs)
+            } else {
+                let quiet_ms = last.1.elapsed().as_millis();
+                Check::NotYet(format!("{} runs, quiet for {quiet_ms} ms", runs.len()))
+            }
+        });
+        async move { look }
+    })
+    .await?;
+
+    phase("judge: every bucket from the first to the last ran exactly once, on the right path");
+    let mut by_bucket: BTreeMap<u64, Vec<&RunLine>> = BTreeMap::new();
+    for run in &runs {
+        by_bucket.entry(run.bucket).or_default().push(run);
+    }
+    let twice: Vec<_> = by_bucket.iter().filter(|(_, runs)| runs.len() > 1).collect();
+    ensure!(twice.is_empty(), "buckets that ran more than once: {twice:?}");
+    let (first, last) = match (by_bucket.keys().next(), by_bucket.keys().next_back()) {
+        (Some(first), Some(last)) => (*first, *last),
+        _ => bail!("no runs at all"),
+    };
+    let missing: Vec<u64> = (first..=last).filter(|b| !by_bucket.contains_key(b)).collect();
+    ensure!(missing.is_empty(), "buckets that never ran between {first} and {last}: {missing:?}");
+    // Ticks well before a flip ran on the old path, ticks well after it
+    // (settle time plus a second) on the new one; a tick in between may run
+    // on either, but only once (checked above).
+    let expected = |bucket: u64| {
+        let tick_ms = bucket * 1_000;
+        if tick_ms < on_ms {
+            Some("bus")
+        } else if tick_ms >= on_ms + SETTLE_MS + 1_000 && tick_ms < off_ms {
+            Some("journal")
+        } else if tick_ms >= off_ms + SETTLE_MS + 1_000 {
+            Some("bus")
+        } else {
+            None
+        }
+    };
+    for run in &runs {
+        if let Some(path) = expected(run.bucket) {
+            ensure!(
+                run.path == path,
+                "bucket {} ran on {} (node {}), expected {path}",
+                run.bucket,
+                run.path,
+                run.node
+            );
+        }
+    }
+    let journal_runs = runs.iter().filter(|r| r.path == "journal").count();
+    ensure!(journal_runs >= TICKS_PER_PHASE, "only {journal_runs} journal runs: {runs:?}");
+    eprintln!(
+        "{} buckets {first}..={last}, each exactly once ({journal_runs} on the journal)",
+        runs.len()
+    );
+
+    phase("metrics count decisions by path and reason");
+    let metrics = http_get(cluster.node(1)?.http, "/metrics").await?;
+    for labels in
+        ["path=\"bus\",reason=\"peer_incapable\"", "path=\"journal\",reason=\"all_capable\""]
+    {
+        ensure!(
+            metrics
+                .lines()
+                .any(|l| l.starts_with("leasehold_gate_decisions_total{") && l.contains(labels)),
+            "no gate decision metric with {labels}"
+        );
+    }
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_forged_advert_changes_nothing_and_is_counted() -> Result<()> {
+    let sandbox = Sandbox::new("gate-forged-advert")?;
+    sandbox.run(Duration::from_secs(150), forged_story(&sandbox)).await
+}
+
+/// Signs an advert as a peer would, with `secret`.
+fn signed_advert(secret: &[u8], advert: &v1::Advert) -> Result<v1::Signed> {
+    use hmac::Mac;
+    let body = advert.encode_to_vec();
+    let mut mac = hmac::Hmac::<sha2::Sha256>::new_from_slice(secret)
+        .map_err(|_| anyhow::anyhow!("HMAC key"))?;
+    mac.update(b"leasehold.advert.v1");
+    mac.update(&[0]);
+    mac.update(&body);
+    Ok(v1::Signed { body, mac: mac.finalize().into_bytes().to_vec() })
+}
+
+async fn forged_story(sandbox: &Sandbox) -> Result<()> {
+    phase("start three nodes; all on the journal");
+    let options = ClusterOptions { config: GATE_CONFIG.to_string(), ..Default::default() };
+    let cluster = Cluster::start_with(sandbox, 3, options).await?;
+    wait_gate(sandbox, &cluster, "every node on the journal", "journal", |_, reason| {
+        reason.contains("all 2 peers advertise journal_lease=true")
+    })
+    .await?;
+    let node = cluster.node(1)?;
+    let channel = Endpoint::from_shared(node.addr())?.timeout(RPC_TIMEOUT).connect_lazy();
+    let mut peer = PeerClient::new(channel);
+    let rejected_before = rejected_count(node.http).await?;
+
+    phase("send node 1 forged adverts: node 2 and a stranger (9) saying journal_lease=false");
+    let now_ms = unix_ms()?;
+    for (node_id, mac_secret) in
+        [(2, "not-the-cluster-secret-at-all"), (9, "another-wrong-secret!!")]
+    {
+        let advert = v1::Advert {
+            node_id,
+            version: "forger".into(),
+            journal_lease: Some(false),
+            sent_at_ms: now_ms + 3_600_000,
+            ..Default::default()
+        };
+        let forged = signed_advert(mac_secret.as_bytes(), &advert)?;
+        let answer = peer.advertise(forged).await;
+        ensure!(
+            matches!(&answer, Err(status) if status.code() == tonic::Code::Unauthenticated),
+            "a forged advert was answered {answer:?}"
+        );
+    }
+    let unsigned = v1::Signed {
+        body: v1::Advert { node_id: 2, journal_lease: Some(false), ..Default::default() }
+            .encode_to_vec(),
+        mac: Vec::new(),
+    };
+    ensure!(peer.advertise(unsigned).await.is_err(), "an unsigned advert was taken");
+
+    phase("node 1's registry and decision are unchanged, and the drops are counted");
+    let views = gate_views(sandbox, &cluster).await?;
+    ensure!(
+        views.get(&1).is_some_and(|(path, reason, _)| path == "journal"
+            && reason.contains("all 2 peers advertise journal_lease=true")),
+        "node 1's decision changed: {views:?}"
+    );
+    let status = node.local_status().await?;
+    ensure!(
+        status.adverts.iter().all(|a| a.node_id != 9 && a.journal_lease == Some(true)),
+        "node 1 holds a forged advert: {:?}",
+        status.adverts
+    );
+    ensure!(
+        status.adverts_rejected >= 3,
+        "status counts {} rejected adverts",
+        status.adverts_rejected
+    );
+    let rejected_after = rejected_count(node.http).await?;
+    ensure!(
+        rejected_after >= rejected_before + 3,
+        "metrics count {rejected_after} bad-MAC adverts, {rejected_before} before the forgeries"
+    );
+
+    phase("control: the same advert signed with the cluster secret is acted on");
+    let advert = v1::Advert {
+        node_id: 9,
+        version: "stranger".into(),
+        journal_lease: Some(false),
+        sent_at_ms: unix_ms()?,
+        ..Default::default()
+    };
+    peer.advertise(signed_advert(CLUSTER_SECRET.as_bytes(), &advert)?)
+        .await
+        .context("a correctly signed advert was refused")?;
+    let views = gate_views(sandbox, &cluster).await?;
+    ensure!(
+        views.get(&1).is_some_and(|(path, reason, _)| path == "bus"
+            && reason.contains("peer 9 advertises journal_lease=false")),
+        "node 1 did not act on a valid advert: {views:?}"
+    );
+    Ok(())
+}
+
+/// `leasehold_peer_messages_rejected_total{kind="advert",reason="bad_mac"}` on a node.
+async fn rejected_count(http: SocketAddr) -> Result<u64> {
+    let metrics = http_get(http, "/metrics").await?;
+    let line = metrics.lines().find(|l| {
+        l.starts_with("leasehold_peer_messages_rejected_total{")
+            && l.contains("kind=\"advert\"")
+            && l.contains("reason=\"bad_mac\"")
+    });
+    Ok(match line {
+        Some(line) => line
+            .rsplit(' ')
+            .next()
+            .and_then(|v| v.parse::<f64>().ok())
+            .map(|v| v as u64)
+            .with_context(|| format!("metric line {line:?}"))?,
+        None => 0,
+    })
+}
+
+/// A plain HTTP/1.0 GET, answering the body.
+async fn http_get(addr: SocketAddr, path: &str) -> Result<String> {
+    let exchange = async {
+        let mut stream = tokio::net::TcpStream::connect(addr).await?;
+        stream.write_all(format!("GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n").as_bytes()).await?;
+        let mut reply = String::new();
+        stream.read_to_string(&mut reply).await?;
+        anyhow::Ok(reply)
+    };
+    let reply = tokio::time::timeout(RPC_TIMEOUT, exchange).await.context("HTTP timeout")??;
+    let (_, body) = reply.split_once("\r\n\r\n").context("HTTP reply without a body")?;
+    Ok(body.to_string())
+}
