@@ -256,6 +256,24 @@ mod tests {
     }
 
     #[test]
+    fn gate_settings_are_checked_by_name() {
+        let refused = |config: Config| config.validate().err().map(|e| e.to_string());
+        let error = refused(Config { advert_interval_ms: 0, ..Config::default() });
+        assert!(error.as_deref().is_some_and(|e| e.contains("advert_interval_ms")), "{error:?}");
+        let error = refused(Config { advert_stale_after_ms: 3_000, ..Config::default() });
+        assert!(error.as_deref().is_some_and(|e| e.contains("advert_stale_after_ms")), "{error:?}");
+        let error = refused(Config { bus_window_ms: 0, ..Config::default() });
+        assert!(error.as_deref().is_some_and(|e| e.contains("bus_window_ms")), "{error:?}");
+        let error = refused(Config { cluster_secret: Some("short".into()), ..Config::default() });
+        assert!(error.as_deref().is_some_and(|e| e.contains("cluster_secret")), "{error:?}");
+        let config = Config::default();
+        assert!(
+            config.journal_lease && !config.journal_lease_dry_run,
+            "fresh nodes use the journal"
+        );
+    }
+
+    #[test]
     fn out_of_range_values_are_refused_by_name() {
         let config = Config { id: 0, ..Config::default() };
         let error = config.validate().err().map(|e| e.to_string()).unwrap_or_default();

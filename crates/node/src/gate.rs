@@ -191,3 +191,46 @@ pub async fn release(gate: &Gate, journal: &Journal, key: &str) {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_secret_comes_from_config_then_file_then_the_data_dir_then_is_generated()
+    -> Result<(), Box<dyn std::error::Error>> {
+        let dir = tempfile::tempdir()?;
+        let data = dir.path().join("data");
+        std::fs::create_dir_all(&data)?;
+        let file = dir.path().join("secret.txt");
+        std::fs::write(&file, "a secret kept in a file\n")?;
+        let mut config = Config {
+            data: data.clone(),
+            cluster_secret: Some("the configured cluster secret".into()),
+            cluster_secret_file: Some(file.clone()),
+            ..Config::default()
+        };
+        let configured = resolve_secret(&config)?;
+        assert_eq!(configured.secret.as_bytes(), b"the configured cluster secret");
+        assert!(!configured.generated);
+
+        config.cluster_secret = None;
+        let from_file = resolve_secret(&config)?;
+        assert_eq!(from_file.secret.as_bytes(), b"a secret kept in a file");
+        assert!(!from_file.generated);
+
+        config.cluster_secret_file = None;
+        let fresh = resolve_secret(&config)?;
+        assert!(fresh.generated && fresh.fresh);
+        keep_dev_secret(&data, &fresh.secret)?;
+        let kept = resolve_secret(&config)?;
+        assert!(kept.generated && !kept.fresh);
+        assert_eq!(kept.secret, fresh.secret, "a restart keeps the dev secret");
+
+        std::fs::write(&file, "short")?;
+        config.cluster_secret_file = Some(file);
+        let refused = resolve_secret(&config).err().map(|e| e.to_string()).unwrap_or_default();
+        assert!(refused.contains("cluster_secret_file"), "{refused}");
+        Ok(())
+    }
+}
