@@ -13,14 +13,12 @@
 //! skewed ahead (`clock_offset_ms` under `fault_injection`), so no test
 //! waits for minutes.
 //!
-//! Another module may grow a shared multi-node helper; this one keeps its
-//! own small `leasehold serve` starter ([`ServeNode`]) because it needs
-//! configuration files (election timeouts, clock offsets) per node.
+//! The nodes are the shared harness's (`support.rs`): a [`Cluster`] whose
+//! nodes run with long election timeouts, or one [`Node`] restarted with its
+//! clock skewed by a new configuration file.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use anyhow::{Context, Result, bail, ensure};
@@ -28,12 +26,11 @@ use leasehold_client::{Client, RetryPolicy};
 use leasehold_core::schedule::{HISTORY_LEN, LATE_AFTER_MS};
 use leasehold_node::driver::TICK_TOLERANCE_MS;
 use leasehold_proto::v1;
-use nix::sys::signal::Signal;
 use serde_json::Value;
 use tokio::time::Instant;
 
 use super::support::{
-    Check, CliRun, Node, Process, RPC_TIMEOUT, Sandbox, binary, deadline_in, free_port, phase,
+    Check, CliRun, Cluster, ClusterOptions, Node, RPC_TIMEOUT, Sandbox, deadline_in, phase,
     run_cli, wait_until,
 };
 
@@ -93,7 +90,7 @@ struct Kill {
 /// first fired to the last exactly once, each as the job history names.
 async fn leader_kills_story(sandbox: &Sandbox) -> Result<()> {
     phase("start a three-node cluster (election timeouts 3-4 s)");
-    let mut nodes = start_three_nodes(sandbox).await?;
+    let mut cluster = start_three_nodes(sandbox).await?;
     let runs_file = sandbox.path().join("runs.txt");
     const NAME: &str = "every-second";
 
@@ -102,7 +99,7 @@ async fn leader_kills_story(sandbox: &Sandbox) -> Result<()> {
     let command = append_run_command(&runs_file);
     cli(
         sandbox,
-        &nodes[0].addr(),
+        &cluster.node(1)?.addr(),
         &[
             "cron",
             "put",
@@ -125,7 +122,7 @@ async fn leader_kills_story(sandbox: &Sandbox) -> Result<()> {
     )
     .await?
     .success()?;
-    let client = nodes[0].client()?;
+    let client = quiet_client(&cluster.node(1)?.addr())?;
     let created_at_ms = wait_until("the schedule to read back", deadline_in(RPC_TIMEOUT), || {
         let client = client.clone();
         async move {
@@ -138,41 +135,43 @@ async fn leader_kills_story(sandbox: &Sandbox) -> Result<()> {
     .await?;
     ensure!(created_at_ms >= put_ms, "created_at_ms {created_at_ms} before the put at {put_ms}");
 
-    let first = wait_fired_up_to(&mut nodes, NAME, 0, "the first tick").await?;
-    wait_fired_up_to(&mut nodes, NAME, first + TICKS_BETWEEN_KILLS, "ticks before the first kill")
+    let first = wait_fired_up_to(cluster.nodes_mut(), NAME, 0, "the first tick").await?;
+    let before_kills = first + TICKS_BETWEEN_KILLS;
+    wait_fired_up_to(cluster.nodes_mut(), NAME, before_kills, "ticks before the first kill")
         .await?;
 
     let mut kills = Vec::new();
     for round in 1..=KILLS {
         phase(&format!("kill {round}: SIGKILL the leader between two ticks"));
-        let leader = wait_for_leader(&mut nodes, "a leader all running nodes agree on").await?;
-        let index = node_index(&nodes, leader)?;
-        let (bucket, at_ms) = kill_between_ticks(&mut nodes[index], NAME).await?;
+        let agreed = "a leader all running nodes agree on";
+        let leader = wait_for_leader(cluster.nodes_mut(), agreed).await?;
+        let (bucket, at_ms) = kill_between_ticks(cluster.node_mut(leader)?, NAME).await?;
         let after_ms = at_ms.saturating_sub(bucket * 1_000);
         eprintln!("killed leader node {leader} {after_ms} ms after the instant of bucket {bucket}");
 
         phase(&format!("kill {round}: wait for a new leader among the survivors"));
         let killed_at = Instant::now();
-        let successor = wait_for_leader(&mut nodes, "a new leader after the kill").await?;
+        let successor = wait_for_leader(cluster.nodes_mut(), "a new leader after the kill").await?;
         ensure!(successor != leader, "the killed node {leader} is still named leader");
         let failover_s = killed_at.elapsed().as_secs_f64();
         eprintln!("node {successor} leads {failover_s:.1} s after the kill");
 
         phase(&format!("kill {round}: restart node {leader} on its data dir and ports"));
-        nodes[index].spawn(sandbox)?;
-        wait_serving(&mut nodes[index], "the restarted node to rejoin and serve", |l| l != 0)
-            .await?;
+        let node = cluster.node_mut(leader)?;
+        node.launch(sandbox)?;
+        wait_serving(node, "the restarted node to rejoin and serve", |l| l != 0).await?;
         kills.push(Kill { node: leader, bucket, at_ms, successor, failover_s });
 
-        wait_fired_up_to(&mut nodes, NAME, bucket + TICKS_BETWEEN_KILLS, "ticks after the restart")
+        let after_restart = bucket + TICKS_BETWEEN_KILLS;
+        wait_fired_up_to(cluster.nodes_mut(), NAME, after_restart, "ticks after the restart")
             .await?;
     }
 
     phase("pause the schedule and wait until every fired job is acked");
-    let addr = nodes[0].addr();
+    let addr = cluster.node(1)?.addr();
     cli(sandbox, &addr, &["cron", "pause", NAME]).await?.success()?;
-    wait_for_paused_record(&nodes[0].client()?, NAME).await?;
-    let jobs = wait_all_acked(&nodes[0].client()?).await?;
+    wait_for_paused_record(&quiet_client(&addr)?, NAME).await?;
+    let jobs = wait_all_acked(&quiet_client(&addr)?).await?;
 
     phase("check: every bucket from the first fired to the last ran exactly once");
     let history = history(sandbox, &addr, NAME).await?;
@@ -275,8 +274,8 @@ const QUIET_PHASE_MS: std::ops::Range<u64> = 400..850;
 /// and this story is about fires, so the kill lands when no command runs.
 /// (An earlier version aimed the kill just after a fire and saw exactly
 /// that redelivery; the runs check names it apart from a double fire.)
-async fn kill_between_ticks(node: &mut ServeNode, name: &str) -> Result<(u64, u64)> {
-    let client = node.client()?;
+async fn kill_between_ticks(node: &mut Node, name: &str) -> Result<(u64, u64)> {
+    let client = quiet_client(&node.addr())?;
     let deadline = Instant::now() + Duration::from_secs(20);
     loop {
         let observed = async {
@@ -312,12 +311,7 @@ async fn kill_between_ticks(node: &mut ServeNode, name: &str) -> Result<(u64, u6
 
 /// Waits until some running node reports `last_fired_bucket >= bucket`
 /// (any fired tick at all when `bucket` is 0), and answers it.
-async fn wait_fired_up_to(
-    nodes: &mut [ServeNode],
-    name: &str,
-    bucket: u64,
-    what: &str,
-) -> Result<u64> {
+async fn wait_fired_up_to(nodes: &mut [Node], name: &str, bucket: u64, what: &str) -> Result<u64> {
     let what = format!("{what} (last fired bucket >= {bucket})");
     wait_until(&what, deadline_in(Duration::from_secs(40)), || {
         let clients = running_clients(nodes);
@@ -358,9 +352,9 @@ async fn a_command_finishing_during_a_failover_runs_once() -> Result<()> {
 async fn ack_during_failover_story(sandbox: &Sandbox) -> Result<()> {
     const NAME: &str = "on-one-follower";
     phase("start a three-node cluster (election timeouts 3-4 s)");
-    let mut nodes = start_three_nodes(sandbox).await?;
-    let leader = wait_for_leader(&mut nodes, "a leader").await?;
-    let runner = nodes.iter().map(|n| n.id).find(|&id| id != leader).context("no follower")?;
+    let mut cluster = start_three_nodes(sandbox).await?;
+    let leader = wait_for_leader(cluster.nodes_mut(), "a leader").await?;
+    let runner = cluster.ids().into_iter().find(|&id| id != leader).context("no follower")?;
     let started_file = sandbox.path().join("started.txt");
     let runs_file = sandbox.path().join("runs.txt");
 
@@ -390,7 +384,7 @@ async fn ack_during_failover_story(sandbox: &Sandbox) -> Result<()> {
         "--lease-ttl-ms",
         "3000",
     ];
-    cli(sandbox, &nodes[0].addr(), &put).await?.success()?;
+    cli(sandbox, &cluster.node(1)?.addr(), &put).await?.success()?;
 
     phase(&format!("SIGKILL leader node {leader} while node {runner} runs a command"));
     let running = wait_until("a command in progress", deadline_in(Duration::from_secs(20)), || {
@@ -410,15 +404,16 @@ async fn ack_during_failover_story(sandbox: &Sandbox) -> Result<()> {
         }
     })
     .await?;
-    let index = node_index(&nodes, leader)?;
-    nodes[index].kill()?;
+    cluster.node_mut(leader)?.kill()?;
     eprintln!("killed node {leader} while job {running} ran on node {runner}");
-    wait_for_leader(&mut nodes, "a new leader after the kill").await?;
-    nodes[index].spawn(sandbox)?;
-    wait_serving(&mut nodes[index], "the restarted node to rejoin and serve", |l| l != 0).await?;
+    wait_for_leader(cluster.nodes_mut(), "a new leader after the kill").await?;
+    let node = cluster.node_mut(leader)?;
+    node.launch(sandbox)?;
+    wait_serving(node, "the restarted node to rejoin and serve", |l| l != 0).await?;
+    let addr = node.addr();
 
     phase("let the lease of the job lapse (3 s), pause, wait for every job to be acked");
-    let client = nodes[index].client()?;
+    let client = quiet_client(&addr)?;
     wait_until("ten more ticks", deadline_in(Duration::from_secs(30)), || {
         let client = client.clone();
         async move {
@@ -430,12 +425,12 @@ async fn ack_during_failover_story(sandbox: &Sandbox) -> Result<()> {
         }
     })
     .await?;
-    cli(sandbox, &nodes[index].addr(), &["cron", "pause", NAME]).await?.success()?;
+    cli(sandbox, &addr, &["cron", "pause", NAME]).await?.success()?;
     wait_for_paused_record(&client, NAME).await?;
     wait_all_acked(&client).await?;
 
     phase("check: every fired tick ran exactly once");
-    let history = history(sandbox, &nodes[index].addr(), NAME).await?;
+    let history = history(sandbox, &addr, NAME).await?;
     let fired: Vec<u64> = history.iter().filter(|t| t.is_fired()).map(|t| t.bucket).collect();
     check_each_bucket_ran_once(&runs_by_bucket(&read_runs(&runs_file)?), &fired)
 }
@@ -522,8 +517,8 @@ async fn catchup_story(sandbox: &Sandbox, policy: Policy) -> Result<()> {
         (61_000 - now_ms.rem_euclid(60_000)).rem_euclid(60_000)
     };
     let config = write_config(sandbox, "clock-1.toml", &clock_config(first_offset_ms))?;
-    let mut node = ServeNode::new(sandbox, 1, None, Some(config))?;
-    node.spawn(sandbox)?;
+    let mut node = Node::new(sandbox, 1, Some(config), None)?;
+    node.launch(sandbox)?;
     wait_serving(&mut node, "node 1 to lead and serve reads", |l| l == 1).await?;
 
     phase(&format!("put both schedules with catch-up {}", policy.flag()));
@@ -539,7 +534,7 @@ async fn catchup_story(sandbox: &Sandbox, policy: Policy) -> Result<()> {
     }
 
     phase("let two half-minute ticks fire, then stop the node (SIGTERM: drain, exit)");
-    let client = node.client()?;
+    let client = quiet_client(&node.addr())?;
     wait_until("two fired half-minute ticks", deadline_in(Duration::from_secs(70)), || {
         let client = client.clone();
         async move {
@@ -555,7 +550,7 @@ async fn catchup_story(sandbox: &Sandbox, policy: Policy) -> Result<()> {
         }
     })
     .await?;
-    node.stop().await?;
+    node.stop(deadline_in(STOP_TIMEOUT)).await?;
     let stopped_ms = unix_ms_signed()?;
     // Every bucket fired before the stop lies at or below this one; every
     // bucket of the restarted node lies five minutes beyond it.
@@ -574,14 +569,14 @@ async fn catchup_story(sandbox: &Sandbox, policy: Policy) -> Result<()> {
     let config = write_config(sandbox, "clock-2.toml", &clock_config(second_offset_ms))?;
     node.config = Some(config);
     let restarted_ms = unix_ms_signed()?;
-    node.spawn(sandbox)?;
+    node.launch(sandbox)?;
     wait_serving(&mut node, "node 1 to lead again", |l| l == 1).await?;
     eprintln!(
         "node clock offset {first_offset_ms} ms before the stop, {second_offset_ms} ms after"
     );
 
     phase("wait for the restarted leader to plan the missed ticks, then pause both");
-    let client = node.client()?;
+    let client = quiet_client(&node.addr())?;
     for name in [EVERY_SECOND, HALF_MINUTE] {
         wait_until(
             &format!("{name}: the ticks up to bucket {newest_missed} to be planned"),
@@ -1473,132 +1468,27 @@ fn unix_ms_signed() -> Result<i64> {
 }
 
 // ---------------------------------------------------------------------------
-// A `leasehold serve` process per node, restartable on its ports and data.
+// Nodes: polls over the shared harness's nodes, and the three-node cluster.
 // ---------------------------------------------------------------------------
 
-/// One node of a test cluster, with its own ports, data directory and
-/// optional configuration file; killed and restarted as the same node.
-struct ServeNode {
-    id: u64,
-    grpc: SocketAddr,
-    http: SocketAddr,
-    data: PathBuf,
-    join: Option<SocketAddr>,
-    /// The TOML file passed with `--config`; may change between runs.
-    config: Option<PathBuf>,
-    process: Option<Process>,
-    incarnation: u32,
-}
-
-impl ServeNode {
-    fn new(
-        sandbox: &Sandbox,
-        id: u64,
-        join: Option<SocketAddr>,
-        config: Option<PathBuf>,
-    ) -> Result<ServeNode> {
-        Ok(ServeNode {
-            id,
-            grpc: SocketAddr::from(([127, 0, 0, 1], free_port()?)),
-            http: SocketAddr::from(([127, 0, 0, 1], free_port()?)),
-            data: sandbox.path().join(format!("data-{id}")),
-            join,
-            config,
-            process: None,
-            incarnation: 0,
-        })
-    }
-
-    fn addr(&self) -> String {
-        format!("http://{}", self.grpc)
-    }
-
-    fn client(&self) -> Result<Client> {
-        quiet_client(&self.addr())
-    }
-
-    /// Starts the process; the caller waits for what it needs.
-    fn spawn(&mut self, sandbox: &Sandbox) -> Result<()> {
-        ensure!(self.process.is_none(), "node {} is already running", self.id);
-        self.incarnation += 1;
-        let log = sandbox.log_file(&format!("node-{}-run-{}", self.id, self.incarnation));
-        let mut command = Command::new(binary());
-        command
-            .arg("serve")
-            .args(["--id", &self.id.to_string()])
-            .args(["--grpc", &self.grpc.to_string()])
-            .args(["--http", &self.http.to_string()])
-            .arg("--data")
-            .arg(&self.data)
-            .env_remove("LEASEHOLD_ADDR")
-            .env("LEASEHOLD_LOG", "info,openraft=warn")
-            .env("NO_COLOR", "1");
-        if let Some(join) = self.join {
-            command.args(["--join", &join.to_string()]);
-        }
-        if let Some(config) = &self.config {
-            command.arg("--config").arg(config);
-        }
-        let name = format!("node {} (run {})", self.id, self.incarnation);
-        self.process = Some(Process::spawn(&name, command, &log)?);
-        Ok(())
-    }
-
-    fn is_running(&self) -> bool {
-        self.process.is_some()
-    }
-
-    fn ensure_running(&mut self) -> Result<()> {
-        match &mut self.process {
-            Some(process) => process.ensure_running(),
-            None => bail!("node {} is not running", self.id),
-        }
-    }
-
-    /// SIGKILL: no drain, no flush, no goodbye.
-    fn kill(&mut self) -> Result<()> {
-        if let Some(mut process) = self.process.take() {
-            process.kill()?;
-        }
-        Ok(())
-    }
-
-    /// SIGTERM, and waits for the drained node to exit with status 0.
-    async fn stop(&mut self) -> Result<()> {
-        let Some(mut process) = self.process.take() else { return Ok(()) };
-        process.signal(Signal::SIGTERM)?;
-        let status = process.wait_exit(deadline_in(STOP_TIMEOUT)).await?;
-        ensure!(status.success(), "node {} exited {status} after SIGTERM", self.id);
-        Ok(())
-    }
-}
-
 /// Clients of the nodes that run, after checking none died unexpectedly.
-fn running_clients(nodes: &mut [ServeNode]) -> Result<Vec<Client>> {
+fn running_clients(nodes: &mut [Node]) -> Result<Vec<Client>> {
     let mut clients = Vec::new();
     for node in nodes.iter_mut().filter(|n| n.is_running()) {
         node.ensure_running()?;
-        clients.push(node.client()?);
+        clients.push(quiet_client(&node.addr())?);
     }
     Ok(clients)
 }
 
-fn node_index(nodes: &[ServeNode], id: u64) -> Result<usize> {
-    nodes.iter().position(|n| n.id == id).with_context(|| format!("no node {id}"))
-}
-
 /// Waits until `node` names a leader `accept` takes and answers a
 /// linearizable read (through that leader); answers the leader.
-async fn wait_serving(
-    node: &mut ServeNode,
-    what: &str,
-    accept: impl Fn(u64) -> bool,
-) -> Result<u64> {
+async fn wait_serving(node: &mut Node, what: &str, accept: impl Fn(u64) -> bool) -> Result<u64> {
     let what = format!("node {} at {}: {what}", node.id, node.grpc);
     let accept = &accept;
     wait_until(&what, deadline_in(NODE_READY_TIMEOUT), || {
         let running = node.ensure_running();
-        let client = node.client();
+        let client = quiet_client(&node.addr());
         async move {
             running?;
             let client = client?;
@@ -1620,7 +1510,7 @@ async fn wait_serving(
 
 /// Waits until every running node names the same leader, itself running,
 /// and that leader answers a linearizable read; answers its id.
-async fn wait_for_leader(nodes: &mut [ServeNode], what: &str) -> Result<u64> {
+async fn wait_for_leader(nodes: &mut [Node], what: &str) -> Result<u64> {
     let running: BTreeSet<u64> = nodes.iter().filter(|n| n.is_running()).map(|n| n.id).collect();
     let running = &running;
     wait_until(what, deadline_in(NODE_READY_TIMEOUT), || {
@@ -1649,39 +1539,11 @@ async fn wait_for_leader(nodes: &mut [ServeNode], what: &str) -> Result<u64> {
     .await
 }
 
-/// Node 1 bootstraps; nodes 2 and 3 join it; answers when all three are
-/// voters and agree that node 1 leads.
-async fn start_three_nodes(sandbox: &Sandbox) -> Result<Vec<ServeNode>> {
-    let config = write_config(sandbox, "cluster.toml", FAILOVER_CONFIG)?;
-    let mut first = ServeNode::new(sandbox, 1, None, Some(config.clone()))?;
-    first.spawn(sandbox)?;
-    wait_serving(&mut first, "bootstrap and lead", |leader| leader == 1).await?;
-    let join = first.grpc;
-    let mut nodes = vec![first];
-    for id in 2..=3 {
-        let mut node = ServeNode::new(sandbox, id, Some(join), Some(config.clone()))?;
-        node.spawn(sandbox)?;
-        nodes.push(node);
-    }
-    for node in &mut nodes[1..] {
-        wait_serving(node, "join and follow node 1", |leader| leader == 1).await?;
-    }
-    let client = nodes[0].client()?;
-    wait_until("three voters", deadline_in(NODE_READY_TIMEOUT), || {
-        let client = client.clone();
-        async move {
-            let status = match client.status().await {
-                Ok(status) => status,
-                Err(error) => return Ok(Check::NotYet(format!("status: {error}"))),
-            };
-            let voters: Vec<u64> = status.nodes.iter().filter(|n| n.voter).map(|n| n.id).collect();
-            Ok(if voters == [1, 2, 3] {
-                Check::Done(())
-            } else {
-                Check::NotYet(format!("voters {voters:?}"))
-            })
-        }
-    })
-    .await?;
-    Ok(nodes)
+/// The three-node cluster of the failover stories: every node with
+/// [`FAILOVER_CONFIG`]'s long election timeouts; node 1 bootstraps, nodes 2
+/// and 3 join it, and the three have converged (see [`Cluster::start_with`]).
+async fn start_three_nodes(sandbox: &Sandbox) -> Result<Cluster> {
+    let options =
+        ClusterOptions { config: FAILOVER_CONFIG.to_string(), ..ClusterOptions::default() };
+    Cluster::start_with(sandbox, 3, options).await
 }

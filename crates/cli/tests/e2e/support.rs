@@ -290,8 +290,9 @@ pub struct Node {
     pub http: SocketAddr,
     /// sled data directory.
     pub data: PathBuf,
-    /// TOML configuration file passed with `--config`, if any.
-    config: Option<PathBuf>,
+    /// TOML configuration file passed with `--config`, if any; a story may
+    /// point it at another file between runs (a clock offset, say).
+    pub config: Option<PathBuf>,
     /// The member to join through; `None` bootstraps (when the data
     /// directory holds no membership yet).
     join: Option<SocketAddr>,
@@ -406,6 +407,25 @@ impl Node {
         Ok(())
     }
 
+    /// Whether a process of this node was started and not yet stopped or
+    /// killed by the test (it may still have died on its own: see
+    /// [`Node::ensure_running`]).
+    pub fn is_running(&self) -> bool {
+        self.process.is_some()
+    }
+
+    /// Stops the node as an operator would: SIGTERM, then waits until the
+    /// drained process exits by itself, which must be with status 0 and
+    /// before `deadline`.
+    pub async fn stop(&mut self, deadline: Instant) -> Result<()> {
+        let Some(process) = &mut self.process else { return Ok(()) };
+        process.signal(Signal::SIGTERM)?;
+        let status = process.wait_exit(deadline).await?;
+        self.process = None;
+        ensure!(status.success(), "node {} exited {status} after SIGTERM", self.id);
+        Ok(())
+    }
+
     /// Starts a single node again on the same ports and data, and waits
     /// until it leads and serves.
     pub async fn restart(&mut self, sandbox: &Sandbox) -> Result<()> {
@@ -417,6 +437,7 @@ impl Node {
     /// Starts the process (`--join` when the node has a member to join
     /// through) without waiting for anything.
     pub fn launch(&mut self, sandbox: &Sandbox) -> Result<()> {
+        ensure!(self.process.is_none(), "node {} is already running", self.id);
         self.incarnation += 1;
         let log = sandbox.log_file(&format!("node-{}-run-{}", self.id, self.incarnation));
         let mut command = Command::new(binary());
@@ -582,6 +603,11 @@ impl Cluster {
     /// Node `id`, to kill, signal or restart it.
     pub fn node_mut(&mut self, id: u64) -> Result<&mut Node> {
         self.nodes.iter_mut().find(|n| n.id == id).with_context(|| format!("no node {id}"))
+    }
+
+    /// Every node, in id order, for a story that polls them all itself.
+    pub fn nodes_mut(&mut self) -> &mut [Node] {
+        &mut self.nodes
     }
 
     /// Every node id.
