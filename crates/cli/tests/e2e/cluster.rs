@@ -19,6 +19,7 @@ mod failover;
 mod formation;
 mod forwarding;
 mod history;
+mod load;
 mod no_quorum;
 mod snapshot_rejoin;
 

@@ -806,6 +806,48 @@ impl Cluster {
         })
         .await
     }
+
+    /// Waits until node `id` has applied everything the leader had
+    /// committed when the wait began: a restarted node has caught up. The
+    /// target is read once, so the wait ends under a load that keeps
+    /// committing.
+    pub async fn wait_caught_up(&mut self, id: u64, within: Duration) -> Result<()> {
+        let deadline = deadline_in(within);
+        let client = self.client()?;
+        let (client, cluster) = (&client, &*self);
+        let (leader, target) = wait_until("a leader's commit index", deadline, || async move {
+            let leader = match client.status().await {
+                Ok(status) if status.leader != 0 => status.leader,
+                Ok(_) => return Ok(Check::NotYet("no leader known".to_string())),
+                Err(error) => return Ok(Check::NotYet(format!("status: {error}"))),
+            };
+            Ok(match cluster.node(leader)?.local_status().await {
+                Ok(me) if me.role == "leader" => Check::Done((leader, me.commit_index)),
+                Ok(me) => Check::NotYet(format!("named leader answers {me:?}")),
+                Err(error) => Check::NotYet(format!("{error:#}")),
+            })
+        })
+        .await?;
+        let stub = self.node(id)?.cluster_stub()?;
+        let what = format!("node {id} to apply index {target}, leader {leader}'s commit");
+        wait_until(&what, deadline, || {
+            let running = self.node_mut(id).and_then(Node::ensure_running);
+            let mut stub = stub.clone();
+            async move {
+                running?;
+                let status = match stub.status(v1::StatusRequest { local_only: true }).await {
+                    Ok(status) => status.into_inner(),
+                    Err(error) => return Ok(Check::NotYet(error.message().to_string())),
+                };
+                let applied = status.nodes.iter().find(|n| n.id == id).map(|n| n.applied_index);
+                Ok(match applied {
+                    Some(applied) if applied >= target => Check::Done(()),
+                    other => Check::NotYet(format!("applied {other:?}")),
+                })
+            }
+        })
+        .await
+    }
 }
 
 /// One look at a cluster through `stubs`: each node is asked in turn, and

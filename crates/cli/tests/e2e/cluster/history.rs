@@ -1,10 +1,12 @@
-//! The record of every client operation of the failover story, and the
-//! checks of SPEC §7 guarantees 1 to 3 over it and over the jobs as the
-//! cluster finally holds them.
+//! The record of every client operation of the load stories (the leader
+//! SIGKILL, the rolling restart; the load is `load.rs`), and the checks of
+//! SPEC §7 guarantees 1 to 3 over it and over the jobs as the cluster
+//! finally holds them.
 //!
-//! The clients of that story only enqueue, claim and ack: they never
-//! refresh, release or nack. So a lease ends in one of two ways only: its
-//! ack (after which the job is never claimed again) or its lapse at
+//! The load clients only enqueue, claim and ack: they never refresh,
+//! release or nack (and a drain releases only what its own node's executor
+//! holds). So a lease ends in one of two ways only: its ack (after which
+//! the job is never claimed again) or its lapse at
 //! `expires_at_ms`, after which the leader's sweep returns the job to ready
 //! (the sweep takes back leases with `expires_at_ms <= cluster time`). Hence
 //! the rule checked for "no two leases valid at the same cluster time": for
@@ -12,7 +14,7 @@
 //! `b.granted_at_ms >= a.expires_at_ms` (a lease is valid on the half-open
 //! interval `[granted_at_ms, expires_at_ms)`), and `b.token > a.token`.
 //! Were releases or nacks in the mix, `a` would end at the earlier of its
-//! expiry and its release instead; this story leaves them out so the rule
+//! expiry and its release instead; the load leaves them out so the rule
 //! needs no server-side timestamps the clients cannot see. Grants a client
 //! never saw (a claim that committed while its answer was lost) are missing
 //! from the record; the rule still holds for every pair of grants it has,
