@@ -105,9 +105,10 @@ struct RunArgs {
     /// Payload bytes per job (the same for every system).
     #[arg(long, default_value_t = 64)]
     payload_bytes: usize,
-    /// Server process whose peak RSS (VmHWM) is read at the end of the run.
-    #[arg(long)]
-    server_pid: Option<u32>,
+    /// Server processes (comma-separated) whose CPU time inside the window
+    /// and peak RSS (VmHWM) at the end are recorded.
+    #[arg(long, value_delimiter = ',')]
+    server_pid: Vec<u32>,
     /// PostgreSQL user (the script's initdb creates it).
     #[arg(long, default_value = "bench")]
     pg_user: String,
@@ -375,22 +376,21 @@ fn run(args: RunArgs) -> anyhow::Result<()> {
         match args.system {
             System::Leasehold => {
                 let system = leasehold::Leasehold::new(&args.addr);
-                measure::drive(&system, System::Leasehold, &config).await
+                measure::drive(&system, System::Leasehold, &config, &args.server_pid).await
             }
             System::Etcd => {
                 let system = etcd::Etcd::new(&args.addr, args.clients);
-                measure::drive(&system, System::Etcd, &config).await
+                measure::drive(&system, System::Etcd, &config, &args.server_pid).await
             }
             System::Postgres => {
                 let system = postgres::Postgres::new(&args.addr, &args.pg_user);
                 system.create_schema().await?;
-                measure::drive(&system, System::Postgres, &config).await
+                measure::drive(&system, System::Postgres, &config, &args.server_pid).await
             }
         }
     })?;
-    if let Some(pid) = args.server_pid {
-        summary.server_peak_rss_kib = measure::peak_rss_kib(pid);
-    }
+    summary.server_peak_rss_kib =
+        args.server_pid.iter().filter_map(|pid| measure::peak_rss_kib(*pid)).max();
     let line = serde_json::to_string(&summary)?;
     println!("{line}");
     eprintln!("{}", summary.one_line());

@@ -135,8 +135,13 @@ pub struct RunSummary {
     pub ack: Latency,
     /// Whole-cycle latency.
     pub cycle: Latency,
-    /// Peak resident set of the server process (VmHWM), KiB, when known.
+    /// Peak resident set of the server process (VmHWM), KiB, when known;
+    /// for a cluster, the largest of its nodes'.
     pub server_peak_rss_kib: Option<u64>,
+    /// CPU time (user + system) the server processes used inside the
+    /// measured window, seconds, summed over the nodes; when known.
+    #[serde(default)]
+    pub server_cpu_s: Option<f64>,
 }
 
 fn one() -> usize {
@@ -209,6 +214,7 @@ pub async fn drive<T: Target>(
     target: &T,
     system: System,
     config: &RunConfig,
+    server_pids: &[u32],
 ) -> anyhow::Result<RunSummary> {
     // Connect everyone first, so connection setup is not in the window.
     let mut connections = Vec::with_capacity(config.clients);
@@ -222,6 +228,15 @@ pub async fn drive<T: Target>(
     let window_start = start + config.warmup;
     let window_end = window_start + config.duration;
     let payload = vec![0x5a_u8; config.payload_bytes];
+    // The servers' CPU time inside the window, read on its two edges.
+    let pids = server_pids.to_vec();
+    let cpu = tokio::spawn(async move {
+        tokio::time::sleep_until(window_start).await;
+        let before = cpu_seconds(&pids);
+        tokio::time::sleep_until(window_end).await;
+        let after = cpu_seconds(&pids);
+        before.zip(after).map(|(before, after)| (after - before).max(0.0))
+    });
     let mut tasks = tokio::task::JoinSet::new();
     for (index, connection) in connections.into_iter().enumerate() {
         let payload = payload.clone();
@@ -248,6 +263,7 @@ pub async fn drive<T: Target>(
         ack: Latency::of(&total.ack),
         cycle: Latency::of(&total.cycle),
         server_peak_rss_kib: None,
+        server_cpu_s: cpu.await.ok().flatten(),
     })
 }
 
@@ -323,6 +339,26 @@ async fn bounded<T>(
         Ok(result) => result.map_err(|e| e.context(what.to_string())),
         Err(_) => anyhow::bail!("{what}: no answer within {} s", CALL_TIMEOUT.as_secs()),
     }
+}
+
+/// User + system CPU seconds of processes `pids` so far (their own, not
+/// their children's), if every one is still there.
+pub fn cpu_seconds(pids: &[u32]) -> Option<f64> {
+    if pids.is_empty() {
+        return None;
+    }
+    let ticks_per_s = nix::unistd::sysconf(nix::unistd::SysconfVar::CLK_TCK).ok()??;
+    let mut ticks = 0_u64;
+    for pid in pids {
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+        // Fields after the command name (which may hold spaces), from field 3.
+        let rest = &stat[stat.rfind(')')? + 1..];
+        let fields: Vec<&str> = rest.split_whitespace().collect();
+        let utime: u64 = fields.get(11)?.parse().ok()?;
+        let stime: u64 = fields.get(12)?.parse().ok()?;
+        ticks += utime + stime;
+    }
+    Some(ticks as f64 / ticks_per_s as f64)
 }
 
 /// Peak resident set (VmHWM, KiB) of process `pid`, if it is still there.

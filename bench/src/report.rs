@@ -43,6 +43,14 @@ fn ratio(ours: Option<f64>, theirs: Option<f64>) -> String {
     }
 }
 
+/// Server CPU milliseconds per cycle (all nodes), or a dash.
+fn cpu_per_cycle(run: &RunSummary) -> String {
+    match run.server_cpu_s {
+        Some(cpu) if run.cycles > 0 => format!("{:.2}", cpu * 1000.0 / run.cycles as f64),
+        _ => "–".to_string(),
+    }
+}
+
 type Runs<'a> = BTreeMap<(usize, usize, u8), &'a RunSummary>;
 
 /// Renders every section there are results for (later lines win for the
@@ -102,17 +110,18 @@ fn single(out: &mut String, by_key: &Runs, targets: &Targets) {
     let get = |clients: usize, system: System| by_key.get(&(1, clients, system as u8)).copied();
     let client_counts = client_counts(by_key, 1);
     out.push_str(
-        "| clients | system | cycles/s | claim p50 | claim p99 | cycle p50 | cycle p99 | errors | claim retries |\n",
+        "| clients | system | cycles/s | server CPU ms/cycle | claim p50 | claim p99 | cycle p50 | cycle p99 | errors | claim retries |\n",
     );
-    out.push_str("| ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n");
+    out.push_str("| ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n");
     for &clients in &client_counts {
         for system in [System::Leasehold, System::Etcd, System::Postgres] {
             if let Some(run) = get(clients, system) {
                 let _ = writeln!(
                     out,
-                    "| {clients} | {} | {:.0} | {} | {} | {} | {} | {} | {} |",
+                    "| {clients} | {} | {:.0} | {} | {} | {} | {} | {} | {} | {} |",
                     system.name(),
                     run.cycles_per_s,
+                    cpu_per_cycle(run),
                     ms(run.claim.p50_us),
                     ms(run.claim.p99_us),
                     ms(run.cycle.p50_us),
@@ -154,6 +163,11 @@ fn single(out: &mut String, by_key: &Runs, targets: &Targets) {
         let _ = writeln!(out, "| {clients} | {} |", cells.join(" | "));
     }
 
+    out.push_str(
+        "\nServer CPU: user + system time of the server process(es) inside the window, all \
+         nodes summed, per counted cycle (PostgreSQL's work happens in its backends, which are \
+         not measured).\n",
+    );
     out.push_str("\n| clients | leasehold peak RSS (VmHWM) |\n| ---: | ---: |\n");
     for &clients in &client_counts {
         let rss = get(clients, System::Leasehold)
@@ -187,17 +201,18 @@ fn cluster(out: &mut String, by_key: &Runs, nodes: usize, targets: &Targets) {
         |n: usize, clients: usize, system: System| by_key.get(&(n, clients, system as u8)).copied();
     let client_counts = client_counts(by_key, nodes);
     out.push_str(
-        "| clients | system | cycles/s | enqueue p50 | enqueue p99 | claim p50 | claim p99 | ack p50 | ack p99 | cycle p50 | cycle p99 | errors | claim retries |\n",
+        "| clients | system | cycles/s | server CPU ms/cycle | enqueue p50 | enqueue p99 | claim p50 | claim p99 | ack p50 | ack p99 | cycle p50 | cycle p99 | errors | claim retries |\n",
     );
-    out.push_str("| ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n");
+    out.push_str("| ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n");
     for &clients in &client_counts {
         for system in [System::Leasehold, System::Etcd] {
             if let Some(run) = get(nodes, clients, system) {
                 let _ = writeln!(
                     out,
-                    "| {clients} | {} ×{nodes} | {:.0} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
+                    "| {clients} | {} ×{nodes} | {:.0} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
                     system.name(),
                     run.cycles_per_s,
+                    cpu_per_cycle(run),
                     ms(run.enqueue.p50_us),
                     ms(run.enqueue.p99_us),
                     ms(run.claim.p50_us),

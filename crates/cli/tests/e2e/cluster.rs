@@ -1,7 +1,8 @@
-//! Cluster acceptance stories (issue 3): three real `leasehold serve`
-//! processes on 127.0.0.1 formed through `--join`, then faults — SIGKILL of
-//! the leader under load, a wiped data directory, a lost quorum, a drain —
-//! each judged by what the clients saw and what the nodes report.
+//! Cluster acceptance stories (issues 3 and 6): three real `leasehold
+//! serve` processes on 127.0.0.1 formed through `--join`, then faults and
+//! operations — SIGKILL of the leader under load, a wiped data directory, a
+//! lost quorum, a drain, a rolling restart of every node under load — each
+//! judged by what the clients saw and what the nodes report.
 //!
 //! Every story takes a slot before it starts its nodes. Three debug-build
 //! nodes per story on a two-core machine leave little slack: with every
@@ -21,6 +22,7 @@ mod forwarding;
 mod history;
 mod load;
 mod no_quorum;
+mod rolling_restart;
 mod snapshot_rejoin;
 
 /// Clusters running at once across the stories of this module.

@@ -1286,7 +1286,7 @@ async fn history(sandbox: &Sandbox, addr: &str, name: &str) -> Result<Vec<Tick>>
 
 /// One line of a runs file: one run of a tick's command.
 #[derive(Clone, Debug)]
-struct Run {
+pub(super) struct Run {
     bucket: u64,
     job_id: u64,
     token: u64,
@@ -1296,14 +1296,14 @@ struct Run {
 /// The command of a tick: append "BUCKET JOB TOKEN ATTEMPT" to `file`. One
 /// short `>>` write per run, so concurrent runs on the three nodes (all on
 /// this machine) never interleave within a line.
-fn append_run_command(file: &Path) -> String {
+pub(super) fn append_run_command(file: &Path) -> String {
     format!(
         r#"echo "$LEASEHOLD_BUCKET $LEASEHOLD_JOB_ID $LEASEHOLD_FENCING_TOKEN $LEASEHOLD_ATTEMPT" >> '{}'"#,
         file.display()
     )
 }
 
-fn read_runs(file: &Path) -> Result<Vec<Run>> {
+pub(super) fn read_runs(file: &Path) -> Result<Vec<Run>> {
     let text = match std::fs::read_to_string(file) {
         Ok(text) => text,
         Err(error) if error.kind() == std::io::ErrorKind::NotFound => String::new(),
@@ -1324,7 +1324,7 @@ fn read_runs(file: &Path) -> Result<Vec<Run>> {
         .collect()
 }
 
-fn runs_by_bucket(runs: &[Run]) -> BTreeMap<u64, Vec<Run>> {
+pub(super) fn runs_by_bucket(runs: &[Run]) -> BTreeMap<u64, Vec<Run>> {
     let mut by_bucket: BTreeMap<u64, Vec<Run>> = BTreeMap::new();
     for run in runs {
         by_bucket.entry(run.bucket).or_default().push(run.clone());
@@ -1336,7 +1336,10 @@ fn runs_by_bucket(runs: &[Run]) -> BTreeMap<u64, Vec<Run>> {
 /// A second run of one job (same id, higher token and attempt) is a
 /// redelivery after a lost ack; a second job for one bucket is a double
 /// fire. The message says which.
-fn check_each_bucket_ran_once(by_bucket: &BTreeMap<u64, Vec<Run>>, expected: &[u64]) -> Result<()> {
+pub(super) fn check_each_bucket_ran_once(
+    by_bucket: &BTreeMap<u64, Vec<Run>>,
+    expected: &[u64],
+) -> Result<()> {
     let expected: BTreeSet<u64> = expected.iter().copied().collect();
     let ran: BTreeSet<u64> = by_bucket.keys().copied().collect();
     let missing: Vec<u64> = expected.difference(&ran).copied().collect();
@@ -1373,7 +1376,7 @@ fn describe_buckets(buckets: &[u64]) -> String {
 }
 
 /// A schedule read over gRPC: `stale` reads the answering node's own state.
-async fn schedule_of(client: &Client, name: &str, stale: bool) -> Result<v1::Schedule> {
+pub(super) async fn schedule_of(client: &Client, name: &str, stale: bool) -> Result<v1::Schedule> {
     let mut request = tonic::Request::new(v1::GetScheduleRequest { name: name.to_string(), stale });
     request.set_timeout(RPC_TIMEOUT);
     let schedule = client
@@ -1387,7 +1390,7 @@ async fn schedule_of(client: &Client, name: &str, stale: bool) -> Result<v1::Sch
 
 /// Waits until the ticker has seen the pause: a tick recorded as skipped
 /// for it. From then on nothing of the schedule fires.
-async fn wait_for_paused_record(client: &Client, name: &str) -> Result<()> {
+pub(super) async fn wait_for_paused_record(client: &Client, name: &str) -> Result<()> {
     wait_until("a tick skipped as paused", deadline_in(Duration::from_secs(20)), || {
         let client = client.clone();
         async move {
@@ -1436,7 +1439,7 @@ async fn wait_all_acked(client: &Client) -> Result<u64> {
 }
 
 /// Runs `leasehold ARGS…` against the node at `addr`.
-async fn cli(sandbox: &Sandbox, addr: &str, args: &[&str]) -> Result<CliRun> {
+pub(super) async fn cli(sandbox: &Sandbox, addr: &str, args: &[&str]) -> Result<CliRun> {
     run_cli(sandbox, args, &[("LEASEHOLD_ADDR", addr)]).await
 }
 

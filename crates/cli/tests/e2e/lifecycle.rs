@@ -23,7 +23,6 @@ use leasehold_proto::v1;
 use leasehold_proto::v1::faults_client::FaultsClient;
 use leasehold_proto::v1::queue_client::QueueClient;
 use nix::sys::signal::Signal;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::time::Instant;
 use tonic::transport::{Channel, Endpoint};
 use tonic_health::pb::HealthCheckRequest;
@@ -31,7 +30,7 @@ use tonic_health::pb::health_check_response::ServingStatus;
 use tonic_health::pb::health_client::HealthClient;
 
 use super::support::{
-    Check, Cluster, ClusterOptions, Node, RPC_TIMEOUT, Sandbox, deadline_in, job, phase,
+    Check, Cluster, ClusterOptions, Node, RPC_TIMEOUT, Sandbox, deadline_in, http_get, job, phase,
     queue_stats, wait_until,
 };
 
@@ -39,8 +38,6 @@ use super::support::{
 const EXEC_QUEUE: &str = "exec";
 /// How long a freshly started single node may take to serve.
 const NODE_READY_TIMEOUT: Duration = Duration::from_secs(45);
-/// Deadline of one HTTP request to a node.
-const HTTP_TIMEOUT: Duration = Duration::from_secs(5);
 /// Readiness is cached about a second and grpc.health is refreshed every
 /// second: a change shows on both within this.
 const READINESS_FLIP_TIMEOUT: Duration = Duration::from_secs(4);
@@ -769,53 +766,6 @@ async fn list_claimed(stub: &mut QueueClient<Channel>) -> Result<Vec<v1::Job>> {
 // ---------------------------------------------------------------------------
 // HTTP, readiness and metrics
 // ---------------------------------------------------------------------------
-
-/// One HTTP response, read whole.
-#[derive(Debug)]
-struct HttpReply {
-    status: u16,
-    content_type: String,
-    body: String,
-}
-
-/// `GET path` over HTTP/1.0 (so the body is delimited by the connection's
-/// close, never chunked), bounded by [`HTTP_TIMEOUT`].
-async fn http_get(addr: SocketAddr, path: &str) -> Result<HttpReply> {
-    let exchange = async {
-        let mut stream = tokio::net::TcpStream::connect(addr).await.context("connect")?;
-        let request = format!("GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n");
-        stream.write_all(request.as_bytes()).await.context("write")?;
-        let mut raw = Vec::new();
-        stream.read_to_end(&mut raw).await.context("read")?;
-        anyhow::Ok(raw)
-    };
-    let raw = tokio::time::timeout(HTTP_TIMEOUT, exchange)
-        .await
-        .map_err(|_| anyhow!("GET {path} on {addr}: no answer within {HTTP_TIMEOUT:?}"))?
-        .with_context(|| format!("GET {path} on {addr}"))?;
-    let text = String::from_utf8(raw).context("the response is not UTF-8")?;
-    let (head, body) =
-        text.split_once("\r\n\r\n").ok_or_else(|| anyhow!("no end of headers: {text:?}"))?;
-    let mut lines = head.lines();
-    let status_line = lines.next().unwrap_or_default();
-    let status = status_line
-        .split_whitespace()
-        .nth(1)
-        .and_then(|code| code.parse().ok())
-        .ok_or_else(|| anyhow!("bad status line {status_line:?}"))?;
-    let mut content_type = String::new();
-    for line in lines {
-        if let Some((name, value)) = line.split_once(':') {
-            if name.eq_ignore_ascii_case("transfer-encoding") {
-                bail!("unexpected {line:?} in an HTTP/1.0 response");
-            }
-            if name.eq_ignore_ascii_case("content-type") {
-                content_type = value.trim().to_string();
-            }
-        }
-    }
-    Ok(HttpReply { status, content_type, body: body.to_string() })
-}
 
 async fn ensure_live(http: SocketAddr) -> Result<()> {
     let livez = http_get(http, "/livez").await?;

@@ -1,8 +1,9 @@
 //! The harness the end-to-end stories share: a per-test sandbox directory,
 //! a guard that SIGKILLs its process on drop, a `leasehold serve` node that
 //! can be killed and restarted on the same data and ports, a cluster of such
-//! nodes formed through `--join`, a runner for one-shot CLI invocations, and
-//! `wait_until`, the only way a test waits.
+//! nodes formed through `--join`, a runner for one-shot CLI invocations, a
+//! plain HTTP GET for the health and metrics endpoints, and `wait_until`,
+//! the only way a test waits.
 //!
 //! Nothing here sleeps to synchronize: every wait is a named condition with
 //! a deadline, and a timeout says what was awaited and what was last seen.
@@ -23,6 +24,7 @@ use leasehold_proto::v1::cluster_client::ClusterClient;
 use leasehold_proto::v1::queue_client::QueueClient;
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::time::Instant;
 use tonic::transport::{Channel, Endpoint};
 
@@ -37,6 +39,8 @@ const NODE_READY_TIMEOUT: Duration = Duration::from_secs(30);
 pub const RPC_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long a one-shot CLI invocation may run.
 const CLI_TIMEOUT: Duration = Duration::from_secs(30);
+/// Deadline of one HTTP request to a node.
+const HTTP_TIMEOUT: Duration = Duration::from_secs(5);
 /// Lines of each log printed when a test fails.
 const LOG_TAIL_LINES: usize = 40;
 
@@ -920,6 +924,56 @@ fn converged_view(status: &v1::StatusResponse, size: usize) -> Result<Converged,
         applied_index: first.applied_index,
         digest: first.digest,
     })
+}
+
+/// One HTTP response, read whole.
+#[derive(Debug)]
+pub struct HttpReply {
+    /// The status code.
+    pub status: u16,
+    /// The Content-Type header (empty when absent).
+    pub content_type: String,
+    /// The body.
+    pub body: String,
+}
+
+/// `GET path` over HTTP/1.0 (so the body is delimited by the connection's
+/// close, never chunked), bounded by [`HTTP_TIMEOUT`].
+pub async fn http_get(addr: SocketAddr, path: &str) -> Result<HttpReply> {
+    let exchange = async {
+        let mut stream = tokio::net::TcpStream::connect(addr).await.context("connect")?;
+        let request = format!("GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n");
+        stream.write_all(request.as_bytes()).await.context("write")?;
+        let mut raw = Vec::new();
+        stream.read_to_end(&mut raw).await.context("read")?;
+        anyhow::Ok(raw)
+    };
+    let raw = tokio::time::timeout(HTTP_TIMEOUT, exchange)
+        .await
+        .map_err(|_| anyhow!("GET {path} on {addr}: no answer within {HTTP_TIMEOUT:?}"))?
+        .with_context(|| format!("GET {path} on {addr}"))?;
+    let text = String::from_utf8(raw).context("the response is not UTF-8")?;
+    let (head, body) =
+        text.split_once("\r\n\r\n").ok_or_else(|| anyhow!("no end of headers: {text:?}"))?;
+    let mut lines = head.lines();
+    let status_line = lines.next().unwrap_or_default();
+    let status = status_line
+        .split_whitespace()
+        .nth(1)
+        .and_then(|code| code.parse().ok())
+        .ok_or_else(|| anyhow!("bad status line {status_line:?}"))?;
+    let mut content_type = String::new();
+    for line in lines {
+        if let Some((name, value)) = line.split_once(':') {
+            if name.eq_ignore_ascii_case("transfer-encoding") {
+                bail!("unexpected {line:?} in an HTTP/1.0 response");
+            }
+            if name.eq_ignore_ascii_case("content-type") {
+                content_type = value.trim().to_string();
+            }
+        }
+    }
+    Ok(HttpReply { status, content_type, body: body.to_string() })
 }
 
 /// What a one-shot CLI invocation did.
