@@ -14,8 +14,9 @@ use leasehold_proto::v1;
 use rand::rngs::StdRng;
 use rand::seq::SliceRandom;
 
-use crate::history::{History, OpFunction, OpType, OpValue};
-use crate::plan::{Fault, Target};
+use crate::disk::Disks;
+use crate::history::{History, LeaseRecord, OpFunction, OpType, OpValue};
+use crate::plan::{ClientLinkMode, Fault, Target};
 use crate::proxy::{LinkRule, Mode, Proxy, Source};
 use crate::supervisor::{ProcessState, Supervisor};
 
@@ -78,6 +79,13 @@ impl Network {
         }
     }
 
+    /// Applies `mode` to the client links (the workload's connections) of
+    /// node `id`'s proxy; node↔node links are untouched.
+    pub fn client_links(&self, id: u64, mode: Mode) -> anyhow::Result<()> {
+        self.proxy(id)?.set(Source::Client, LinkRule::both(mode));
+        Ok(())
+    }
+
     /// Holds everything the peers send to `target`: their requests (at the
     /// target's proxy) and their answers to its requests (at theirs).
     pub fn hold_into(&self, target: u64) -> anyhow::Result<()> {
@@ -127,6 +135,23 @@ pub struct Active {
     kill_then_restart: Vec<u64>,
     network: bool,
     strobe: Option<tokio::task::JoinHandle<()>>,
+    /// Disk-full targets.
+    disks: Vec<u64>,
+    /// What the injection found (recorded with the fault).
+    note: Option<String>,
+}
+
+/// What the nemesis needs for the workload-facing faults (drains' lease
+/// reads, disk-full data dirs).
+pub struct Extras {
+    /// Client addresses (the proxies).
+    pub addrs: Vec<String>,
+    /// The queue whose leases a drained node may hold (the command queue).
+    pub command_queue: String,
+    /// How long after a drained node's exit its leases are read again.
+    pub ttl_read_after: Duration,
+    /// The tmpfs data dirs (disk-full mode), if any.
+    pub disks: Option<Disks>,
 }
 
 /// Injects and heals faults.
@@ -137,15 +162,187 @@ pub struct Nemesis {
     pub network: Network,
     history: History,
     rng: StdRng,
+    extras: Option<Extras>,
+    /// Lease reads a TTL after a drain, still running.
+    later: tokio::task::JoinSet<()>,
+    /// What the last heal did beyond the usual (recorded with it).
+    heal_note: Option<String>,
 }
 
 const PROCESS: &str = "nemesis";
+const DRAINER: &str = "drainer";
+/// How long a restarted node may take to serve again in a rolling drain.
+const RESTART_LIMIT: Duration = Duration::from_secs(30);
 
 impl Nemesis {
     /// A nemesis over a started cluster. `rng` makes the run-time choices
     /// (which follower) deterministic for a given cluster state.
     pub fn new(supervisor: Supervisor, network: Network, history: History, rng: StdRng) -> Nemesis {
-        Nemesis { supervisor, network, history, rng }
+        Nemesis {
+            supervisor,
+            network,
+            history,
+            rng,
+            extras: None,
+            later: tokio::task::JoinSet::new(),
+            heal_note: None,
+        }
+    }
+
+    /// Adds what drains and disk-full rounds need.
+    pub fn with_extras(mut self, extras: Extras) -> Nemesis {
+        self.extras = Some(extras);
+        self
+    }
+
+    /// Waits (bounded) for the lease reads still pending after drains.
+    pub async fn finish(&mut self) {
+        let limit = self.extras.as_ref().map(|e| e.ttl_read_after).unwrap_or_default()
+            + Duration::from_secs(30);
+        if tokio::time::timeout(limit, async { while self.later.join_next().await.is_some() {} })
+            .await
+            .is_err()
+        {
+            self.later.abort_all();
+        }
+    }
+
+    /// Gives the tmpfs mounts back (after the nodes stopped).
+    pub fn release_disks(&mut self) {
+        if let Some(extras) = self.extras.as_mut() {
+            extras.disks = None;
+        }
+    }
+
+    /// The leases of `queue` held by node `id`'s executor, read
+    /// linearizably, recorded as a `lease_read` of the drainer.
+    async fn read_leases(
+        history: History,
+        addrs: Vec<String>,
+        queue: String,
+        round: usize,
+        id: u64,
+        phase: &'static str,
+        exit_code: Option<i32>,
+    ) {
+        let base = OpValue {
+            round: Some(round),
+            nodes: vec![id],
+            phase: Some(phase.to_string()),
+            exit_code,
+            ..OpValue::default()
+        };
+        history.invoke(DRAINER, OpFunction::LeaseRead, base.clone());
+        let holder = format!("node-{id}");
+        let read = async {
+            let client = leasehold_client::Client::connect(&addrs.join(","))?;
+            let request = v1::ListJobsRequest {
+                queue: Some(queue.clone()),
+                state: v1::JobState::Claimed as i32,
+                page_size: 1_000,
+                page_token: String::new(),
+                stale: false,
+            };
+            let page = client.list_jobs(request).await?;
+            let held: Vec<LeaseRecord> = page
+                .jobs
+                .iter()
+                .filter_map(|job| job.lease.as_ref())
+                .filter(|lease| lease.holder == holder)
+                .map(|lease| LeaseRecord {
+                    job_id: lease.job_id,
+                    holder: lease.holder.clone(),
+                    token: lease.token,
+                    epoch: lease.epoch,
+                    granted_at_ms: lease.granted_at_ms,
+                    expires_at_ms: lease.expires_at_ms,
+                    value: None,
+                    attempts: None,
+                })
+                .collect();
+            anyhow::Ok(held)
+        };
+        match tokio::time::timeout(Duration::from_secs(15), read).await {
+            Ok(Ok(leases)) => {
+                history.record(
+                    DRAINER,
+                    OpType::Ok,
+                    OpFunction::LeaseRead,
+                    OpValue { leases, ..base },
+                );
+            }
+            Ok(Err(error)) => {
+                let message = Some(format!("{error:#}"));
+                history.record(
+                    DRAINER,
+                    OpType::Info,
+                    OpFunction::LeaseRead,
+                    OpValue { message, ..base },
+                );
+            }
+            Err(_) => {
+                let message = Some("timed out".to_string());
+                history.record(
+                    DRAINER,
+                    OpType::Info,
+                    OpFunction::LeaseRead,
+                    OpValue { message, ..base },
+                );
+            }
+        }
+    }
+
+    /// Drains node `id`: reads its leases, SIGTERMs it, waits for the exit,
+    /// reads its leases again (and once more a TTL later, in the
+    /// background), and restarts it; with `wait`, until it serves again.
+    async fn drain_node(&mut self, round: usize, id: u64, wait: bool) -> anyhow::Result<()> {
+        let Some(extras) = self.extras.as_ref() else {
+            anyhow::bail!("drain faults need the workload's addresses");
+        };
+        let (addrs, queue, after) =
+            (extras.addrs.clone(), extras.command_queue.clone(), extras.ttl_read_after);
+        if self.supervisor.state(id) == ProcessState::Down {
+            self.supervisor.restart(id)?;
+            return Ok(());
+        }
+        let history = self.history.clone();
+        Self::read_leases(history.clone(), addrs.clone(), queue.clone(), round, id, "before", None)
+            .await;
+        self.supervisor.terminate(id).await?;
+        let code = self.supervisor.last_exit_code(id);
+        tracing::info!(node = id, ?code, "drained node exited");
+        Self::read_leases(history.clone(), addrs.clone(), queue.clone(), round, id, "exit", code)
+            .await;
+        self.later.spawn(async move {
+            tokio::time::sleep(after).await;
+            Self::read_leases(history, addrs, queue, round, id, "ttl", None).await;
+        });
+        self.supervisor.restart(id)?;
+        if wait {
+            self.wait_serving(id, RESTART_LIMIT).await?;
+        }
+        Ok(())
+    }
+
+    /// Waits until node `id` answers its status as a voter with a leader
+    /// known and its applied index within reach of the leader's.
+    async fn wait_serving(&self, id: u64, limit: Duration) -> anyhow::Result<()> {
+        let deadline = tokio::time::Instant::now() + limit;
+        loop {
+            let statuses = self.supervisor.statuses().await;
+            let leader_applied =
+                statuses.values().filter(|s| s.role == "leader").map(|s| s.applied_index).max();
+            if let (Some(mine), Some(leader)) = (statuses.get(&id), leader_applied)
+                && mine.applied_index + 50 >= leader
+                && (mine.role == "follower" || mine.role == "leader")
+            {
+                return Ok(());
+            }
+            if tokio::time::Instant::now() >= deadline {
+                anyhow::bail!("node {id} did not serve again within {} ms", limit.as_millis());
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
     }
 
     async fn leader(&self) -> Option<u64> {
@@ -221,6 +418,7 @@ impl Nemesis {
             .chain(&active.resume)
             .chain(&active.clocks)
             .chain(&active.kill_then_restart)
+            .chain(&active.disks)
             .copied()
             .collect();
         nodes.sort_unstable();
@@ -230,11 +428,12 @@ impl Nemesis {
                 let mut hit = hit.clone();
                 hit.sort_unstable();
                 hit.dedup();
+                let message = active.note.clone().or(describe.message.clone());
                 self.history.record(
                     PROCESS,
                     OpType::Ok,
                     OpFunction::Fault,
-                    OpValue { nodes: hit, ..describe },
+                    OpValue { nodes: hit, message, ..describe },
                 );
             }
             Err(error) => {
@@ -378,6 +577,71 @@ impl Nemesis {
                 }
                 Ok(nodes)
             }
+            Fault::Drain { target } => {
+                let nodes = self.resolve(*target, None).await?;
+                for id in &nodes {
+                    self.drain_node(active.round, *id, false).await?;
+                }
+                Ok(nodes)
+            }
+            Fault::RollingDrain => {
+                let ids = self.supervisor.ids();
+                for id in &ids {
+                    self.drain_node(active.round, *id, true).await?;
+                }
+                Ok(ids)
+            }
+            Fault::ClientLinks { target, mode } => {
+                let nodes = self.resolve(*target, None).await?;
+                let mode = match mode {
+                    ClientLinkMode::Blackhole => Mode::Blackhole,
+                    ClientLinkMode::Reset => Mode::Reset,
+                    ClientLinkMode::Delay => Mode::Delay { base_ms: 300, jitter_ms: 300 },
+                };
+                active.network = true;
+                for id in &nodes {
+                    self.network.client_links(*id, mode)?;
+                }
+                Ok(nodes)
+            }
+            Fault::DiskFull { target } => {
+                let disks = self.extras.as_ref().and_then(|e| e.disks.as_ref());
+                let why = match disks {
+                    None => Some("the plan put no data dir on tmpfs".to_string()),
+                    Some(disks) => disks.unavailable.clone(),
+                };
+                if let Some(why) = why {
+                    anyhow::bail!("disk-full skipped: {why}");
+                }
+                let nodes = self.resolve(*target, None).await?;
+                for id in &nodes {
+                    let dir = &self.supervisor.spec(*id)?.data_dir;
+                    let mounted = self
+                        .extras
+                        .as_ref()
+                        .and_then(|e| e.disks.as_ref())
+                        .is_some_and(|d| d.is_mounted(dir));
+                    if !mounted {
+                        anyhow::bail!("disk-full skipped: {} is not a tmpfs", dir.display());
+                    }
+                }
+                let mut filled = Vec::new();
+                for id in &nodes {
+                    let dir = self.supervisor.spec(*id)?.data_dir.clone();
+                    active.disks.push(*id);
+                    let (bytes, full) = tokio::task::spawn_blocking(move || {
+                        crate::disk::fill(&dir, 4 * 1024 * 1024 * 1024)
+                    })
+                    .await??;
+                    filled.push(format!(
+                        "node {id}: ballast {} MiB{}",
+                        bytes / (1024 * 1024),
+                        if full { "; ENOSPC" } else { "; not full" }
+                    ));
+                }
+                active.note = Some(filled.join(", "));
+                Ok(nodes)
+            }
         }
     }
 
@@ -393,7 +657,7 @@ impl Nemesis {
         self.history.invoke(PROCESS, OpFunction::Heal, describe.clone());
         let result = self.undo(active).await;
         let (kind, message) = match &result {
-            Ok(()) => (OpType::Ok, None),
+            Ok(()) => (OpType::Ok, self.heal_note.take()),
             Err(error) => (OpType::Info, Some(error.to_string())),
         };
         self.history.record(PROCESS, kind, OpFunction::Heal, OpValue { message, ..describe });
@@ -409,6 +673,7 @@ impl Nemesis {
                 first_error = Some(error);
             }
         };
+        let mut disk_restarts: Vec<u64> = Vec::new();
         if let Some(strobe) = active.strobe {
             strobe.abort();
         }
@@ -429,6 +694,35 @@ impl Nemesis {
             if self.supervisor.state(*id) != ProcessState::Down {
                 note(self.supervisor.kill(*id).await);
             }
+        }
+        for id in &active.disks {
+            let emptied = match self.supervisor.spec(*id) {
+                Ok(spec) => crate::disk::empty(&spec.data_dir),
+                Err(error) => Err(error),
+            };
+            note(emptied);
+            // Space is back: a node that recovers by itself keeps running;
+            // one that does not (its store gave up on the failed write) is
+            // restarted, as after a crash.
+            if self.supervisor.state(*id) == ProcessState::Running
+                && self.wait_serving(*id, Duration::from_secs(8)).await.is_err()
+            {
+                tracing::warn!(
+                    node = id,
+                    "did not recover after the disk had room again; restarting"
+                );
+                disk_restarts.push(*id);
+                note(self.supervisor.kill(*id).await);
+            }
+        }
+        if !active.disks.is_empty() {
+            self.heal_note = Some(if disk_restarts.is_empty() {
+                format!("ballast removed; nodes {:?} recovered by themselves", active.disks)
+            } else {
+                format!(
+                    "ballast removed; nodes {disk_restarts:?} restarted (no recovery within 8 s)"
+                )
+            });
         }
         // Whatever the fault was, no node stays down or paused.
         self.network.heal();

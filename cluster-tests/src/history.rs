@@ -59,6 +59,34 @@ pub enum OpFunction {
     Heal,
     /// A write made only to time recovery after a heal.
     Probe,
+    /// Schedules.Get of one schedule; the completion lists its tick records.
+    ScheduleRead,
+    /// A read of the leases a drained node still holds (process "drainer").
+    LeaseRead,
+    /// A flip of a node's gate flags (journal_lease, dry-run).
+    GateFlip,
+}
+
+/// One tick record of a schedule, as Schedules.Get reported it.
+#[derive(Clone, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct TickRecord {
+    /// The tick's instant, Unix seconds.
+    pub bucket: u64,
+    /// "fired" or "skipped".
+    pub outcome: String,
+    /// Fired: the jobs enqueued.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub job_ids: Vec<u64>,
+    /// Skipped: overlap, catchup, paused or no_target.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub reason: String,
+    /// Skipped: how many ticks (ending at `bucket`) the record stands for.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub ticks: u64,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 /// One lease as the server described it (a grant or a renewal).
@@ -127,6 +155,19 @@ pub struct OpValue {
     /// Fault/Heal/Probe: the plan round.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub round: Option<usize>,
+    /// ScheduleRead: the schedule.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub schedule: Option<String>,
+    /// ScheduleRead: its tick records, oldest first.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub ticks: Vec<TickRecord>,
+    /// Fault (drain): the drained process's exit code (None: killed by a signal).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub exit_code: Option<i32>,
+    /// LeaseRead: "exit" (right after a drained node exited) or "ttl" (a
+    /// lease TTL and a sweep later); GateFlip: the path now asked for.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub phase: Option<String>,
 }
 
 /// One history entry.

@@ -21,6 +21,9 @@
 //! `docs/reliability.md` says how to run it and what each checker proves.
 
 pub mod checkers;
+pub mod cron;
+pub mod disk;
+pub mod execlog;
 pub mod faults;
 pub mod history;
 pub mod plan;

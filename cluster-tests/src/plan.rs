@@ -157,6 +157,43 @@ pub enum Fault {
         /// Who.
         target: Target,
     },
+    /// SIGTERM: the node drains and exits; the harness reads the leases it
+    /// still holds right after it exited and again a lease TTL and a sweep
+    /// later, then restarts it at once.
+    Drain {
+        /// Who.
+        target: Target,
+    },
+    /// Every node in turn: drain, wait for the exit, restart, wait until it
+    /// serves again (a rolling restart).
+    RollingDrain,
+    /// Client connections to the target (the workload's, through its
+    /// proxy) are blackholed, reset or delayed; node↔node links pass.
+    ClientLinks {
+        /// Whose proxy.
+        target: Target,
+        /// What happens to client bytes.
+        mode: ClientLinkMode,
+    },
+    /// The target's data dir (a size-limited tmpfs) is filled with a
+    /// ballast file until writes fail with ENOSPC; at heal the ballast is
+    /// removed, and the node is restarted if it did not recover by itself.
+    DiskFull {
+        /// Who.
+        target: Target,
+    },
+}
+
+/// What a client-link fault does to client bytes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum ClientLinkMode {
+    /// Swallowed silently, both ways.
+    Blackhole,
+    /// Connections reset, new ones refused.
+    Reset,
+    /// Delayed by a few hundred ms with jitter.
+    Delay,
 }
 
 impl Fault {
@@ -176,6 +213,10 @@ impl Fault {
             Fault::ClockStrobe { .. } => "clock-strobe",
             Fault::ClockDrift { .. } => "clock-drift",
             Fault::StoreFault { .. } => "store-fault",
+            Fault::Drain { .. } => "drain",
+            Fault::RollingDrain => "rolling-drain",
+            Fault::ClientLinks { .. } => "client-links",
+            Fault::DiskFull { .. } => "disk-full",
         }
     }
 }
@@ -239,6 +280,71 @@ pub struct Expectations {
     pub sink_refusals: bool,
     /// Some poison job ended dead.
     pub poison_dead: bool,
+    /// The plan drives cron schedules: ticks must fire and run, and some
+    /// cron job must run more than once (redelivered after a lapse or a
+    /// drain's release).
+    #[serde(default)]
+    pub cron: bool,
+    /// The plan drains nodes: some drained node must have held a lease when
+    /// its drain began.
+    #[serde(default)]
+    pub drains: bool,
+    /// The plan fills a disk: some write must have been answered while a
+    /// data dir was full.
+    #[serde(default)]
+    pub disk_full: bool,
+}
+
+/// One cron schedule the workload puts. Its command appends a `start` and
+/// an `end` line (schedule, bucket, node, token, job, attempt, path) to the
+/// run's execution log, sleeping `run_ms` between them.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CronSchedulePlan {
+    /// Schedule name.
+    pub name: String,
+    /// Ticks every this many seconds (a 6-field cron on the seconds).
+    pub period_s: u64,
+    /// "coalesce", "skip" or "all".
+    pub catchup: String,
+    /// "allow" or "skip".
+    pub overlap: String,
+    /// How long each run takes.
+    pub run_ms: u64,
+    /// The lease TTL of its jobs.
+    pub lease_ttl_ms: u64,
+}
+
+impl CronSchedulePlan {
+    /// The 6-field cron expression of the period.
+    pub fn cron(&self) -> String {
+        if self.period_s <= 1 {
+            "* * * * * *".to_string()
+        } else {
+            format!("*/{} * * * * *", self.period_s)
+        }
+    }
+}
+
+/// The cron workload.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CronPlan {
+    /// The schedules.
+    pub schedules: Vec<CronSchedulePlan>,
+    /// How often each schedule's tick records are read.
+    pub poll_interval_ms: u64,
+}
+
+/// Settings written to every node's config file.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NodeTuning {
+    /// How long running commands may finish when a node drains.
+    pub drain_grace_ms: u64,
+}
+
+impl Default for NodeTuning {
+    fn default() -> Self {
+        NodeTuning { drain_grace_ms: 30_000 }
+    }
 }
 
 /// Everything a run does, decided by the seed.
@@ -271,6 +377,16 @@ pub struct Plan {
     pub fault_phase_budget_ms: u64,
     /// Counters this plan must hit.
     pub expect: Expectations,
+    /// The cron workload (none in older plans).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cron: Option<CronPlan>,
+    /// Node settings.
+    #[serde(default)]
+    pub tuning: NodeTuning,
+    /// Size of each node's tmpfs data dir, MiB, when the plan fills disks
+    /// (0: data dirs on the ordinary disk).
+    #[serde(default)]
+    pub disk_mb: u64,
 }
 
 impl Plan {
@@ -341,7 +457,15 @@ impl Plan {
                 redeliveries: true,
                 sink_refusals: true,
                 poison_dead: true,
+                cron: true,
+                drains: true,
+                disk_full: true,
             },
+            cron: Some(cron_plan()),
+            // Shorter than the slow schedule's runs, so a drain cuts some
+            // off and must release their leases.
+            tuning: NodeTuning { drain_grace_ms: 1_000 },
+            disk_mb: 128,
         }
     }
 
@@ -354,6 +478,10 @@ impl Plan {
             spent += round.hold_ms + round.settle_ms + 2_000;
             spent <= budget_ms
         });
+        // The checkers that need a kind of round only expect it if it is left.
+        let has = |kinds: &[&str]| self.rounds.iter().any(|r| kinds.contains(&r.fault.kind()));
+        self.expect.drains &= has(&["drain", "rolling-drain"]);
+        self.expect.disk_full &= has(&["disk-full"]);
     }
 
     /// The most a run of this plan may take in all: every phase at its
@@ -394,6 +522,28 @@ impl Plan {
     }
 }
 
+/// The cron workload of both profiles: two every-second schedules (catch-up
+/// coalesce and all, overlap allowed, short runs) and a slow one (every two
+/// seconds, runs longer than a tick and than the drain grace, overlap skip).
+fn cron_plan() -> CronPlan {
+    let schedule = |name: &str, period_s, catchup: &str, overlap: &str, run_ms| CronSchedulePlan {
+        name: name.to_string(),
+        period_s,
+        catchup: catchup.to_string(),
+        overlap: overlap.to_string(),
+        run_ms,
+        lease_ttl_ms: 3_000,
+    };
+    CronPlan {
+        schedules: vec![
+            schedule("tick-coalesce", 1, "coalesce", "allow", 150),
+            schedule("tick-all", 1, "all", "allow", 150),
+            schedule("slow-skip", 2, "coalesce", "skip", 2_500),
+        ],
+        poll_interval_ms: 3_000,
+    }
+}
+
 /// The quick profile: the five core kinds (leader SIGKILL + restart, SIGSTOP
 /// pause, minority partition, one-way cut, clock bump) in a seeded order,
 /// plus one seeded extra. Safety-only swaps the partition for a majority kill.
@@ -411,6 +561,12 @@ fn quick_rounds(rng: &mut StdRng, mode: Mode) -> Vec<Round> {
         },
         one_way,
         Fault::ClockBump { target: Target::Leader, offset_ms: rng.gen_range(3_000..=6_000) },
+        Fault::RollingDrain,
+        Fault::DiskFull { target: Target::Leader },
+        Fault::ClientLinks {
+            target: Target::Leader,
+            mode: if rng.gen_bool(0.5) { ClientLinkMode::Blackhole } else { ClientLinkMode::Reset },
+        },
     ];
     if mode == Mode::SafetyOnly {
         faults.push(Fault::Kill { target: Target::Majority });
@@ -452,7 +608,7 @@ fn any_target(rng: &mut StdRng) -> Target {
 }
 
 fn soak_fault(rng: &mut StdRng, mode: Mode) -> Fault {
-    let kinds = if mode == Mode::SafetyOnly { 15 } else { 13 };
+    let kinds = if mode == Mode::SafetyOnly { 19 } else { 17 };
     match rng.gen_range(0..kinds) {
         0 => Fault::Kill { target: any_target(rng) },
         1 => Fault::Terminate { target: any_target(rng) },
@@ -491,7 +647,18 @@ fn soak_fault(rng: &mut StdRng, mode: Mode) -> Fault {
         12 => Fault::StoreFault {
             target: if rng.gen_bool(0.5) { Target::Follower } else { Target::Leader },
         },
-        13 => Fault::Kill { target: Target::Majority },
+        13 => Fault::Drain { target: any_target(rng) },
+        14 => Fault::RollingDrain,
+        15 => Fault::ClientLinks {
+            target: any_target(rng),
+            mode: match rng.gen_range(0..3) {
+                0 => ClientLinkMode::Blackhole,
+                1 => ClientLinkMode::Reset,
+                _ => ClientLinkMode::Delay,
+            },
+        },
+        16 => Fault::DiskFull { target: any_target(rng) },
+        17 => Fault::Kill { target: Target::Majority },
         _ => Fault::StoreFault { target: Target::Majority },
     }
 }
@@ -514,7 +681,16 @@ mod tests {
         for seed in 0..20 {
             let plan = Plan::generate(seed, Profile::Quick, Mode::SafetyLiveness);
             let kinds: Vec<&str> = plan.rounds.iter().map(|r| r.fault.kind()).collect();
-            for kind in ["kill", "pause", "isolate", "one-way", "clock-bump"] {
+            for kind in [
+                "kill",
+                "pause",
+                "isolate",
+                "one-way",
+                "clock-bump",
+                "rolling-drain",
+                "disk-full",
+                "client-links",
+            ] {
                 assert!(kinds.contains(&kind), "seed {seed}: {kinds:?}");
             }
             assert!(
@@ -547,6 +723,19 @@ mod tests {
         let plan = Plan::generate(9, Profile::Soak, Mode::SafetyLiveness);
         plan.write(&path)?;
         assert_eq!(Plan::read(&path)?, plan);
+        // A plan written before the cron, drain and disk fields still reads.
+        let mut older = serde_json::to_value(&plan)?;
+        if let Some(fields) = older.as_object_mut() {
+            fields.remove("cron");
+            fields.remove("tuning");
+            fields.remove("disk_mb");
+        }
+        if let Some(expect) = older.get_mut("expect").and_then(|e| e.as_object_mut()) {
+            expect.remove("cron");
+        }
+        let older: Plan = serde_json::from_value(older)?;
+        assert_eq!(older.cron, None);
+        assert!(!older.expect.cron);
         let mut old = plan;
         old.version = 0;
         old.write(&path)?;

@@ -30,7 +30,7 @@ use tokio::task::JoinSet;
 use tokio::time::Instant;
 
 use crate::checkers::{self, FinalJob, RunRecord, StatusSample};
-use crate::faults::{Nemesis, Network};
+use crate::faults::{Extras, Nemesis, Network};
 use crate::history::History;
 use crate::plan::Plan;
 use crate::proxy::Proxy;
@@ -60,6 +60,8 @@ const FINAL_READ_LIMIT: Duration = Duration::from_secs(60);
 const SAMPLE_ROUNDS: u32 = 40;
 /// Pause between status sampling rounds.
 const SAMPLE_INTERVAL: Duration = Duration::from_millis(500);
+/// How long pausing the schedules and letting their last runs finish may take.
+const CRON_FINISH_LIMIT: Duration = Duration::from_secs(30);
 /// How long stopping the workload may take.
 const STOP_LIMIT: Duration = Duration::from_secs(45);
 
@@ -103,12 +105,34 @@ pub async fn run(plan: &Plan, options: &Options) -> anyhow::Result<Summary> {
             advertise,
             data_dir: run_dir.join(format!("data/n{id}")),
             log_path: run_dir.join(format!("n{id}.log")),
+            config: Some(run_dir.join(format!("n{id}.toml"))),
         });
         listeners.push((id, listener));
     }
     for ((id, listener), spec) in listeners.into_iter().zip(&specs) {
         proxies.insert(id, Proxy::start(listener, spec.grpc, ips.clone())?);
     }
+    for spec in &specs {
+        if let Some(config) = &spec.config {
+            let text = format!("drain_grace_ms = {}\n", plan.tuning.drain_grace_ms);
+            std::fs::write(config, text)
+                .map_err(|e| anyhow::anyhow!("writing {}: {e}", config.display()))?;
+        }
+    }
+    // Disk-full rounds need every data dir on its own small tmpfs (the
+    // target is chosen at run time).
+    let mut disk_skipped: Option<String> = None;
+    let disks = if plan.disk_mb > 0 && plan.rounds.iter().any(|r| r.fault.kind() == "disk-full") {
+        let dirs: Vec<PathBuf> = specs.iter().map(|s| s.data_dir.clone()).collect();
+        let disks = crate::disk::Disks::mount(&dirs, plan.disk_mb);
+        if let Some(why) = &disks.unavailable {
+            println!("disk-full rounds will be skipped: {why}");
+            disk_skipped = Some(why.clone());
+        }
+        Some(disks)
+    } else {
+        None
+    };
     let network = Network::new(proxies);
     let addrs = network.client_addrs();
     let bin = pin_binary(&options.bin, &run_dir);
@@ -120,8 +144,27 @@ pub async fn run(plan: &Plan, options: &Options) -> anyhow::Result<Summary> {
         supervisor.start(id, Some(first))?;
     }
     supervisor.wait_for_voters(plan.nodes as usize, FORM_LIMIT).await?;
+    let ttl_read_after = Duration::from_millis(
+        plan.cron.iter().flat_map(|c| &c.schedules).map(|s| s.lease_ttl_ms).max().unwrap_or(0)
+            + 2 * 1_000
+            + 3_000,
+    );
+    let extras = Extras {
+        addrs: addrs.clone(),
+        command_queue: crate::cron::COMMAND_QUEUE.to_string(),
+        ttl_read_after,
+        disks,
+    };
     let mut nemesis =
-        Nemesis::new(supervisor, network, history.clone(), StdRng::seed_from_u64(plan.seed));
+        Nemesis::new(supervisor, network, history.clone(), StdRng::seed_from_u64(plan.seed))
+            .with_extras(extras);
+    let exec_log = run_dir.join("exec.log");
+    let cron_names: Vec<String> =
+        plan.cron.iter().flat_map(|c| &c.schedules).map(|s| s.name.clone()).collect();
+    if let Some(cron) = &plan.cron {
+        tracing::info!("--- put {} cron schedules", cron.schedules.len());
+        crate::cron::put_schedules(&addrs, cron, &exec_log, FORM_LIMIT).await?;
+    }
 
     // Phase 2: workload.
     tracing::info!("--- start the workload");
@@ -142,6 +185,15 @@ pub async fn run(plan: &Plan, options: &Options) -> anyhow::Result<Summary> {
     let mut workers = JoinSet::new();
     for index in 0..plan.workload.workers {
         workers.spawn(workload::worker(ctx.clone(), index));
+    }
+    if let Some(cron) = &plan.cron {
+        workers.spawn(crate::cron::poller(
+            history.clone(),
+            addrs.clone(),
+            cron_names.clone(),
+            Duration::from_millis(cron.poll_interval_ms.max(500)),
+            ctx.phase.clone(),
+        ));
     }
     tokio::time::sleep(Duration::from_millis(plan.warmup_ms)).await;
 
@@ -182,6 +234,10 @@ pub async fn run(plan: &Plan, options: &Options) -> anyhow::Result<Summary> {
     tracing::info!("--- drain");
     let _ = phase_tx.send(Phase::Drain);
     drain(&addrs, &plan.queue, &mut producers, Duration::from_millis(plan.drain_timeout_ms)).await;
+    if !cron_names.is_empty() {
+        crate::cron::finish(&history, &addrs, &cron_names, CRON_FINISH_LIMIT).await;
+    }
+    nemesis.finish().await;
     let _ = phase_tx.send(Phase::Stop);
     stop(&mut workers).await;
     stop(&mut producers).await;
@@ -189,31 +245,51 @@ pub async fn run(plan: &Plan, options: &Options) -> anyhow::Result<Summary> {
     // Phase 5: final state and convergence.
     tracing::info!("--- final read and convergence");
     let final_jobs = read_final(&addrs, &plan.queue).await;
+    let final_exec_jobs = if cron_names.is_empty() {
+        None
+    } else {
+        read_final(&addrs, crate::cron::COMMAND_QUEUE).await
+    };
     let samples = sample_statuses(&nemesis.supervisor, &history).await;
     let network_stats: BTreeMap<String, u64> =
         nemesis.network.stats().into_iter().map(|(k, v)| (k.to_string(), v)).collect();
     let node_starts = nemesis.supervisor.starts();
     nemesis.supervisor.stop_all().await;
+    nemesis.release_disks();
 
     // Phase 6: check and summarise.
     history.flush()?;
     let sink_log = sink.log();
     write_jsonl(&run_dir.join("sink.jsonl"), &sink_log)?;
     write_json(&run_dir.join("final-jobs.json"), &final_jobs)?;
+    write_json(&run_dir.join("final-exec-jobs.json"), &final_exec_jobs)?;
     write_json(&run_dir.join("samples.json"), &samples)?;
+    let (runs, malformed) = crate::execlog::read(&exec_log)?;
+    if malformed > 0 {
+        tracing::warn!(malformed, "execution log lines cut short (runs killed mid-write)");
+    }
     let record = RunRecord {
         history: history.snapshot(),
         sink: sink_log,
         final_jobs,
         samples,
         nodes: plan.nodes,
+        runs,
+        final_exec_jobs,
+        cron: plan.cron.clone().map(|c| c.schedules).unwrap_or_default(),
     };
     let verdicts = checkers::all().iter().map(|c| c.check(&record)).collect();
+    let mut expect = plan.expect.clone();
+    if let Some(why) = &disk_skipped {
+        // No disk could be filled here: durable_acks has nothing to hold.
+        println!("durable_acks not applicable in this run: {why}");
+        expect.disk_full = false;
+    }
     let facts = RunFacts {
         seed: plan.seed,
         profile: plan.profile.name().to_string(),
         mode: plan.mode,
-        expect: plan.expect.clone(),
+        expect,
         run_dir: shown(&run_dir),
         duration_ms: started.elapsed().as_millis() as u64,
         rounds_skipped,
@@ -376,6 +452,7 @@ async fn read_final(addrs: &[String], queue: &str) -> Option<Vec<FinalJob>> {
                     state: state_name(job.state),
                     attempts: job.attempts,
                     lease_token: job.lease.as_ref().map(|l| l.token),
+                    key: job.idempotency_key.clone(),
                 });
             }
             if page.next_page_token.is_empty() {
@@ -474,7 +551,19 @@ pub fn check_dir(run_dir: &Path) -> anyhow::Result<Summary> {
     let sink = read_jsonl_values(&run_dir.join("sink.jsonl"))?;
     let final_jobs: Option<Vec<FinalJob>> = read_json(&run_dir.join("final-jobs.json"))?;
     let samples: Vec<StatusSample> = read_json(&run_dir.join("samples.json"))?;
-    let record = RunRecord { history, sink, final_jobs, samples, nodes: plan.nodes };
+    let final_exec_jobs: Option<Vec<FinalJob>> =
+        read_json(&run_dir.join("final-exec-jobs.json")).unwrap_or(None);
+    let (runs, _) = crate::execlog::read(&run_dir.join("exec.log"))?;
+    let record = RunRecord {
+        history,
+        sink,
+        final_jobs,
+        samples,
+        nodes: plan.nodes,
+        runs,
+        final_exec_jobs,
+        cron: plan.cron.clone().map(|c| c.schedules).unwrap_or_default(),
+    };
     let verdicts = checkers::all().iter().map(|c| c.check(&record)).collect();
     let previous: Option<Summary> = read_json(&run_dir.join("summary.json")).ok();
     let facts = RunFacts {

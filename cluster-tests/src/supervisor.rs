@@ -37,6 +37,8 @@ pub struct NodeSpec {
     pub data_dir: PathBuf,
     /// Its log file (appended to across restarts).
     pub log_path: PathBuf,
+    /// Its config file (written by the runner), if any.
+    pub config: Option<PathBuf>,
 }
 
 /// The state of one node process as the supervisor knows it.
@@ -56,6 +58,7 @@ struct NodeProcess {
     paused: bool,
     starts: u32,
     channel: Channel,
+    last_exit: Option<std::process::ExitStatus>,
 }
 
 /// How long a SIGTERMed node may take to drain before it is killed.
@@ -94,7 +97,14 @@ impl Supervisor {
                 .connect_lazy();
             nodes.insert(
                 spec.id,
-                NodeProcess { spec, child: None, paused: false, starts: 0, channel },
+                NodeProcess {
+                    spec,
+                    child: None,
+                    paused: false,
+                    starts: 0,
+                    channel,
+                    last_exit: None,
+                },
             );
         }
         Ok(Supervisor { bin: bin.to_path_buf(), nodes })
@@ -149,6 +159,8 @@ impl Supervisor {
             .arg(spec.advertise.to_string())
             .arg("--fault-injection")
             .env("LEASEHOLD_LOG", "info,openraft=warn")
+            // The cron workload's commands report which node ran them.
+            .env("CHAOS_NODE_ID", spec.id.to_string())
             // Log files, not a terminal: no colour codes.
             .env("NO_COLOR", "1")
             .stdin(Stdio::null())
@@ -156,6 +168,9 @@ impl Supervisor {
             .stderr(log);
         if let Some(member) = join {
             command.arg("--join").arg(member.to_string());
+        }
+        if let Some(config) = &spec.config {
+            command.arg("--config").arg(config);
         }
         let child =
             command.spawn().map_err(|e| anyhow::anyhow!("starting {}: {e}", bin.display()))?;
@@ -184,11 +199,18 @@ impl Supervisor {
         if exited {
             if let Some(status) = node.child.take().and_then(|mut c| c.try_wait().ok().flatten()) {
                 tracing::warn!(node = id, %status, "node exited");
+                node.last_exit = Some(status);
             }
             node.paused = false;
             return ProcessState::Down;
         }
         if node.paused { ProcessState::Paused } else { ProcessState::Running }
+    }
+
+    /// How node `id`'s last process ended: `Some(code)` for an exit,
+    /// `None` for a signal (or not known).
+    pub fn last_exit_code(&self, id: u64) -> Option<i32> {
+        self.nodes.get(&id).and_then(|n| n.last_exit).and_then(|s| s.code())
     }
 
     /// SIGKILL, and wait for the process to be gone.

@@ -11,15 +11,24 @@
 //! | `no_redelivery` | §7.2: an acked job is never granted again; a stale ack is refused |
 //! | `none_lost` | §7.3: every enqueued job ends acked or dead, exactly once |
 //! | `convergence` | replicas reach equal digests at equal applied index |
+//! | `cron_once` | §7.4: each (schedule, bucket) fires at most once, and exactly once within the catch-up policy while a quorum lives |
+//! | `journal_once` | §7.5: on the journal path no job runs twice; one path per claim |
+//! | `drained_leases` | §7.6: a drained node leaves no lease held past its TTL |
+//! | `durable_acks` | a node never acknowledges a write it could not make durable (disk full) |
 
 use serde::{Deserialize, Serialize};
 
+use crate::execlog::ExecEvent;
 use crate::history::Op;
-use crate::plan::Mode;
+use crate::plan::{CronSchedulePlan, Mode};
 use crate::sink::SinkWrite;
 
 pub mod convergence;
+pub mod cron_once;
+pub mod drained_leases;
+pub mod durable_acks;
 pub mod fencing;
+pub mod journal_once;
 pub mod lease_exclusivity;
 pub mod no_redelivery;
 pub mod none_lost;
@@ -38,6 +47,9 @@ pub struct FinalJob {
     /// The token of the job's current (or, once acked, last) lease.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub lease_token: Option<u64>,
+    /// The idempotency key (cron jobs: `cron:NAME:BUCKET`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub key: Option<String>,
 }
 
 /// One read of one node's own status in a sampling round (each round reads
@@ -71,6 +83,12 @@ pub struct RunRecord {
     pub samples: Vec<StatusSample>,
     /// Nodes in the cluster.
     pub nodes: u64,
+    /// The cron workload's runs, from the execution log.
+    pub runs: Vec<ExecEvent>,
+    /// The command queue's jobs after heal; `None` if not read.
+    pub final_exec_jobs: Option<Vec<FinalJob>>,
+    /// The cron schedules the plan put.
+    pub cron: Vec<CronSchedulePlan>,
 }
 
 /// Whether an anomaly breaks safety (always a failure) or liveness.
@@ -143,6 +161,10 @@ pub fn all() -> Vec<Box<dyn Checker>> {
         Box::new(no_redelivery::NoRedelivery),
         Box::new(none_lost::NoneLost),
         Box::new(convergence::Convergence),
+        Box::new(cron_once::CronOnce),
+        Box::new(journal_once::JournalOnce),
+        Box::new(drained_leases::DrainedLeases),
+        Box::new(durable_acks::DurableAcks),
     ]
 }
 

@@ -128,6 +128,7 @@ mod tests {
             state: "acked".to_string(),
             attempts: 0,
             lease_token: Some(token),
+            key: None,
         }
     }
 

@@ -143,6 +143,7 @@ mod tests {
             state: state.to_string(),
             attempts: 1,
             lease_token: None,
+            key: None,
         }
     }
 
