@@ -213,7 +213,21 @@ async fn flip_story(sandbox: &Sandbox) -> Result<()> {
     let env = [("LEASEHOLD_ADDR", addr.as_str())];
     run_cli(
         sandbox,
-        &["cron", "put", SCHEDULE, "--cron", "* * * * * *", "--command", &command],
+        // Catch-up `all`: were the journal to forget the ticks the bus ran,
+        // it would run every one of them again when the pool comes back.
+        &[
+            "cron",
+            "put",
+            SCHEDULE,
+            "--cron",
+            "* * * * * *",
+            "--command",
+            &command,
+            "--catchup",
+            "all",
+            "--catchup-max",
+            "100",
+        ],
         &env,
     )
     .await?
