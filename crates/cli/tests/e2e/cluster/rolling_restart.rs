@@ -286,7 +286,8 @@ async fn restart(sandbox: &Sandbox, cluster: &mut Cluster, id: u64, leads: bool)
     let (job_field, token_field) = (format!(" job={running} "), format!(" token={token} "));
     ensure!(
         released.iter().any(|line| line.contains(&job_field) && line.contains(&token_field)),
-        "node {id} did not release job {running} (token {token}), whose command outlasts the          grace; released: {released:?} (log {})",
+        "node {id} did not release job {running} (token {token}), whose command outlasts the \
+         grace; released: {released:?} (log {})",
         log_path.display()
     );
 
