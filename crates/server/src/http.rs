@@ -1,5 +1,6 @@
 //! The HTTP side of a node: `/livez` (process up), `/readyz` (safe to
-//! schedule; the body names each check) and `/metrics` (Prometheus text).
+//! schedule; the body names each check) and `/metrics` (OpenMetrics text,
+//! which Prometheus scrapes natively).
 
 use axum::Router;
 use axum::extract::State;

@@ -1,4 +1,5 @@
-//! Prometheus metrics of a node, served on `/metrics` in the text format.
+//! Prometheus metrics of a node, served on `/metrics` in the OpenMetrics text
+//! format (Prometheus scrapes it natively).
 //!
 //! Counters and histograms are updated where things happen (the services,
 //! the driver); gauges that describe state (queue depth, Raft progress,
