@@ -137,6 +137,8 @@ pub struct Active {
     strobe: Option<tokio::task::JoinHandle<()>>,
     /// Disk-full targets.
     disks: Vec<u64>,
+    /// Nodes whose journal_lease flag was turned off.
+    gate: Vec<u64>,
     /// What the injection found (recorded with the fault).
     note: Option<String>,
 }
@@ -171,6 +173,9 @@ pub struct Nemesis {
 
 const PROCESS: &str = "nemesis";
 const DRAINER: &str = "drainer";
+/// Gate flips are their own process: the nemesis's fault operation is
+/// still open while it flips (one operation at a time per process).
+const GATE: &str = "gate";
 /// How long a restarted node may take to serve again in a rolling drain.
 const RESTART_LIMIT: Duration = Duration::from_secs(30);
 
@@ -324,6 +329,42 @@ impl Nemesis {
         Ok(())
     }
 
+    /// Sets node `id`'s `journal_lease` flag (asked directly, not through
+    /// its proxy), recorded as a `gate_flip` with the path asked for.
+    async fn set_gate(&self, round: usize, id: u64, journal_lease: bool) -> anyhow::Result<()> {
+        let base = OpValue {
+            round: Some(round),
+            nodes: vec![id],
+            phase: Some(if journal_lease { "journal" } else { "bus" }.to_string()),
+            ..OpValue::default()
+        };
+        self.history.invoke(GATE, OpFunction::GateFlip, base.clone());
+        let mut client = self.supervisor.cluster(id)?;
+        let mut request = tonic::Request::new(v1::SetFlagsRequest {
+            id,
+            journal_lease: Some(journal_lease),
+            dry_run: None,
+        });
+        request.set_timeout(Duration::from_secs(5));
+        match client.set_flags(request).await {
+            Ok(_) => {
+                self.history.record(GATE, OpType::Ok, OpFunction::GateFlip, base);
+                Ok(())
+            }
+            Err(status) => {
+                let message = Some(status.message().to_string());
+                let code = Some(format!("{:?}", status.code()));
+                self.history.record(
+                    GATE,
+                    OpType::Info,
+                    OpFunction::GateFlip,
+                    OpValue { message, code, ..base },
+                );
+                Err(status.into())
+            }
+        }
+    }
+
     /// Waits until node `id` answers its status as a voter with a leader
     /// known and its applied index within reach of the leader's.
     async fn wait_serving(&self, id: u64, limit: Duration) -> anyhow::Result<()> {
@@ -419,6 +460,7 @@ impl Nemesis {
             .chain(&active.clocks)
             .chain(&active.kill_then_restart)
             .chain(&active.disks)
+            .chain(&active.gate)
             .copied()
             .collect();
         nodes.sort_unstable();
@@ -604,6 +646,14 @@ impl Nemesis {
                 }
                 Ok(nodes)
             }
+            Fault::GateFlip { target } => {
+                let nodes = self.resolve(*target, None).await?;
+                for id in &nodes {
+                    active.gate.push(*id);
+                    self.set_gate(active.round, *id, false).await?;
+                }
+                Ok(nodes)
+            }
             Fault::DiskFull { target } => {
                 let disks = self.extras.as_ref().and_then(|e| e.disks.as_ref());
                 let why = match disks {
@@ -693,6 +743,12 @@ impl Nemesis {
         for id in &active.kill_then_restart {
             if self.supervisor.state(*id) != ProcessState::Down {
                 note(self.supervisor.kill(*id).await);
+            }
+        }
+        for id in &active.gate {
+            // A node restarted meanwhile starts with its configured flags.
+            if self.supervisor.state(*id) == ProcessState::Running {
+                note(self.set_gate(active.round, *id, true).await);
             }
         }
         for id in &active.disks {

@@ -175,6 +175,12 @@ pub enum Fault {
         /// What happens to client bytes.
         mode: ClientLinkMode,
     },
+    /// The target's `journal_lease` gate flag is turned off (the whole pool
+    /// moves to the bus path once its advert is seen); on again at heal.
+    GateFlip {
+        /// Whose flag.
+        target: Target,
+    },
     /// The target's data dir (a size-limited tmpfs) is filled with a
     /// ballast file until writes fail with ENOSPC; at heal the ballast is
     /// removed, and the node is restarted if it did not recover by itself.
@@ -217,6 +223,7 @@ impl Fault {
             Fault::RollingDrain => "rolling-drain",
             Fault::ClientLinks { .. } => "client-links",
             Fault::DiskFull { .. } => "disk-full",
+            Fault::GateFlip { .. } => "gate-flip",
         }
     }
 }
@@ -293,6 +300,10 @@ pub struct Expectations {
     /// data dir was full.
     #[serde(default)]
     pub disk_full: bool,
+    /// The plan flips gate flags: some flip must happen and some tick must
+    /// run on the bus path.
+    #[serde(default)]
+    pub gate: bool,
 }
 
 /// One cron schedule the workload puts. Its command appends a `start` and
@@ -460,6 +471,7 @@ impl Plan {
                 cron: true,
                 drains: true,
                 disk_full: true,
+                gate: true,
             },
             cron: Some(cron_plan()),
             // Shorter than the slow schedule's runs, so a drain cuts some
@@ -482,6 +494,7 @@ impl Plan {
         let has = |kinds: &[&str]| self.rounds.iter().any(|r| kinds.contains(&r.fault.kind()));
         self.expect.drains &= has(&["drain", "rolling-drain"]);
         self.expect.disk_full &= has(&["disk-full"]);
+        self.expect.gate &= has(&["gate-flip"]);
     }
 
     /// The most a run of this plan may take in all: every phase at its
@@ -563,6 +576,7 @@ fn quick_rounds(rng: &mut StdRng, mode: Mode) -> Vec<Round> {
         Fault::ClockBump { target: Target::Leader, offset_ms: rng.gen_range(3_000..=6_000) },
         Fault::RollingDrain,
         Fault::DiskFull { target: Target::Leader },
+        Fault::GateFlip { target: Target::Follower },
         Fault::ClientLinks {
             target: Target::Leader,
             mode: if rng.gen_bool(0.5) { ClientLinkMode::Blackhole } else { ClientLinkMode::Reset },
@@ -608,7 +622,7 @@ fn any_target(rng: &mut StdRng) -> Target {
 }
 
 fn soak_fault(rng: &mut StdRng, mode: Mode) -> Fault {
-    let kinds = if mode == Mode::SafetyOnly { 19 } else { 17 };
+    let kinds = if mode == Mode::SafetyOnly { 20 } else { 18 };
     match rng.gen_range(0..kinds) {
         0 => Fault::Kill { target: any_target(rng) },
         1 => Fault::Terminate { target: any_target(rng) },
@@ -658,7 +672,8 @@ fn soak_fault(rng: &mut StdRng, mode: Mode) -> Fault {
             },
         },
         16 => Fault::DiskFull { target: any_target(rng) },
-        17 => Fault::Kill { target: Target::Majority },
+        17 => Fault::GateFlip { target: any_target(rng) },
+        18 => Fault::Kill { target: Target::Majority },
         _ => Fault::StoreFault { target: Target::Majority },
     }
 }
@@ -690,6 +705,7 @@ mod tests {
                 "rolling-drain",
                 "disk-full",
                 "client-links",
+                "gate-flip",
             ] {
                 assert!(kinds.contains(&kind), "seed {seed}: {kinds:?}");
             }

@@ -169,7 +169,11 @@ pub fn vacuity(checker: &str, expect: &Expectations, counters: &Counters) -> Vec
             need(expect.cron, counters.cron.runs_finished, "cron runs finished");
             need(expect.cron, counters.cron.reruns, "cron jobs re-run");
         }
-        "journal_once" => need(expect.cron, counters.journal_claims, "claims on the journal path"),
+        "journal_once" => {
+            need(expect.cron, counters.journal_claims, "claims on the journal path");
+            need(expect.gate, counters.gate_flips, "gate flips");
+            need(expect.gate, counters.bus_claims, "claims on the bus path");
+        }
         "drained_leases" => {
             need(expect.drains, counters.drain.drains, "drains");
             need(expect.drains, counters.drain.held_at_start, "leases held when a drain began");
@@ -571,6 +575,7 @@ mod tests {
             cron: true,
             drains: true,
             disk_full: true,
+            gate: true,
         };
         let summary = Summary::build(&run, verdicts.clone(), facts(expect));
         assert_eq!(summary.passed, 0);

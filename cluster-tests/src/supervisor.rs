@@ -345,6 +345,12 @@ impl Supervisor {
         }
     }
 
+    /// A Cluster client for node `id` (direct, not through its proxy).
+    pub fn cluster(&self, id: u64) -> anyhow::Result<ClusterClient<Channel>> {
+        let node = self.nodes.get(&id).ok_or_else(|| anyhow::anyhow!("no node {id}"))?;
+        Ok(ClusterClient::new(node.channel.clone()))
+    }
+
     /// A Faults client for node `id` (direct, not through its proxy).
     pub fn faults(&self, id: u64) -> anyhow::Result<FaultsClient<Channel>> {
         let node = self.nodes.get(&id).ok_or_else(|| anyhow::anyhow!("no node {id}"))?;
