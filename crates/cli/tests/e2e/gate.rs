@@ -15,6 +15,14 @@
 //! deciding peer. The forged advert is sent straight to a node's Peer
 //! service; a correctly signed advert from an unknown node is the control
 //! showing that the node does act on adverts that verify.
+//!
+//! Mutation checks (each run once against a deliberately broken build):
+//! the live gate leaving node 3 out of its input fails the flip story (the
+//! pool never shows "all 2 peers"); every bus claimant believing it won
+//! fails it with buckets run two and three times; the journal not recording
+//! the ticks the bus ran fails it with buckets run on both paths; the
+//! registry not checking the MAC fails the forged-advert story (the forgery
+//! is answered OK).
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
