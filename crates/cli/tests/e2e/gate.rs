@@ -4,7 +4,8 @@
 //! a few heartbeats, and off again moves it back, while an every-second
 //! schedule runs each of its ticks exactly once throughout; and an advert
 //! that is not signed with the cluster secret changes nothing and is
-//! counted.
+//! counted; and dry-run stays on the bus while logging the journal claims it
+//! would have made.
 //!
 //! Method: three nodes from the shared harness (adverts every 500 ms, so a
 //! flag change settles in 1.5 s). The schedule's command appends
@@ -37,7 +38,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tonic::transport::Endpoint;
 
 use super::support::{
-    CLUSTER_SECRET, Check, Cluster, ClusterOptions, RPC_TIMEOUT, Sandbox, deadline_in, phase,
+    CLUSTER_SECRET, Check, Cluster, ClusterOptions, Node, RPC_TIMEOUT, Sandbox, deadline_in, phase,
     run_cli, wait_until,
 };
 
@@ -94,14 +95,18 @@ async fn gate_views(
     sandbox: &Sandbox,
     cluster: &Cluster,
 ) -> Result<BTreeMap<u64, (String, String, String)>> {
-    let addr = cluster.node(1)?.addr();
-    let run = run_cli(
-        sandbox,
-        &["cluster", "status", "--output", "json"],
-        &[("LEASEHOLD_ADDR", addr.as_str())],
-    )
-    .await?
-    .success()?;
+    gate_views_of(sandbox, &cluster.node(1)?.addr()).await
+}
+
+/// Like [`gate_views`], asking the node at `addr`.
+async fn gate_views_of(
+    sandbox: &Sandbox,
+    addr: &str,
+) -> Result<BTreeMap<u64, (String, String, String)>> {
+    let run =
+        run_cli(sandbox, &["cluster", "status", "--output", "json"], &[("LEASEHOLD_ADDR", addr)])
+            .await?
+            .success()?;
     let status = run.json()?;
     let nodes = status["nodes"].as_array().context("status has no nodes")?;
     let mut views = BTreeMap::new();
@@ -483,4 +488,81 @@ async fn http_get(addr: SocketAddr, path: &str) -> Result<String> {
     let reply = tokio::time::timeout(RPC_TIMEOUT, exchange).await.context("HTTP timeout")??;
     let (_, body) = reply.split_once("\r\n\r\n").context("HTTP reply without a body")?;
     Ok(body.to_string())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dry_run_stays_on_the_bus_and_logs_the_intended_journal_claims() -> Result<()> {
+    let sandbox = Sandbox::new("gate-dry-run")?;
+    sandbox.run(Duration::from_secs(120), dry_run_story(&sandbox)).await
+}
+
+/// Waits until node 1 alone shows `path` and `intended` with a reason
+/// containing `reason`.
+async fn wait_own_gate(
+    sandbox: &Sandbox,
+    addr: &str,
+    path: &str,
+    intended: &str,
+    reason: &str,
+) -> Result<()> {
+    let what = format!("node 1 on {path} (intended {intended}, reason {reason:?})");
+    // Adverts every second by default: a change settles in 3 s.
+    wait_until(&what, deadline_in(Duration::from_secs(10)), || async move {
+        let views = match gate_views_of(sandbox, addr).await {
+            Ok(views) => views,
+            Err(error) => return Ok(Check::NotYet(format!("{error:#}"))),
+        };
+        Ok(match views.get(&1) {
+            Some((p, r, i)) if p == path && i == intended && r.contains(reason) => {
+                eprintln!("status: node 1 gate path={p} intended={i} reason={r:?}");
+                Check::Done(())
+            }
+            other => Check::NotYet(format!("{other:?}")),
+        })
+    })
+    .await
+}
+
+async fn dry_run_story(sandbox: &Sandbox) -> Result<()> {
+    phase("one node, dry-run on: bus, intending the journal");
+    let node = Node::start(sandbox).await?;
+    let addr = node.addr();
+    let env = [("LEASEHOLD_ADDR", addr.as_str())];
+    run_cli(sandbox, &["cluster", "flags", "--node", "1", "--dry-run", "on"], &env)
+        .await?
+        .success()?;
+    wait_own_gate(sandbox, &addr, "bus", "journal", "dry-run (would decide: no peers)").await?;
+
+    phase("an every-second schedule runs on the bus, and the journal claims are logged");
+    let runs_file = sandbox.path().join("runs.txt");
+    let command = format!(
+        "echo \"$LEASEHOLD_BUCKET ${{LEASEHOLD_CLAIM_PATH:-journal}} ${{LEASEHOLD_NODE_ID:-executor}}\" >> {}",
+        runs_file.display()
+    );
+    let name = "dry-run-every-second";
+    run_cli(sandbox, &["cron", "put", name, "--cron", "* * * * * *", "--command", &command], &env)
+        .await?
+        .success()?;
+    let runs = wait_runs(&runs_file, 0, 3).await?;
+    ensure!(runs.iter().all(|r| r.path == "bus"), "a dry-run tick left the bus: {runs:?}");
+    let log = std::fs::read_to_string(node.log().context("node log")?)?;
+    let intended = format!("intended_claim=\"cron:{name}:");
+    ensure!(
+        log.lines().any(|l| l.contains("gate.decide") && l.contains(&intended)),
+        "the node log names no intended journal claim ({intended})"
+    );
+
+    phase("dry-run off: the node moves to the journal");
+    run_cli(sandbox, &["cluster", "flags", "--node", "1", "--dry-run", "off"], &env)
+        .await?
+        .success()?;
+    wait_own_gate(sandbox, &addr, "journal", "journal", "no peers").await?;
+    let before = read_runs(&runs_file)?.len();
+    let runs = wait_runs(&runs_file, before + 1, 2).await?;
+    ensure!(
+        runs[before + 1..].iter().all(|r| r.path == "journal"),
+        "ticks after the switch did not run on the journal: {runs:?}"
+    );
+    run_cli(sandbox, &["cron", "pause", name], &env).await?.success()?;
+    Ok(())
 }
