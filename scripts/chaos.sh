@@ -3,8 +3,8 @@
 # links, clocks and disks; every client operation recorded; one checker per
 # guarantee of SPEC §7. See docs/reliability.md.
 #
-#   scripts/chaos.sh quick [FLAGS]      a few minutes; also replays cluster-tests/regressions/
-#   scripts/chaos.sh soak [FLAGS]       about an hour (--soak-minutes M for a shorter one)
+#   scripts/chaos.sh quick [FLAGS]      about 4 minutes after the build; also replays cluster-tests/regressions/
+#   scripts/chaos.sh soak [FLAGS]       60 minutes: 55 of faults (--soak-minutes M for a shorter one)
 #   scripts/chaos.sh replay PLAN.json   one saved plan again
 #   scripts/chaos.sh check RUN_DIR      re-check a finished run's history
 #
