@@ -117,7 +117,7 @@ fn resolve(args: &ServeArgs) -> anyhow::Result<Config> {
         config.fault_injection = true;
     }
     if let Some(secret) = &args.cluster_secret {
-        config.cluster_secret = Some(secret.clone());
+        config.cluster_secret = Some(leasehold_node::config::SecretText(secret.clone()));
     }
     if let Some(path) = &args.cluster_secret_file {
         config.cluster_secret_file = Some(path.clone());

@@ -2,10 +2,23 @@
 //! overrides from flags and `LEASEHOLD_*` environment variables (applied by
 //! the CLI, which owns argument parsing).
 
+use std::fmt;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use serde::Deserialize;
+
+/// A secret as written in the configuration. Its `Debug` never prints it,
+/// so a logged or printed [`Config`] does not leak the cluster secret.
+#[derive(Clone, PartialEq, Eq, Deserialize)]
+#[serde(transparent)]
+pub struct SecretText(pub String);
+
+impl fmt::Debug for SecretText {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("SecretText(<redacted>)")
+    }
+}
 
 /// Everything a node needs to start. Field names are the TOML keys.
 #[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
@@ -62,7 +75,7 @@ pub struct Config {
     /// (`LEASEHOLD_CLUSTER_SECRET`); every node of a cluster needs the same.
     /// Without it (and without `cluster_secret_file`) a node generates one:
     /// fine for a dev cluster, whose nodes receive it when they join.
-    pub cluster_secret: Option<String>,
+    pub cluster_secret: Option<SecretText>,
     /// A file holding the cluster secret (surrounding whitespace ignored).
     pub cluster_secret_file: Option<PathBuf>,
     /// How often this node sends its advert to every peer; a peer is online
@@ -210,7 +223,7 @@ impl Config {
         if self.bus_window_ms == 0 || self.bus_window_ms > 5_000 {
             return invalid("bus_window_ms", "must be 1 ..= 5000");
         }
-        if let Some(secret) = &self.cluster_secret
+        if let Some(SecretText(secret)) = &self.cluster_secret
             && let Err(error) = leasehold_server::secret::ClusterSecret::from_text(secret)
         {
             return invalid("cluster_secret", &error.to_string());
@@ -264,8 +277,13 @@ mod tests {
         assert!(error.as_deref().is_some_and(|e| e.contains("advert_stale_after_ms")), "{error:?}");
         let error = refused(Config { bus_window_ms: 0, ..Config::default() });
         assert!(error.as_deref().is_some_and(|e| e.contains("bus_window_ms")), "{error:?}");
-        let error = refused(Config { cluster_secret: Some("short".into()), ..Config::default() });
+        let short = SecretText("short".into());
+        let error = refused(Config { cluster_secret: Some(short), ..Config::default() });
         assert!(error.as_deref().is_some_and(|e| e.contains("cluster_secret")), "{error:?}");
+        let secret = SecretText("a secret that must never be printed".into());
+        let config = Config { cluster_secret: Some(secret), ..Config::default() };
+        let printed = format!("{config:?}");
+        assert!(!printed.contains("never be printed"), "{printed}");
         let config = Config::default();
         assert!(
             config.journal_lease && !config.journal_lease_dry_run,

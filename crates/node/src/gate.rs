@@ -19,7 +19,7 @@ use leasehold_server::bus::Outcome;
 use leasehold_server::secret::ClusterSecret;
 use leasehold_server::{Gate, Journal};
 
-use crate::config::{Config, ConfigError};
+use crate::config::{Config, ConfigError, SecretText};
 
 /// Name of the file in the data dir that keeps a generated (dev) secret.
 pub const DEV_SECRET_FILE: &str = "cluster-secret";
@@ -40,7 +40,7 @@ pub struct ResolvedSecret {
 /// the data dir, or a new random one (kept there and printed).
 pub fn resolve_secret(config: &Config) -> Result<ResolvedSecret, ConfigError> {
     let invalid = |field, problem: String| ConfigError::Invalid { field, problem };
-    if let Some(text) = &config.cluster_secret {
+    if let Some(SecretText(text)) = &config.cluster_secret {
         let secret =
             ClusterSecret::from_text(text).map_err(|e| invalid("cluster_secret", e.to_string()))?;
         return Ok(ResolvedSecret { secret, generated: false, fresh: false });
@@ -206,7 +206,7 @@ mod tests {
         std::fs::write(&file, "a secret kept in a file\n")?;
         let mut config = Config {
             data: data.clone(),
-            cluster_secret: Some("the configured cluster secret".into()),
+            cluster_secret: Some(SecretText("the configured cluster secret".into())),
             cluster_secret_file: Some(file.clone()),
             ..Config::default()
         };
