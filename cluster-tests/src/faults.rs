@@ -229,7 +229,7 @@ impl Nemesis {
         id: u64,
         phase: &'static str,
         exit_code: Option<i32>,
-    ) {
+    ) -> usize {
         let base = OpValue {
             round: Some(round),
             nodes: vec![id],
@@ -269,12 +269,14 @@ impl Nemesis {
         };
         match tokio::time::timeout(Duration::from_secs(15), read).await {
             Ok(Ok(leases)) => {
+                let held = leases.len();
                 history.record(
                     DRAINER,
                     OpType::Ok,
                     OpFunction::LeaseRead,
                     OpValue { leases, ..base },
                 );
+                held
             }
             Ok(Err(error)) => {
                 let message = Some(format!("{error:#}"));
@@ -284,6 +286,7 @@ impl Nemesis {
                     OpFunction::LeaseRead,
                     OpValue { message, ..base },
                 );
+                0
             }
             Err(_) => {
                 let message = Some("timed out".to_string());
@@ -293,6 +296,7 @@ impl Nemesis {
                     OpFunction::LeaseRead,
                     OpValue { message, ..base },
                 );
+                0
             }
         }
     }
@@ -310,17 +314,41 @@ impl Nemesis {
             self.supervisor.restart(id)?;
             return Ok(());
         }
+        // Drain a node while it holds a lease when that comes soon (the
+        // release step is what is under test): read up to ~4 s for one.
         let history = self.history.clone();
-        Self::read_leases(history.clone(), addrs.clone(), queue.clone(), round, id, "before", None)
+        for _ in 0..10 {
+            let held = Self::read_leases(
+                history.clone(),
+                addrs.clone(),
+                queue.clone(),
+                round,
+                id,
+                "before",
+                None,
+            )
             .await;
+            if held > 0 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(400)).await;
+        }
         self.supervisor.terminate(id).await?;
         let code = self.supervisor.last_exit_code(id);
         tracing::info!(node = id, ?code, "drained node exited");
-        Self::read_leases(history.clone(), addrs.clone(), queue.clone(), round, id, "exit", code)
-            .await;
+        let _ = Self::read_leases(
+            history.clone(),
+            addrs.clone(),
+            queue.clone(),
+            round,
+            id,
+            "exit",
+            code,
+        )
+        .await;
         self.later.spawn(async move {
             tokio::time::sleep(after).await;
-            Self::read_leases(history, addrs, queue, round, id, "ttl", None).await;
+            let _ = Self::read_leases(history, addrs, queue, round, id, "ttl", None).await;
         });
         self.supervisor.restart(id)?;
         if wait {

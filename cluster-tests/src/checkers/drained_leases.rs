@@ -4,7 +4,8 @@
 //! linearizably, the command queue's leases whose holder is that node's
 //! executor (`node-ID`) three times, each recorded as a `lease_read` of the
 //! process `drainer` with the round, the node and a phase: `before` the
-//! signal, right after the `exit` (with the exit code), and a `ttl` later:
+//! signal (the last of up to ten reads that wait for the node to hold a
+//! lease, since the drain's release step is what is under test), right after the `exit` (with the exit code), and a `ttl` later:
 //! the longest lease TTL plus two sweep intervals and a margin after the
 //! exit.
 //!
