@@ -213,15 +213,24 @@ impl Journal {
         self.inner.probe_fault.load(Ordering::SeqCst)
     }
 
-    /// Whether this node currently believes it is the leader.
+    /// Whether this node leads and its state machine has caught up with
+    /// everything committed before its term: when leader duties (sweeps,
+    /// ticks, purges) may act on local state.
     pub fn is_leader(&self) -> bool {
         let metrics = self.inner.raft.metrics();
         let metrics = metrics.borrow();
         // A restarted ex-leader reads its own committed vote back as
         // `current_leader` before it learns of a newer term; only the
-        // Leader role says it leads now.
+        // Leader role says it leads now. And a new leader acts on state only
+        // once it has applied an entry of its own term (openraft commits a
+        // blank one at once): until then its state may miss its
+        // predecessor's last entries, and a catch-up plan made from it
+        // would count ticks that were already fired as missed.
         metrics.current_leader == Some(self.inner.config.node_id)
             && metrics.state == openraft::ServerState::Leader
+            && metrics
+                .last_applied
+                .is_some_and(|applied| applied.leader_id.term == metrics.current_term)
     }
 
     /// Reads the local state machine as it is now (possibly behind the leader).
