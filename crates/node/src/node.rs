@@ -119,6 +119,7 @@ impl Node {
             .await
             .map_err(|e| NodeError::Serve(e.to_string()))??;
         let bus_tree = log.open_local_tree(leasehold_storage::layout::BUS_TREE)?;
+        let peers_tree = log.open_local_tree(leasehold_storage::layout::PEERS_TREE)?;
         let secret = resolve_secret(&config)?;
         if secret.fresh {
             if let Err(error) = keep_dev_secret(&config.data, &secret.secret) {
@@ -188,6 +189,7 @@ impl Node {
             secret.secret,
             secret.generated,
             Bus::new(config.id, bus_tree),
+            peers_tree,
         );
         let readiness = Readiness::new(journal.clone());
         let (shutdown, shutdown_rx) = watch::channel(false);

@@ -11,7 +11,7 @@
 
 use std::collections::BTreeMap;
 use std::sync::Mutex;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use leasehold_proto::v1;
 use prost::Message;
@@ -59,11 +59,16 @@ impl Entry {
     }
 }
 
-/// The last valid advert per peer, by node id.
+/// The last valid advert per peer, by node id. With a store, every accepted
+/// advert is also kept on disk and read back at start: a restarted node
+/// must judge a member that is down by that member's last advert, as the
+/// nodes that stayed up do, or its empty registry ("never heard from")
+/// would send it alone to the bus and split the pool.
 #[derive(Debug)]
 pub struct PeerRegistry {
     node_id: u64,
     entries: Mutex<BTreeMap<u64, Entry>>,
+    store: Option<sled::Tree>,
 }
 
 /// Signs `advert` with `secret`.
@@ -76,16 +81,35 @@ pub fn seal(secret: &ClusterSecret, advert: &v1::Advert) -> v1::Signed {
 impl PeerRegistry {
     /// An empty registry on node `node_id`.
     pub fn new(node_id: u64) -> PeerRegistry {
-        PeerRegistry { node_id, entries: Mutex::new(BTreeMap::new()) }
+        PeerRegistry { node_id, entries: Mutex::new(BTreeMap::new()), store: None }
     }
 
-    /// Checks and, when valid, keeps a signed advert received at `now`.
-    /// Answers the accepted advert's node id, or why it was dropped.
+    /// A registry on node `node_id` kept in `store`, starting with the
+    /// adverts kept there. `now_ms` (this node's wall clock) against the
+    /// wall time each advert arrived gives its age; an advert whose age
+    /// cannot be placed on the monotonic clock is left out (never heard
+    /// from, as a stale one would count anyway).
+    pub fn with_store(node_id: u64, store: sled::Tree, now: Instant, now_ms: u64) -> PeerRegistry {
+        let mut entries = BTreeMap::new();
+        for item in store.iter() {
+            let Ok((key, value)) = item else { continue };
+            let Some(entry) = decode_kept(&key, &value, now, now_ms) else { continue };
+            if entry.advert.node_id != node_id {
+                entries.insert(entry.advert.node_id, entry);
+            }
+        }
+        PeerRegistry { node_id, entries: Mutex::new(entries), store: Some(store) }
+    }
+
+    /// Checks and, when valid, keeps a signed advert received at `now`
+    /// (`now_ms` on this node's wall clock, for the store). Answers the
+    /// accepted advert's node id, or why it was dropped.
     pub fn accept(
         &self,
         secret: &ClusterSecret,
         signed: &v1::Signed,
         now: Instant,
+        now_ms: u64,
     ) -> Result<u64, Rejection> {
         if !secret.verify(ADVERT_DOMAIN, &signed.body, &signed.mac) {
             return Err(Rejection::BadMac);
@@ -106,6 +130,15 @@ impl PeerRegistry {
         }
         let node = advert.node_id;
         entries.insert(node, Entry { advert, received: now });
+        if let Some(store) = &self.store {
+            let mut value = now_ms.to_be_bytes().to_vec();
+            value.extend_from_slice(&signed.body);
+            // Best effort: a lost write only makes a restart forget this
+            // peer until its next advert.
+            if let Err(error) = store.insert(node.to_be_bytes(), value) {
+                tracing::warn!(%error, node, "could not keep a peer advert on disk");
+            }
+        }
         Ok(node)
     }
 
@@ -128,6 +161,20 @@ impl PeerRegistry {
         // rather than panicking on the network path.
         self.entries.lock().map_err(|_| Rejection::Malformed)
     }
+}
+
+/// One kept advert back from the store, aged by wall time.
+fn decode_kept(key: &[u8], value: &[u8], now: Instant, now_ms: u64) -> Option<Entry> {
+    let node = u64::from_be_bytes(key.try_into().ok()?);
+    let (at, body) = value.split_at_checked(8)?;
+    let received_ms = u64::from_be_bytes(at.try_into().ok()?);
+    let advert = v1::Advert::decode(body).ok()?;
+    if advert.node_id != node {
+        return None;
+    }
+    let age = Duration::from_millis(now_ms.saturating_sub(received_ms));
+    let received = now.checked_sub(age)?;
+    Some(Entry { advert, received })
 }
 
 #[cfg(test)]
@@ -155,7 +202,7 @@ mod tests {
         let key = secret("the cluster secret of the test");
         let registry = PeerRegistry::new(1);
         let t0 = Instant::now();
-        assert_eq!(registry.accept(&key, &seal(&key, &advert(2, 10, Some(true))), t0), Ok(2));
+        assert_eq!(registry.accept(&key, &seal(&key, &advert(2, 10, Some(true))), t0, 0), Ok(2));
         let entries = registry.snapshot().expect("readable");
         assert_eq!(entries[&2].advert.journal_lease, Some(true));
         assert_eq!(entries[&2].age_ms(t0 + Duration::from_millis(1_500)), 1_500);
@@ -167,23 +214,23 @@ mod tests {
         let forger = secret("a different secret, not ours");
         let registry = PeerRegistry::new(1);
         let now = Instant::now();
-        assert_eq!(registry.accept(&key, &seal(&key, &advert(2, 10, Some(true))), now), Ok(2));
+        assert_eq!(registry.accept(&key, &seal(&key, &advert(2, 10, Some(true))), now, 0), Ok(2));
 
         let forged = seal(&forger, &advert(2, 20, Some(false)));
-        assert_eq!(registry.accept(&key, &forged, now), Err(Rejection::BadMac));
+        assert_eq!(registry.accept(&key, &forged, now, 0), Err(Rejection::BadMac));
         let mut tampered = seal(&key, &advert(2, 30, Some(true)));
         tampered.body = advert(2, 30, Some(false)).encode_to_vec();
-        assert_eq!(registry.accept(&key, &tampered, now), Err(Rejection::BadMac));
+        assert_eq!(registry.accept(&key, &tampered, now, 0), Err(Rejection::BadMac));
         let unsigned = v1::Signed { body: advert(2, 40, Some(false)).encode_to_vec(), mac: vec![] };
-        assert_eq!(registry.accept(&key, &unsigned, now), Err(Rejection::BadMac));
+        assert_eq!(registry.accept(&key, &unsigned, now, 0), Err(Rejection::BadMac));
         let garbage = v1::Signed { body: vec![0xff; 8], mac: key.sign(ADVERT_DOMAIN, &[0xff; 8]) };
-        assert_eq!(registry.accept(&key, &garbage, now), Err(Rejection::Malformed));
+        assert_eq!(registry.accept(&key, &garbage, now, 0), Err(Rejection::Malformed));
         assert_eq!(
-            registry.accept(&key, &seal(&key, &advert(1, 50, Some(false))), now),
+            registry.accept(&key, &seal(&key, &advert(1, 50, Some(false))), now, 0),
             Err(Rejection::FromSelf)
         );
         assert_eq!(
-            registry.accept(&key, &seal(&key, &advert(2, 10, Some(false))), now),
+            registry.accept(&key, &seal(&key, &advert(2, 10, Some(false))), now, 0),
             Err(Rejection::Replay)
         );
 
@@ -197,8 +244,38 @@ mod tests {
         let key = secret("the cluster secret of the test");
         let registry = PeerRegistry::new(1);
         let now = Instant::now();
-        assert_eq!(registry.accept(&key, &seal(&key, &advert(3, 1, None)), now), Ok(3));
+        assert_eq!(registry.accept(&key, &seal(&key, &advert(3, 1, None)), now, 0), Ok(3));
         assert_eq!(registry.snapshot().expect("readable")[&3].advert.journal_lease, None);
+    }
+
+    #[test]
+    fn a_restarted_registry_reads_kept_adverts_back_with_their_age() {
+        let key = secret("the cluster secret of the test");
+        let db = sled::Config::new().temporary(true).open().expect("temporary sled");
+        let tree = db.open_tree("peers").expect("tree");
+        let t0 = Instant::now();
+        let registry = PeerRegistry::with_store(1, tree.clone(), t0, 100_000);
+        assert_eq!(
+            registry.accept(&key, &seal(&key, &advert(2, 10, Some(true))), t0, 100_000),
+            Ok(2)
+        );
+        assert_eq!(registry.accept(&key, &seal(&key, &advert(3, 10, None)), t0, 101_000), Ok(3));
+        drop(registry);
+
+        // "Restarted" 4 s later by the wall clock.
+        let later = Instant::now();
+        let restarted = PeerRegistry::with_store(1, tree, later, 104_000);
+        let entries = restarted.snapshot().expect("readable");
+        assert_eq!(entries.len(), 2);
+        assert_eq!(entries[&2].advert.journal_lease, Some(true));
+        assert_eq!(entries[&3].advert.journal_lease, None);
+        assert_eq!(entries[&2].age_ms(later), 4_000);
+        assert_eq!(entries[&3].age_ms(later), 3_000);
+        // A replay of the kept advert is still refused after the restart.
+        assert_eq!(
+            restarted.accept(&key, &seal(&key, &advert(2, 10, Some(false))), later, 104_000),
+            Err(Rejection::Replay)
+        );
     }
 
     #[test]
@@ -207,7 +284,7 @@ mod tests {
         let registry = PeerRegistry::new(1);
         let t0 = Instant::now();
         for node in [2, 3] {
-            registry.accept(&key, &seal(&key, &advert(node, 1, Some(true))), t0).expect("valid");
+            registry.accept(&key, &seal(&key, &advert(node, 1, Some(true))), t0, 0).expect("valid");
         }
         registry.prune(&[1, 2], 10_000, t0 + Duration::from_secs(5));
         assert_eq!(registry.snapshot().expect("readable").len(), 2);

@@ -93,8 +93,11 @@ impl Gate {
         secret: ClusterSecret,
         secret_generated: bool,
         bus: Bus,
+        peers: sled::Tree,
     ) -> Gate {
         let node_id = journal.node_id();
+        let registry =
+            PeerRegistry::with_store(node_id, peers, Instant::now(), journal.clock().now_ms());
         Gate {
             inner: Arc::new(Inner {
                 journal,
@@ -102,7 +105,7 @@ impl Gate {
                 secret: RwLock::new(secret),
                 secret_generated: AtomicBool::new(secret_generated),
                 flags: Mutex::new(FlagState { current: flags, before: flags, since_ms: 0 }),
-                registry: PeerRegistry::new(node_id),
+                registry,
                 bus,
                 started: Instant::now(),
                 flags_changed: Notify::new(),
@@ -349,7 +352,8 @@ impl Gate {
     /// Takes a peer's signed advert; a bad one is dropped, counted and
     /// logged (`gate.advert_rejected`).
     pub fn accept_advert(&self, signed: &v1::Signed) -> Result<u64, Rejection> {
-        let result = self.inner.registry.accept(&self.secret(), signed, Instant::now());
+        let now_ms = self.inner.journal.clock().now_ms();
+        let result = self.inner.registry.accept(&self.secret(), signed, Instant::now(), now_ms);
         match result {
             Ok(_) => {
                 self.inner.journal.metrics().adverts_accepted.inc();

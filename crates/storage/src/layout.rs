@@ -9,6 +9,7 @@
 //! | [`SNAPSHOT_TREE`] | [`SNAPSHOT_META_KEY`], [`SNAPSHOT_DATA_KEY`] | bincode `SnapshotMeta` / snapshot bytes |
 //! | [`PROBE_TREE`] | [`PROBE_KEY`] | the last readiness probe's nonce |
 //! | [`BUS_TREE`] | a bus claim key, e.g. `cron:NAME:BUCKET` | JSON claims of that key (local, unreplicated) |
+//! | [`PEERS_TREE`] | a peer's node id, big-endian `u64` | when its last valid advert arrived (wall ms, big-endian `u64`) then the advert's bytes (local) |
 //!
 //! Log keys are big-endian so sled's byte order is index order: `last()` is
 //! the newest entry and a range scan walks the log forwards.
@@ -24,6 +25,9 @@ pub const PROBE_TREE: &str = "probe";
 
 /// The bus's local claim table: never replicated, never in a snapshot.
 pub const BUS_TREE: &str = "bus";
+/// Tree keeping each peer's last valid advert, so a restarted node still
+/// counts a member that is down by its last advert.
+pub const PEERS_TREE: &str = "peers";
 
 /// Key of the last saved vote in [`META_TREE`].
 pub const VOTE_KEY: &str = "vote";

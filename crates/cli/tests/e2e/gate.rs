@@ -566,3 +566,82 @@ async fn dry_run_story(sandbox: &Sandbox) -> Result<()> {
     run_cli(sandbox, &["cron", "pause", name], &env).await?.success()?;
     Ok(())
 }
+
+/// A node restarted while another member is down judges that member by its
+/// last advert, as the nodes that stayed up do: the pool stays on the
+/// journal. Were the restarted node's registry empty, it alone would count
+/// the dead member as "never heard from" and go to the bus — a split pool
+/// (seen once in the cron leader-kill story, where the restarted node
+/// became leader and recorded ticks nobody ran as run on the bus).
+///
+/// Mutation check: with the registry not read back from disk at start
+/// (`PeerRegistry::new` in place of `with_store`), this story fails with
+/// node 1 on the bus, "peer 3 was never heard from".
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restarted_node_judges_a_dead_member_by_its_last_advert() -> Result<()> {
+    let sandbox = Sandbox::new("gate-restart")?;
+    sandbox.run(Duration::from_secs(120), restart_story(&sandbox)).await
+}
+
+/// Node `id`'s own gate decision as node `id` reports it in status:
+/// (path, reason, intended), or `None` while it shows none.
+async fn own_gate(
+    sandbox: &Sandbox,
+    addr: &str,
+    id: u64,
+) -> Result<Option<(String, String, String)>> {
+    let run =
+        run_cli(sandbox, &["cluster", "status", "--output", "json"], &[("LEASEHOLD_ADDR", addr)])
+            .await?
+            .success()?;
+    let status = run.json()?;
+    let nodes = status["nodes"].as_array().context("status has no nodes")?;
+    let Some(node) = nodes.iter().find(|node| node["id"].as_u64() == Some(id)) else {
+        return Ok(None);
+    };
+    let gate = &node["gate"];
+    let text = |field: &str| gate[field].as_str().map(str::to_string);
+    Ok(match (text("path"), text("reason"), text("intended")) {
+        (Some(path), Some(reason), Some(intended)) => Some((path, reason, intended)),
+        _ => None,
+    })
+}
+
+async fn restart_story(sandbox: &Sandbox) -> Result<()> {
+    phase("start three nodes (adverts every 500 ms); all on the journal");
+    let options = ClusterOptions { config: GATE_CONFIG.to_string(), ..Default::default() };
+    let mut cluster = Cluster::start_with(sandbox, 3, options).await?;
+    wait_gate(sandbox, &cluster, "every node on the journal", "journal", |_, reason| {
+        reason.contains("all 2 peers advertise journal_lease=true")
+    })
+    .await?;
+
+    phase("SIGKILL node 3, then restart node 1 while node 3 stays down");
+    cluster.node_mut(3)?.kill()?;
+    cluster.restart(sandbox, 1).await?;
+
+    phase("node 1 decides the journal, counting node 3 by its last advert");
+    // Past the restarted node's warm-up (three intervals) and a few more
+    // adverts from node 2, node 1 must still be on the journal.
+    tokio::time::sleep(Duration::from_millis(3 * 500 + 1_000)).await;
+    let addr = cluster.node(1)?.addr();
+    let seen = wait_until("node 1 to show its gate", deadline_in(Duration::from_secs(10)), || {
+        let look = own_gate(sandbox, &addr, 1);
+        async move {
+            Ok(match look.await {
+                Ok(Some(view)) => Check::Done(view),
+                Ok(None) => Check::NotYet("no gate shown yet".to_string()),
+                Err(error) => Check::NotYet(format!("{error:#}")),
+            })
+        }
+    })
+    .await?;
+    let (path, reason, intended) = seen;
+    eprintln!("status: node 1 gate path={path} intended={intended} reason={reason:?}");
+    ensure!(
+        path == "journal" && intended == "journal",
+        "restarted node 1 split the pool: path {path}, intended {intended}, reason {reason:?}"
+    );
+    ensure!(!reason.contains("never heard"), "node 1 forgot node 3: {reason:?}");
+    Ok(())
+}
