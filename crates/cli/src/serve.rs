@@ -146,6 +146,14 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
         _ = terminate.recv() => tracing::info!("SIGTERM: draining"),
         _ = tokio::signal::ctrl_c() => tracing::info!("interrupt: draining"),
         _ = drain_requested.wait_for(|asked| *asked) => tracing::info!("drain requested: draining"),
+        fatal = node.raft_failed() => {
+            // Fail-stop: a node whose Raft core quit (say, on a full disk)
+            // would stay up serving nothing; exiting lets a supervisor
+            // restart it on its data dir once the fault is fixed.
+            tracing::error!(error = %fatal, "Raft stopped on a fatal error; exiting");
+            let _ = node.shutdown(std::time::Duration::from_secs(5)).await;
+            return Ok(ExitCode::FAILURE);
+        }
     }
     let drain = node.drain();
     tokio::select! {

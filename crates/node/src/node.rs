@@ -456,6 +456,22 @@ impl NodeHandle {
         self.journal.raft()
     }
 
+    /// Resolves when this node's Raft core has stopped on a fatal error (a
+    /// storage write it could not make, such as on a full disk), with the
+    /// error. The node can serve nothing from then on; the binary exits
+    /// non-zero so a supervisor restarts it on its data dir.
+    pub async fn raft_failed(&self) -> String {
+        let mut metrics = self.journal.raft().metrics();
+        match metrics.wait_for(|m| m.running_state.is_err()).await {
+            Ok(metrics) => match &metrics.running_state {
+                Err(fatal) => fatal.to_string(),
+                Ok(()) => "stopped".to_string(),
+            },
+            // The metrics channel closed: the core is gone.
+            Err(_) => "the Raft core stopped".to_string(),
+        }
+    }
+
     /// Drains the node, in order: readiness false and claims refused here →
     /// tickers and executor intake stopped, running commands finishing
     /// within the grace period (their leases still renewed) → what this

@@ -401,6 +401,68 @@ async fn second_sigterm_story(sandbox: &Sandbox) -> Result<()> {
     Ok(())
 }
 
+/// A node whose Raft core stops on a storage error (a write it cannot make,
+/// as on a full disk) acknowledges nothing it could not store and exits
+/// non-zero instead of staying up serving nothing, so a supervisor restarts
+/// it; restarted on its data dir without the fault, it serves again and
+/// still holds what it acknowledged before.
+///
+/// Mutation check: without the fail-stop branch in `serve` the node stays
+/// up and the story fails waiting for it to exit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_whose_raft_stops_on_a_store_fault_exits_non_zero() -> Result<()> {
+    let sandbox = Sandbox::new("lifecycle-fail-stop")?;
+    sandbox.run(Duration::from_secs(90), fail_stop_story(&sandbox)).await
+}
+
+async fn fail_stop_story(sandbox: &Sandbox) -> Result<()> {
+    phase("start one node with fault injection; one acknowledged enqueue");
+    let settings = Settings { fault_injection: true, ..Settings::default() };
+    let mut single = start_single(sandbox, "single", &settings).await?;
+    let mut stub = QueueClient::new(channel(&single)?);
+    let before = stub
+        .enqueue(v1::EnqueueRequest { jobs: vec![job("failstop", b"before")] })
+        .await
+        .context("enqueue before the fault")?
+        .into_inner();
+    let acked_id = before.results.first().context("enqueue answered nothing")?.job_id;
+
+    phase("store write fault on, then a write: not acknowledged, and the process exits non-zero");
+    let mut faults = FaultsClient::new(channel(&single)?);
+    faults.set_store_fault(v1::SetFaultRequest { on: true }).await.context("SetStoreFault on")?;
+    let mut request =
+        tonic::Request::new(v1::EnqueueRequest { jobs: vec![job("failstop", b"during")] });
+    request.set_timeout(Duration::from_secs(5));
+    let during = stub.enqueue(request).await;
+    ensure!(during.is_err(), "a write was acknowledged on a failing store: {during:?}");
+    let status = single.wait_exit(deadline_in(Duration::from_secs(20))).await?;
+    ensure!(!status.success(), "the node exited {status} after its Raft core stopped");
+    eprintln!("node exited {status} after its Raft core stopped");
+
+    phase("restart on the data dir (the fault is gone with the process): the acked job is there");
+    single.kill()?;
+    single.launch(sandbox)?;
+    let stub = QueueClient::new(channel(&single)?);
+    wait_until(
+        "the restarted node to serve the acked job",
+        deadline_in(NODE_READY_TIMEOUT),
+        || {
+            let mut stub = stub.clone();
+            async move {
+                let reply =
+                    stub.get_job(v1::GetJobRequest { job_id: acked_id, stale: false }).await;
+                Ok(match reply {
+                    Ok(reply) if reply.get_ref().job.is_some() => Check::Done(()),
+                    Ok(reply) => bail!("job {acked_id} is gone after the restart: {reply:?}"),
+                    Err(status) => Check::NotYet(format!("{status}")),
+                })
+            }
+        },
+    )
+    .await?;
+    single.kill()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn readiness_flips_on_store_fault_and_on_quorum_loss() -> Result<()> {
     let sandbox = Sandbox::new("lifecycle-readiness")?;
