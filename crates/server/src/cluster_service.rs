@@ -82,6 +82,23 @@ impl ClusterService {
         Ok(Some(ClusterClient::new(channel)))
     }
 
+    /// A client of member `id` (for calls addressed to that node), or
+    /// NOT_FOUND naming `id` when it is not a member.
+    fn member_client(&self, id: u64) -> Result<ClusterClient<tonic::transport::Channel>, Status> {
+        let metrics = self.journal.raft().metrics().borrow().clone();
+        let Some(addr) =
+            metrics.membership_config.membership().get_node(&id).map(|n| n.addr.clone())
+        else {
+            return Err(Status::not_found(format!("id: node {id} is not a member")));
+        };
+        let channel = self
+            .journal
+            .peers()
+            .channel(&addr)
+            .map_err(|e| Error::Unavailable(format!("node {id} at {addr}: {e}")))?;
+        Ok(ClusterClient::new(channel))
+    }
+
     fn voters(&self) -> Vec<u64> {
         let metrics = self.journal.raft().metrics().borrow().clone();
         metrics.membership_config.membership().voter_ids().collect()
@@ -271,18 +288,7 @@ impl Cluster for ClusterService {
             self.journal.request_drain();
             return Ok(Response::new(v1::DrainResponse {}));
         }
-        let metrics = self.journal.raft().metrics().borrow().clone();
-        let Some(addr) =
-            metrics.membership_config.membership().get_node(&request.id).map(|n| n.addr.clone())
-        else {
-            return Err(Status::not_found(format!("id: node {} is not a member", request.id)));
-        };
-        let channel = self
-            .journal
-            .peers()
-            .channel(&addr)
-            .map_err(|e| Error::Unavailable(format!("node {} at {addr}: {e}", request.id)))?;
-        ClusterClient::new(channel).drain(Request::new(request)).await
+        self.member_client(request.id)?.drain(Request::new(request)).await
     }
 
     async fn set_flags(
@@ -300,17 +306,6 @@ impl Cluster for ClusterService {
                 dry_run: flags.journal_lease_dry_run,
             }));
         }
-        let metrics = self.journal.raft().metrics().borrow().clone();
-        let Some(addr) =
-            metrics.membership_config.membership().get_node(&request.id).map(|n| n.addr.clone())
-        else {
-            return Err(Status::not_found(format!("id: node {} is not a member", request.id)));
-        };
-        let channel = self
-            .journal
-            .peers()
-            .channel(&addr)
-            .map_err(|e| Error::Unavailable(format!("node {} at {addr}: {e}", request.id)))?;
-        ClusterClient::new(channel).set_flags(Request::new(request)).await
+        self.member_client(request.id)?.set_flags(Request::new(request)).await
     }
 }

@@ -112,16 +112,20 @@ async fn gate_views_of(
     let mut views = BTreeMap::new();
     for node in nodes {
         let id = node["id"].as_u64().context("node without id")?;
-        let gate = &node["gate"];
-        let text = |field: &str| gate[field].as_str().map(str::to_string);
-        match (text("path"), text("reason"), text("intended")) {
-            (Some(path), Some(reason), Some(intended)) => {
-                views.insert(id, (path, reason, intended));
-            }
-            _ => bail!("node {id} shows no gate decision: {node}"),
-        }
+        match gate_of(node) {
+            Some(view) => views.insert(id, view),
+            None => bail!("node {id} shows no gate decision: {node}"),
+        };
     }
     Ok(views)
+}
+
+/// One node's gate in `cluster status --output json`: (path, reason,
+/// intended), or `None` when it shows none.
+fn gate_of(node: &serde_json::Value) -> Option<(String, String, String)> {
+    let gate = &node["gate"];
+    let text = |field: &str| gate[field].as_str().map(str::to_string);
+    Some((text("path")?, text("reason")?, text("intended")?))
 }
 
 /// Waits until every node's gate shows `path` with a reason `reason_ok`
@@ -596,15 +600,7 @@ async fn own_gate(
             .success()?;
     let status = run.json()?;
     let nodes = status["nodes"].as_array().context("status has no nodes")?;
-    let Some(node) = nodes.iter().find(|node| node["id"].as_u64() == Some(id)) else {
-        return Ok(None);
-    };
-    let gate = &node["gate"];
-    let text = |field: &str| gate[field].as_str().map(str::to_string);
-    Ok(match (text("path"), text("reason"), text("intended")) {
-        (Some(path), Some(reason), Some(intended)) => Some((path, reason, intended)),
-        _ => None,
-    })
+    Ok(nodes.iter().find(|node| node["id"].as_u64() == Some(id)).and_then(gate_of))
 }
 
 async fn restart_story(sandbox: &Sandbox) -> Result<()> {
