@@ -200,6 +200,12 @@ pub async fn tick_schedules(
             })
             .collect::<Vec<_>>()
     });
+    // The journal's fires of one round go out together: waiting for each
+    // schedule's commit before proposing the next made the n-th schedule's
+    // fire lag n commits long (about 16 ms each, 316 ms for the twentieth
+    // of twenty on the benchmark). Concurrent proposals share a group
+    // commit; each schedule still proposes its own ticks in order.
+    let mut journal_fires = JoinSet::new();
     for (schedule, newest_ms) in due {
         let name = schedule.spec.name.clone();
         let bucket = cron::bucket_of(newest_ms);
@@ -212,12 +218,14 @@ pub async fn tick_schedules(
                     tracing::warn!(schedule = %name, "cron expression no longer parses");
                     continue;
                 };
-                if !skip_bus_ran(journal, gate, &schedule, cron).await {
-                    return;
-                }
-                if !fire_on_journal(journal, &schedule, cron, now_ms).await {
-                    return;
-                }
+                let (journal, gate, cron) = (journal.clone(), gate.clone(), cron.clone());
+                journal_fires.spawn(async move {
+                    // A proposal that did not commit ends this schedule's
+                    // round; the next round plans again from the journal.
+                    if skip_bus_ran(&journal, &gate, &schedule, &cron).await {
+                        fire_on_journal(&journal, &schedule, &cron, now_ms).await;
+                    }
+                });
             }
             ClaimPath::Journal => {
                 ticker.journal_seen.insert(name, bucket);
@@ -244,6 +252,7 @@ pub async fn tick_schedules(
             }
         }
     }
+    while journal_fires.join_next().await.is_some() {}
 }
 
 /// Why this node takes no bus claim for a tick, if it does not.
