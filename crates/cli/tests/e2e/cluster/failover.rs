@@ -10,10 +10,13 @@
 //! lapsed and (usually) been redelivered to someone else, so superseded
 //! tokens and redeliveries are part of every run. Every operation and its
 //! answer is recorded (the load is `load.rs`, the rules checked are in
-//! `history.rs`). Once 200
-//! acks are in, SIGKILL the leader and probe with small writes to the two
-//! survivors: the time from the kill to the first successful write is the
-//! failover time. The load must then make progress again (200 more acks).
+//! `history.rs`). Once 200 acks are in, SIGKILL the leader and probe with
+//! small writes to the two survivors: the time from the kill to the first
+//! successful write is the failover time. The load must then make progress
+//! again (200 more acks), and some lease must lapse under the new leader
+//! and be granted again — the new leader's lease grace (docs/safety.md)
+//! holds that back up to 5 s, so on a fast machine the load could otherwise
+//! end before any redelivery and the lease checks would compare nothing.
 //! Restart the killed node on its data directory and wait until it has
 //! applied what the leader had committed. Stop the load, work the queue
 //! off, wait for equal digests on all three nodes, and check the records
@@ -42,6 +45,9 @@ const ACKS_AFTER_FAILOVER: u64 = 200;
 const FAILOVER_WITHIN: Duration = Duration::from_secs(10);
 /// Deadline of one probe write after the kill.
 const PROBE_TIMEOUT: Duration = Duration::from_secs(1);
+/// Bound on the wait for a redelivery under the new leader: its lease
+/// grace (5 s), then a held-back lease lapsing (3 s) and being swept.
+const REDELIVERY_WITHIN: Duration = Duration::from_secs(30);
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn leader_sigkill_under_load_loses_nothing() -> Result<()> {
@@ -93,7 +99,11 @@ async fn story(sandbox: &Sandbox) -> Result<()> {
     );
 
     phase("the load makes progress again");
+    let redelivered_before = load.redelivered();
     load.wait_acks(load.acked() + ACKS_AFTER_FAILOVER, Duration::from_secs(60)).await?;
+
+    phase("a lease lapsed under the new leader is granted again");
+    load.wait_redelivered(redelivered_before + 1, REDELIVERY_WITHIN).await?;
 
     phase("restart the killed node on its data directory; it catches up under load");
     cluster.restart(sandbox, old_leader).await?;

@@ -10,7 +10,7 @@
 //! tokens and redeliveries are part of every run and the lease checks
 //! always have pairs of grants to compare.
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::{BTreeMap, HashSet, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -58,9 +58,33 @@ fn worker_name(client: usize) -> String {
     format!("client-{client}")
 }
 
-/// Running load clients and the count of acks the cluster accepted from them.
+/// What the load clients have seen so far, shared between them.
+#[derive(Default)]
+struct Seen {
+    /// Acks the cluster accepted.
+    acked: AtomicU64,
+    /// Every job granted so far.
+    granted: Mutex<HashSet<u64>>,
+    /// Grants of a job that had been granted before (redeliveries).
+    redelivered: AtomicU64,
+}
+
+impl Seen {
+    /// Notes a grant of `job_id`.
+    fn grant(&self, job_id: u64) {
+        let first = match self.granted.lock() {
+            Ok(mut granted) => granted.insert(job_id),
+            Err(poisoned) => poisoned.into_inner().insert(job_id),
+        };
+        if !first {
+            self.redelivered.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+}
+
+/// Running load clients and what they have seen.
 pub struct Load {
-    acked: Arc<AtomicU64>,
+    seen: Arc<Seen>,
     stop: watch::Sender<bool>,
     clients: Vec<JoinHandle<History>>,
 }
@@ -71,21 +95,42 @@ impl Load {
     /// goes away some calls are in flight to it directly and some through
     /// another node forwarding them.
     pub fn start(cluster: &Cluster, clients: usize) -> Result<Load> {
-        let acked = Arc::new(AtomicU64::new(0));
+        let seen = Arc::new(Seen::default());
         let (stop, stopped) = watch::channel(false);
         let ids = cluster.ids();
         let mut handles = Vec::new();
         for index in 0..clients {
             let order: Vec<u64> = (0..ids.len()).map(|k| ids[(index + k) % ids.len()]).collect();
             let client = Client::connect(&cluster.addrs_of(&order)?)?.with_retry(load_retry());
-            handles.push(tokio::spawn(load_client(index, client, stopped.clone(), acked.clone())));
+            handles.push(tokio::spawn(load_client(index, client, stopped.clone(), seen.clone())));
         }
-        Ok(Load { acked, stop, clients: handles })
+        Ok(Load { seen, stop, clients: handles })
     }
 
     /// Acks the cluster accepted so far.
     pub fn acked(&self) -> u64 {
-        self.acked.load(Ordering::SeqCst)
+        self.seen.acked.load(Ordering::SeqCst)
+    }
+
+    /// Grants so far of a job that had been granted before.
+    pub fn redelivered(&self) -> u64 {
+        self.seen.redelivered.load(Ordering::SeqCst)
+    }
+
+    /// Waits until the redeliveries reach `target`: the load has run long
+    /// enough for a held-back lease to lapse and be granted again.
+    pub async fn wait_redelivered(&self, target: u64, within: Duration) -> Result<()> {
+        wait_until(&format!("{target} redeliveries"), deadline_in(within), || {
+            let now = self.redelivered();
+            async move {
+                Ok(if now >= target {
+                    Check::Done(())
+                } else {
+                    Check::NotYet(format!("{now} redeliveries"))
+                })
+            }
+        })
+        .await
     }
 
     /// Waits until the accepted acks reach `target`.
@@ -123,10 +168,10 @@ impl Load {
 }
 
 /// Acks `job_id` under `token`, records the answer, and counts an accepted ack.
-async fn ack(client: &Client, history: &mut History, acked: &AtomicU64, job_id: u64, token: u64) {
+async fn ack(client: &Client, history: &mut History, seen: &Seen, job_id: u64, token: u64) {
     let outcome = client.ack(job_id, token).await;
     if history.record_ack(job_id, token, outcome) {
-        acked.fetch_add(1, Ordering::SeqCst);
+        seen.acked.fetch_add(1, Ordering::SeqCst);
     }
 }
 
@@ -136,7 +181,7 @@ async fn load_client(
     index: usize,
     client: Client,
     mut stop: watch::Receiver<bool>,
-    acked: Arc<AtomicU64>,
+    seen: Arc<Seen>,
 ) -> History {
     let mut history = History::default();
     let worker = worker_name(index);
@@ -182,11 +227,12 @@ async fn load_client(
                     let Some((job_id, token)) = history.record_grant(&worker, grant) else {
                         continue;
                     };
+                    seen.grant(job_id);
                     granted += 1;
                     if granted.is_multiple_of(HOLD_BACK_EVERY) {
                         held_back.push_back((Instant::now() + HOLD_BACK_FOR, job_id, token));
                     } else {
-                        ack(&client, &mut history, &acked, job_id, token).await;
+                        ack(&client, &mut history, &seen, job_id, token).await;
                     }
                 }
             }
@@ -197,11 +243,11 @@ async fn load_client(
             && due <= Instant::now()
         {
             held_back.pop_front();
-            ack(&client, &mut history, &acked, job_id, token).await;
+            ack(&client, &mut history, &seen, job_id, token).await;
         }
     }
     for (_, job_id, token) in held_back {
-        ack(&client, &mut history, &acked, job_id, token).await;
+        ack(&client, &mut history, &seen, job_id, token).await;
     }
     history
 }
