@@ -199,6 +199,9 @@ async fn story(sandbox: &Sandbox) -> Result<()> {
         eprintln!("  {step}");
     }
 
+    phase("some lease has lapsed and been granted again, so the lease checks compare pairs");
+    load.wait_redelivered(1, PROGRESS_WITHIN).await?;
+
     phase("stop the load, pause the schedule, wait until every command job is acked");
     let mut history = load.stop().await?;
     cli(sandbox, &addrs, &["cron", "pause", SCHEDULE]).await?.success()?;
