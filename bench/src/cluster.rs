@@ -40,6 +40,18 @@ pub async fn local_status(
     }
 }
 
+/// The largest Raft term any node of `addrs` reports (each asked for its
+/// own status); an error when a node does not answer.
+pub async fn max_term(addrs: &[String]) -> anyhow::Result<u64> {
+    let mut term = 0;
+    for addr in addrs {
+        let mut stub = ClusterClient::new(channel(addr)?);
+        let status = local_status(&mut stub, STATUS_TIMEOUT).await?;
+        term = status.nodes.iter().map(|node| node.term).fold(term, u64::max);
+    }
+    Ok(term)
+}
+
 /// The leader's id, as every node in `addrs` agrees; an error when a node
 /// does not answer or they disagree.
 pub async fn agreed_leader(addrs: &[String]) -> anyhow::Result<u64> {

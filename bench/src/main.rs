@@ -376,7 +376,15 @@ fn run(args: RunArgs) -> anyhow::Result<()> {
         match args.system {
             System::Leasehold => {
                 let system = leasehold::Leasehold::new(&args.addr);
-                measure::drive(&system, System::Leasehold, &config, &args.server_pid).await
+                let addrs = cluster::split_addrs(&args.addr);
+                let before = if nodes > 1 { Some(cluster::max_term(&addrs).await?) } else { None };
+                let mut summary =
+                    measure::drive(&system, System::Leasehold, &config, &args.server_pid).await?;
+                if let Some(before) = before {
+                    let after = cluster::max_term(&addrs).await?;
+                    summary.elections = Some(after.saturating_sub(before));
+                }
+                Ok(summary)
             }
             System::Etcd => {
                 let system = etcd::Etcd::new(&args.addr, args.clients);

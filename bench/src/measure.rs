@@ -142,6 +142,11 @@ pub struct RunSummary {
     /// measured window, seconds, summed over the nodes; when known.
     #[serde(default)]
     pub server_cpu_s: Option<f64>,
+    /// Elections during the run (warm-up and window) of a leasehold
+    /// cluster: the largest term any node reports after the run minus the
+    /// largest before it. Every one is spurious, since no node is stopped.
+    #[serde(default)]
+    pub elections: Option<u64>,
 }
 
 fn one() -> usize {
@@ -264,6 +269,7 @@ pub async fn drive<T: Target>(
         cycle: Latency::of(&total.cycle),
         server_peak_rss_kib: None,
         server_cpu_s: cpu.await.ok().flatten(),
+        elections: None,
     })
 }
 

@@ -201,15 +201,15 @@ fn cluster(out: &mut String, by_key: &Runs, nodes: usize, targets: &Targets) {
         |n: usize, clients: usize, system: System| by_key.get(&(n, clients, system as u8)).copied();
     let client_counts = client_counts(by_key, nodes);
     out.push_str(
-        "| clients | system | cycles/s | server CPU ms/cycle | enqueue p50 | enqueue p99 | claim p50 | claim p99 | ack p50 | ack p99 | cycle p50 | cycle p99 | errors | claim retries |\n",
+        "| clients | system | cycles/s | server CPU ms/cycle | enqueue p50 | enqueue p99 | claim p50 | claim p99 | ack p50 | ack p99 | cycle p50 | cycle p99 | errors | claim retries | elections |\n",
     );
-    out.push_str("| ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n");
+    out.push_str("| ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n");
     for &clients in &client_counts {
         for system in [System::Leasehold, System::Etcd] {
             if let Some(run) = get(nodes, clients, system) {
                 let _ = writeln!(
                     out,
-                    "| {clients} | {} ×{nodes} | {:.0} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
+                    "| {clients} | {} ×{nodes} | {:.0} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
                     system.name(),
                     run.cycles_per_s,
                     cpu_per_cycle(run),
@@ -222,11 +222,16 @@ fn cluster(out: &mut String, by_key: &Runs, nodes: usize, targets: &Targets) {
                     ms(run.cycle.p50_us),
                     ms(run.cycle.p99_us),
                     run.errors,
-                    run.claim_retries
+                    run.claim_retries,
+                    run.elections.map_or_else(|| "–".to_string(), |n| n.to_string())
                 );
             }
         }
     }
+    out.push_str(
+        "\n*elections*: Raft elections during the run (largest term after minus \
+         before, warm-up included); no node is stopped, so each one is spurious.\n",
+    );
     let _ = writeln!(
         out,
         "\nRatios: leasehold ×{nodes} ÷ etcd ×{nodes}, and leasehold ×{nodes} ÷ leasehold ×1, \
