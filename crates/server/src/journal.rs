@@ -48,8 +48,34 @@ struct Inner {
 /// A proposal waiting for the batcher, and where its answer goes.
 struct Pending {
     proposal: Proposal,
+    /// Whether a follower may forward it to the leader; false for a write
+    /// a follower forwarded here, so no write bounces between nodes.
+    may_forward: bool,
     reply: tokio::sync::oneshot::Sender<Result<Response, Error>>,
 }
+
+impl Pending {
+    /// The commands this proposal adds to a batch: its own, or those of a
+    /// well-formed batch (which merges into a larger one); `None` for a
+    /// malformed batch, which must go alone to get its own refusal.
+    fn command_count(&self) -> Option<usize> {
+        match &self.proposal.command {
+            Command::Batch { commands } => {
+                let well_formed = !commands.is_empty()
+                    && commands.len() <= leasehold_core::command::MAX_BATCH_COMMANDS
+                    && !commands.iter().any(|c| matches!(c, Command::Batch { .. }));
+                well_formed.then_some(commands.len())
+            }
+            _ => Some(1),
+        }
+    }
+}
+
+/// Most batches in flight at once. openraft 0.9 appends and fsyncs one
+/// entry at a time in its core, so a second batch lets the leader's fsync
+/// of one entry overlap the replication and the followers' fsync of the
+/// one before it; more only splits the same proposals over more entries.
+const MAX_IN_FLIGHT_BATCHES: usize = 2;
 
 /// Most proposals waiting for the batcher before proposers wait for room.
 const BATCH_QUEUE: usize = 4_096;
@@ -308,10 +334,19 @@ impl Journal {
     /// write is in flight are grouped into one `Batch` log entry, so
     /// concurrent clients share a Raft round and a log flush.
     pub async fn propose_proposal(&self, proposal: Proposal) -> Result<Response, Error> {
+        self.enqueue_proposal(proposal, true).await
+    }
+
+    /// Queues `proposal` for the batcher and waits for its answer.
+    async fn enqueue_proposal(
+        &self,
+        proposal: Proposal,
+        may_forward: bool,
+    ) -> Result<Response, Error> {
         let timeout = self.inner.config.quorum_timeout;
         let (reply, answer) = tokio::sync::oneshot::channel();
-        let queued =
-            tokio::time::timeout(timeout, self.inner.batches.send(Pending { proposal, reply }));
+        let pending = Pending { proposal, may_forward, reply };
+        let queued = tokio::time::timeout(timeout, self.inner.batches.send(pending));
         match queued.await {
             Ok(Ok(())) => {}
             Ok(Err(_)) => return Err(Error::Unavailable("the journal is shutting down".into())),
@@ -327,9 +362,13 @@ impl Journal {
     }
 
     /// One write, bounded by the quorum timeout.
-    async fn write_bounded(&self, proposal: Proposal) -> Result<Response, Error> {
+    async fn write_bounded(
+        &self,
+        proposal: Proposal,
+        may_forward: bool,
+    ) -> Result<Response, Error> {
         let timeout = self.inner.config.quorum_timeout;
-        match tokio::time::timeout(timeout, self.write(proposal, true)).await {
+        match tokio::time::timeout(timeout, self.write(proposal, may_forward)).await {
             Ok(result) => result,
             Err(_) => Err(no_quorum(timeout)),
         }
@@ -406,12 +445,10 @@ impl Journal {
     /// request cannot bounce between nodes.
     pub async fn serve_forwarded(&self, request: ForwardRequest) -> ForwardResponse {
         let result = match request {
+            // Through the batcher, so the followers' forwarded batches and
+            // the leader's own proposals share one entry and one fsync.
             ForwardRequest::Write(proposal) => {
-                let timeout = self.inner.config.quorum_timeout;
-                match tokio::time::timeout(timeout, self.write(*proposal, false)).await {
-                    Ok(result) => result.map(ForwardResponse::Written),
-                    Err(_) => Err(no_quorum(timeout)),
-                }
+                self.enqueue_proposal(*proposal, false).await.map(ForwardResponse::Written)
             }
             ForwardRequest::Campaign => match self.inner.raft.trigger().elect().await {
                 Ok(()) => Ok(ForwardResponse::Campaigning),
@@ -443,56 +480,113 @@ fn no_quorum(timeout: Duration) -> Error {
 }
 
 /// Takes every proposal waiting (up to the bounds), writes them as one log
-/// entry, and hands each proposer its own response. One write is in flight
-/// at a time; whatever arrives meanwhile forms the next batch (group commit).
+/// entry, and hands each proposer its own response (group commit). Up to
+/// [`MAX_IN_FLIGHT_BATCHES`] writes are in flight; whatever arrives
+/// meanwhile forms the next batch. A proposal that is itself a batch (a
+/// follower's, forwarded here) merges into the larger one.
 async fn batch_proposals(
     journal: std::sync::Weak<Inner>,
     mut queue: tokio::sync::mpsc::Receiver<Pending>,
 ) {
-    while let Some(first) = queue.recv().await {
-        let mut bytes = first.proposal.command.bulk_bytes();
+    let in_flight = Arc::new(tokio::sync::Semaphore::new(MAX_IN_FLIGHT_BATCHES));
+    let mut carried: Option<Pending> = None;
+    loop {
+        let first = match carried.take() {
+            Some(pending) => pending,
+            None => match queue.recv().await {
+                Some(pending) => pending,
+                None => return,
+            },
+        };
+        // Wait for room before collecting, so everything that arrives while
+        // the pipeline is full joins this batch.
+        let Ok(permit) = in_flight.clone().acquire_owned().await else { return };
         let mut batch = vec![first];
-        while batch.len() < leasehold_core::command::MAX_BATCH_COMMANDS && bytes < MAX_BATCH_BYTES {
-            match queue.try_recv() {
-                Ok(next) => {
-                    bytes += next.proposal.command.bulk_bytes();
-                    batch.push(next);
+        if let Some(mut count) = batch[0].command_count() {
+            let mut bytes = batch[0].proposal.command.bulk_bytes();
+            while count < leasehold_core::command::MAX_BATCH_COMMANDS && bytes < MAX_BATCH_BYTES {
+                let Ok(next) = queue.try_recv() else { break };
+                match next.command_count() {
+                    Some(more) if count + more <= leasehold_core::command::MAX_BATCH_COMMANDS => {
+                        count += more;
+                        bytes += next.proposal.command.bulk_bytes();
+                        batch.push(next);
+                    }
+                    // Too many to merge, or malformed: it starts the next batch.
+                    _ => {
+                        carried = Some(next);
+                        break;
+                    }
                 }
-                Err(_) => break,
             }
         }
         let Some(inner) = journal.upgrade() else { return };
-        let journal_handle = Journal { inner };
-        if batch.len() == 1
-            || batch.iter().any(|p| matches!(p.proposal.command, Command::Batch { .. }))
-        {
-            // A lone proposal (or an already batched one) goes as it is.
-            for pending in batch {
-                let result = journal_handle.write_bounded(pending.proposal).await;
-                let _ = pending.reply.send(result);
+        tokio::spawn(async move {
+            write_batch(&Journal { inner }, batch).await;
+            drop(permit);
+        });
+    }
+}
+
+/// What one proposal of a merged batch gets back.
+enum Share {
+    /// A single command: one response.
+    One,
+    /// A batch of this many commands: a `Response::Batch` of theirs.
+    Many(usize),
+}
+
+/// Writes `batch` (a lone proposal as it is, several as one `Batch`
+/// entry) and answers every proposer.
+async fn write_batch(journal: &Journal, mut batch: Vec<Pending>) {
+    // Forwarded writes must not be forwarded again; the batch carrying one
+    // answers UNAVAILABLE if leadership moved, and its proposers retry.
+    let may_forward = batch.iter().all(|p| p.may_forward);
+    if batch.len() == 1
+        && let Some(pending) = batch.pop()
+    {
+        let result = journal.write_bounded(pending.proposal, may_forward).await;
+        let _ = pending.reply.send(result);
+        return;
+    }
+    let now_ms = batch.iter().map(|p| p.proposal.now_ms).max().unwrap_or(0);
+    let mut commands = Vec::new();
+    let mut shares = Vec::with_capacity(batch.len());
+    for pending in batch {
+        match pending.proposal.command {
+            Command::Batch { commands: inner } => {
+                shares.push((Share::Many(inner.len()), pending.reply));
+                commands.extend(inner);
             }
-            continue;
+            command => {
+                shares.push((Share::One, pending.reply));
+                commands.push(command);
+            }
         }
-        let now_ms = batch.iter().map(|p| p.proposal.now_ms).max().unwrap_or(0);
-        let (commands, replies): (Vec<Command>, Vec<_>) =
-            batch.into_iter().map(|p| (p.proposal.command, p.reply)).unzip();
-        let count = commands.len();
-        let proposal = Proposal { now_ms, command: Command::Batch { commands } };
-        match journal_handle.write_bounded(proposal).await {
-            Ok(Response::Batch(responses)) if responses.len() == count => {
-                for (reply, response) in replies.into_iter().zip(responses) {
-                    let _ = reply.send(Ok(response));
-                }
+    }
+    let count = commands.len();
+    let proposal = Proposal { now_ms, command: Command::Batch { commands } };
+    match journal.write_bounded(proposal, may_forward).await {
+        Ok(Response::Batch(responses)) if responses.len() == count => {
+            let mut responses = responses.into_iter();
+            for (share, reply) in shares {
+                let answer = match share {
+                    Share::One => responses.next(),
+                    Share::Many(n) => Some(Response::Batch(responses.by_ref().take(n).collect())),
+                };
+                let _ = reply.send(
+                    answer.ok_or_else(|| Error::Internal("batch answered too few".to_string())),
+                );
             }
-            Ok(other) => {
-                for reply in replies {
-                    let _ = reply.send(Err(Error::Internal(format!("batch answered {other:?}"))));
-                }
+        }
+        Ok(other) => {
+            for (_, reply) in shares {
+                let _ = reply.send(Err(Error::Internal(format!("batch answered {other:?}"))));
             }
-            Err(error) => {
-                for reply in replies {
-                    let _ = reply.send(Err(error.clone()));
-                }
+        }
+        Err(error) => {
+            for (_, reply) in shares {
+                let _ = reply.send(Err(error.clone()));
             }
         }
     }
