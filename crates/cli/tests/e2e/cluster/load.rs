@@ -120,32 +120,12 @@ impl Load {
     /// Waits until the redeliveries reach `target`: the load has run long
     /// enough for a held-back lease to lapse and be granted again.
     pub async fn wait_redelivered(&self, target: u64, within: Duration) -> Result<()> {
-        wait_until(&format!("{target} redeliveries"), deadline_in(within), || {
-            let now = self.redelivered();
-            async move {
-                Ok(if now >= target {
-                    Check::Done(())
-                } else {
-                    Check::NotYet(format!("{now} redeliveries"))
-                })
-            }
-        })
-        .await
+        wait_count("redeliveries", &self.seen.redelivered, target, within).await
     }
 
     /// Waits until the accepted acks reach `target`.
     pub async fn wait_acks(&self, target: u64, within: Duration) -> Result<()> {
-        wait_until(&format!("{target} accepted acks"), deadline_in(within), || {
-            let now = self.acked();
-            async move {
-                Ok(if now >= target {
-                    Check::Done(())
-                } else {
-                    Check::NotYet(format!("{now} acks"))
-                })
-            }
-        })
-        .await
+        wait_count("accepted acks", &self.seen.acked, target, within).await
     }
 
     /// Stops the clients (each acks what it still holds back) and answers
@@ -165,6 +145,17 @@ impl Load {
         }
         Ok(history)
     }
+}
+
+/// Waits until `counter` (of `what`) reaches `target`.
+async fn wait_count(what: &str, counter: &AtomicU64, target: u64, within: Duration) -> Result<()> {
+    wait_until(&format!("{target} {what}"), deadline_in(within), || {
+        let now = counter.load(Ordering::SeqCst);
+        async move {
+            Ok(if now >= target { Check::Done(()) } else { Check::NotYet(format!("{now} {what}")) })
+        }
+    })
+    .await
 }
 
 /// Acks `job_id` under `token`, records the answer, and counts an accepted ack.
