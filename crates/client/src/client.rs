@@ -95,10 +95,15 @@ struct Stubs {
 /// A connection to one or more leasehold nodes. Calls go to one node at a
 /// time; an UNAVAILABLE answer (including a refused connection) or a
 /// connection that broke mid-call moves the client to the next address
-/// before it retries.
+/// before it retries. A follower names the leader on its answers
+/// ([`leasehold_proto::LEADER_HINT_HEADER`]); when that address is one of
+/// the client's own, the client moves there, so its writes skip the
+/// follower's forwarding hop.
 #[derive(Clone)]
 pub struct Client {
     nodes: Arc<Vec<Stubs>>,
+    /// The addresses, as `host:port`, in the order of `nodes`.
+    addrs: Arc<Vec<String>>,
     current: Arc<AtomicUsize>,
     retry: RetryPolicy,
     call_timeout: Duration,
@@ -115,7 +120,9 @@ impl Client {
     /// that is still starting is not an error here.
     pub fn connect(addrs: &str) -> Result<Client, ClientError> {
         let mut nodes = Vec::new();
+        let mut plain = Vec::new();
         for addr in addrs.split(',').map(str::trim).filter(|a| !a.is_empty()) {
+            plain.push(host_port(addr).to_string());
             let uri =
                 if addr.contains("://") { addr.to_string() } else { format!("http://{addr}") };
             let endpoint = Endpoint::from_shared(uri)
@@ -136,6 +143,7 @@ impl Client {
         }
         Ok(Client {
             nodes: Arc::new(nodes),
+            addrs: Arc::new(plain),
             current: Arc::new(AtomicUsize::new(0)),
             retry: RetryPolicy::default(),
             call_timeout: CALL_TIMEOUT,
@@ -162,6 +170,17 @@ impl Client {
         }
     }
 
+    /// Moves to the node a follower named as the leader, when it is one of
+    /// this client's addresses.
+    fn follow_leader(&self, metadata: &tonic::metadata::MetadataMap) {
+        let Some(hint) = metadata.get(leasehold_proto::LEADER_HINT_HEADER) else { return };
+        let Ok(hint) = hint.to_str() else { return };
+        let hint = host_port(hint);
+        if let Some(index) = self.addrs.iter().position(|addr| addr == hint) {
+            self.current.store(index, Ordering::Relaxed);
+        }
+    }
+
     /// The same client with another retry policy.
     pub fn with_retry(mut self, retry: RetryPolicy) -> Client {
         self.retry = retry;
@@ -179,10 +198,13 @@ impl Client {
         self.queue()
     }
 
+    /// Makes `call` (against the current node), retrying transient
+    /// failures on the next node when `retry`; follows a leader hint on
+    /// the answer.
     async fn retrying<T, F, Fut>(&self, retry: bool, mut call: F) -> Result<T, ClientError>
     where
         F: FnMut() -> Fut,
-        Fut: std::future::Future<Output = Result<T, tonic::Status>>,
+        Fut: std::future::Future<Output = Result<tonic::Response<T>, tonic::Status>>,
     {
         let attempts = if retry { self.retry.attempts.max(1) } else { 1 };
         let mut delay = self.retry.first_delay;
@@ -190,7 +212,10 @@ impl Client {
         loop {
             tried += 1;
             match call().await {
-                Ok(value) => return Ok(value),
+                Ok(response) => {
+                    self.follow_leader(response.metadata());
+                    return Ok(response.into_inner());
+                }
                 Err(status) if is_retryable(&status) && tried < attempts => {
                     tracing::debug!(%status, tried, "retrying after a transient failure");
                     self.rotate();
@@ -220,9 +245,10 @@ impl Client {
         self.retrying(retry, || {
             let mut stub = self.queue();
             let request = self.request(message.clone(), self.call_timeout);
-            async move { stub.enqueue(request).await.map(|r| r.into_inner().results) }
+            async move { stub.enqueue(request).await }
         })
         .await
+        .map(|r| r.results)
     }
 
     /// Claims up to `max` jobs, long-polling up to `wait_ms`.
@@ -231,9 +257,10 @@ impl Client {
         self.retrying(true, || {
             let mut stub = self.queue();
             let request = self.request(request.clone(), timeout);
-            async move { stub.claim(request).await.map(|r| r.into_inner().grants) }
+            async move { stub.claim(request).await }
         })
         .await
+        .map(|r| r.grants)
     }
 
     /// Renews leases; answers the renewed leases and the lost job ids.
@@ -244,7 +271,7 @@ impl Client {
         self.retrying(true, || {
             let mut stub = self.queue();
             let request = self.request(request.clone(), self.call_timeout);
-            async move { stub.refresh(request).await.map(|r| r.into_inner()) }
+            async move { stub.refresh(request).await }
         })
         .await
     }
@@ -267,9 +294,10 @@ impl Client {
             let mut stub = self.queue();
             let ack = v1::AckRequest { job_id, token, result: result.clone() };
             let request = self.request(ack, self.call_timeout);
-            async move { stub.ack(request).await.map(|_| ()) }
+            async move { stub.ack(request).await }
         })
         .await
+        .map(|_| ())
     }
 
     /// Fails an attempt. Not retried: a lost answer may have charged it.
@@ -277,7 +305,7 @@ impl Client {
         self.retrying(false, || {
             let mut stub = self.queue();
             let request = self.request(request.clone(), self.call_timeout);
-            async move { stub.nack(request).await.map(|r| r.into_inner()) }
+            async move { stub.nack(request).await }
         })
         .await
     }
@@ -287,9 +315,10 @@ impl Client {
         self.retrying(true, || {
             let mut stub = self.queue();
             let request = self.request(v1::ReleaseRequest { job_id, token }, self.call_timeout);
-            async move { stub.release(request).await.map(|_| ()) }
+            async move { stub.release(request).await }
         })
         .await
+        .map(|_| ())
     }
 
     /// One job.
@@ -298,9 +327,10 @@ impl Client {
             .retrying(true, || {
                 let mut stub = self.queue();
                 let request = self.request(v1::GetJobRequest { job_id, stale }, self.call_timeout);
-                async move { stub.get_job(request).await.map(|r| r.into_inner().job) }
+                async move { stub.get_job(request).await }
             })
-            .await?;
+            .await?
+            .job;
         job.ok_or_else(|| ClientError::Status(tonic::Status::internal("reply carried no job")))
     }
 
@@ -312,7 +342,7 @@ impl Client {
         self.retrying(true, || {
             let mut stub = self.queue();
             let request = self.request(request.clone(), self.call_timeout);
-            async move { stub.list_jobs(request).await.map(|r| r.into_inner()) }
+            async move { stub.list_jobs(request).await }
         })
         .await
     }
@@ -327,7 +357,7 @@ impl Client {
             let mut stub = self.queue();
             let request =
                 self.request(v1::StatsRequest { queue: queue.clone(), stale }, self.call_timeout);
-            async move { stub.stats(request).await.map(|r| r.into_inner()) }
+            async move { stub.stats(request).await }
         })
         .await
     }
@@ -337,9 +367,10 @@ impl Client {
         self.retrying(true, || {
             let mut stub = self.queue();
             let request = self.request(request.clone(), self.call_timeout);
-            async move { stub.redrive(request).await.map(|r| r.into_inner().redriven) }
+            async move { stub.redrive(request).await }
         })
         .await
+        .map(|r| r.redriven)
     }
 
     /// Cluster status as the answering node sees it.
@@ -347,7 +378,7 @@ impl Client {
         self.retrying(true, || {
             let mut stub = self.cluster();
             let request = self.request(v1::StatusRequest { local_only: false }, self.call_timeout);
-            async move { stub.status(request).await.map(|r| r.into_inner()) }
+            async move { stub.status(request).await }
         })
         .await
     }
@@ -357,9 +388,10 @@ impl Client {
         self.retrying(true, || {
             let mut stub = self.cluster();
             let request = self.request(v1::DrainRequest { id }, self.call_timeout);
-            async move { stub.drain(request).await.map(|_| ()) }
+            async move { stub.drain(request).await }
         })
         .await
+        .map(|_| ())
     }
 
     /// Changes node `id`'s cutover-gate flags (unset ones keep their
@@ -374,7 +406,7 @@ impl Client {
             let mut stub = self.cluster();
             let request =
                 self.request(v1::SetFlagsRequest { id, journal_lease, dry_run }, self.call_timeout);
-            async move { stub.set_flags(request).await.map(|r| r.into_inner()) }
+            async move { stub.set_flags(request).await }
         })
         .await
     }
@@ -384,15 +416,47 @@ impl Client {
         self.retrying(true, || {
             let mut stub = self.cluster();
             let request = self.request(v1::RemoveRequest { id }, self.call_timeout);
-            async move { stub.remove(request).await.map(|r| r.into_inner().voters) }
+            async move { stub.remove(request).await }
         })
         .await
+        .map(|r| r.voters)
     }
+}
+
+/// `host:port` of an address given as `host:port` or `scheme://host:port/`.
+fn host_port(addr: &str) -> &str {
+    let addr = addr.trim();
+    let addr = addr.split_once("://").map_or(addr, |(_, rest)| rest);
+    addr.trim_end_matches('/')
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test]
+    async fn a_leader_hint_moves_the_client_only_to_an_address_it_has() {
+        let client = Client::connect("127.0.0.1:7070, http://127.0.0.1:7071/,127.0.0.1:7072")
+            .expect("valid addresses");
+        let hint = |value: &str| {
+            let mut metadata = tonic::metadata::MetadataMap::new();
+            metadata.insert(
+                leasehold_proto::LEADER_HINT_HEADER,
+                value.parse().expect("ascii metadata value"),
+            );
+            metadata
+        };
+        let at = |client: &Client| client.current.load(Ordering::Relaxed) % client.nodes.len();
+        assert_eq!(at(&client), 0);
+        client.follow_leader(&hint("127.0.0.1:7071"));
+        assert_eq!(at(&client), 1, "named by host:port, given with a scheme");
+        client.follow_leader(&hint("http://127.0.0.1:7072"));
+        assert_eq!(at(&client), 2, "named with a scheme, given as host:port");
+        client.follow_leader(&hint("10.0.0.9:7070"));
+        assert_eq!(at(&client), 2, "an address the client was not given is ignored");
+        client.follow_leader(&tonic::metadata::MetadataMap::new());
+        assert_eq!(at(&client), 2, "no hint, no move");
+    }
 
     #[test]
     fn only_transient_failures_are_retried() {

@@ -12,6 +12,12 @@ pub mod v1 {
 
 pub mod convert;
 
+/// Response metadata a follower adds to every Queue answer: the leader's
+/// gRPC address (as the leader advertises it). A client that has that
+/// address among its own sends its next calls there, sparing each write
+/// the forwarding hop.
+pub const LEADER_HINT_HEADER: &str = "leasehold-leader";
+
 /// Encoded file descriptor set of every leasehold proto, for gRPC reflection.
 pub const FILE_DESCRIPTOR_SET: &[u8] =
     include_bytes!(concat!(env!("OUT_DIR"), "/leasehold_descriptor.bin"));

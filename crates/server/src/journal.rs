@@ -259,6 +259,15 @@ impl Journal {
                 .is_some_and(|applied| applied.leader_id.term == metrics.current_term)
     }
 
+    /// The leader's advertised address when another node leads, for the
+    /// leader hint on answers; `None` on the leader or with none known.
+    pub fn leader_hint(&self) -> Option<String> {
+        let metrics = self.inner.raft.metrics();
+        let metrics = metrics.borrow();
+        let leader = metrics.current_leader.filter(|id| *id != self.inner.config.node_id)?;
+        metrics.membership_config.membership().get_node(&leader).map(|node| node.addr.clone())
+    }
+
     /// Reads the local state machine as it is now (possibly behind the leader).
     pub fn read_stale<T>(&self, f: impl FnOnce(&State) -> T) -> T {
         self.inner.state.read(f)

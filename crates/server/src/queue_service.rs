@@ -52,18 +52,26 @@ impl QueueService {
 }
 
 impl QueueService {
+    /// Runs one call, counts and times it, and on a follower adds the
+    /// leader hint ([`leasehold_proto::LEADER_HINT_HEADER`]) to its answer.
     async fn observed<T>(
         &self,
         method: &'static str,
         call: impl std::future::Future<Output = Result<Reply<T>, Status>>,
     ) -> Result<Reply<T>, Status> {
         let started = std::time::Instant::now();
-        let result = call.await;
+        let mut result = call.await;
         let code = match &result {
             Ok(_) => tonic::Code::Ok,
             Err(status) => status.code(),
         };
         self.journal.metrics().observe_rpc(method, code, started.elapsed());
+        if let Ok(reply) = &mut result
+            && let Some(leader) = self.journal.leader_hint()
+            && let Ok(value) = tonic::metadata::MetadataValue::try_from(leader.as_str())
+        {
+            reply.metadata_mut().insert(leasehold_proto::LEADER_HINT_HEADER, value);
+        }
         result
     }
 }

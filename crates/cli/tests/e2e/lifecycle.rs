@@ -887,7 +887,7 @@ async fn wait_readiness(
 
 /// One `/metrics` scrape parsed by `prometheus-parse`, with the format its
 /// content type declared and the type each family was declared with.
-struct Scrape {
+pub(super) struct Scrape {
     open_metrics: bool,
     types: BTreeMap<String, prometheus_parse::SampleType>,
     samples: Vec<prometheus_parse::Sample>,
@@ -901,7 +901,7 @@ const PROMETHEUS_TEXT: &str = "text/plain; version=0.0.4";
 /// Scrapes `/metrics` and parses it as a Prometheus server would: by the
 /// format its content type declares, every sample line one the parser
 /// understands, and an OpenMetrics body closed by `# EOF`.
-async fn scrape(http: SocketAddr) -> Result<Scrape> {
+pub(super) async fn scrape(http: SocketAddr) -> Result<Scrape> {
     let reply = http_get(http, "/metrics").await?;
     ensure!(reply.status == 200, "/metrics answered {}", reply.status);
     let open_metrics = reply.content_type.starts_with(OPEN_METRICS);
@@ -967,7 +967,7 @@ impl Scrape {
 
     /// A counter's value; 0 when the labelled series does not exist yet
     /// (series are created on first use).
-    fn counter(&self, name: &str, labels: &[(&str, &str)]) -> Result<f64> {
+    pub(super) fn counter(&self, name: &str, labels: &[(&str, &str)]) -> Result<f64> {
         match self.find(name, labels).map(|sample| &sample.value) {
             None => Ok(0.0),
             Some(

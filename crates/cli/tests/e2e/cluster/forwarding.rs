@@ -8,12 +8,21 @@
 //! and the token the follower's claim answered, and the follower's own
 //! linearizable read must see the ack too. Leadership must not have moved
 //! meanwhile, or the follower might have been the leader for part of it.
+//! The follower's answers name the leader (the leader hint).
+//!
+//! A second story gives the stock client every address, a follower's
+//! first: the follower's first answer names the leader, and the client's
+//! later calls go to the leader directly. Each node's RPC counters show
+//! where the calls went.
 
 use std::time::Duration;
 
 use anyhow::{Context, Result, bail, ensure};
 use leasehold_proto::v1;
 
+use leasehold_client::Client;
+
+use super::super::lifecycle::{Scrape, scrape};
 use super::super::support::{CLUSTER_CONVERGE_TIMEOUT, Cluster, Sandbox, job, phase};
 use super::cluster_slot;
 
@@ -49,13 +58,18 @@ async fn story(sandbox: &Sandbox) -> Result<()> {
     let mut through_follower = cluster.node(follower)?.stub()?;
     let mut at_leader = cluster.node(leader)?.stub()?;
 
-    phase("enqueue through the follower only");
-    let results = through_follower
+    phase("enqueue through the follower only; its answer names the leader");
+    let answer = through_follower
         .enqueue(v1::EnqueueRequest { jobs: vec![job(QUEUE, PAYLOAD)] })
         .await
-        .context("enqueue through the follower")?
-        .into_inner()
-        .results;
+        .context("enqueue through the follower")?;
+    let hint = answer.metadata().get(leasehold_proto::LEADER_HINT_HEADER);
+    let leader_addr = cluster.node(leader)?.grpc.to_string();
+    ensure!(
+        hint.and_then(|value| value.to_str().ok()) == Some(leader_addr.as_str()),
+        "the follower's answer names the leader {leader_addr}: {hint:?}"
+    );
+    let results = answer.into_inner().results;
     let [result] = results.as_slice() else { bail!("one job enqueued, results {results:?}") };
     let job_id = result.job_id;
 
@@ -103,6 +117,76 @@ async fn story(sandbox: &Sandbox) -> Result<()> {
     ensure!(
         after.leader == leader && after.term == before.term,
         "leadership moved from {before:?} to {after:?}; the follower may have led meanwhile"
+    );
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_given_every_address_moves_to_the_leader() -> Result<()> {
+    let _slot = cluster_slot().await?;
+    let sandbox = Sandbox::new("cluster-leader-hint")?;
+    sandbox.run(Duration::from_secs(60), follow_story(&sandbox)).await
+}
+
+/// Cycles of enqueue, claim, ack the client makes.
+const CYCLES: u64 = 10;
+
+/// A node's count of `method` calls answered OK.
+fn ok_calls(scrape: &Scrape, method: &str) -> Result<f64> {
+    scrape.counter("leasehold_rpc_requests_total", &[("method", method), ("code", "ok")])
+}
+
+async fn follow_story(sandbox: &Sandbox) -> Result<()> {
+    phase("start a three-node cluster; a client gets a follower's address first");
+    let mut cluster = Cluster::start(sandbox, 3).await?;
+    let before = cluster.wait_converged(CLUSTER_CONVERGE_TIMEOUT).await?;
+    let leader = before.leader;
+    let follower = cluster.ids().into_iter().find(|id| *id != leader).context("no follower")?;
+    let client = Client::connect(&cluster.addrs_of(&[follower, leader])?)?;
+    let (leader_http, follower_http) = (cluster.node(leader)?.http, cluster.node(follower)?.http);
+    let (leader_before, follower_before) =
+        (scrape(leader_http).await?, scrape(follower_http).await?);
+
+    phase("enqueue, claim and ack through the client");
+    for n in 0..CYCLES {
+        let enqueued = client.enqueue(vec![job(QUEUE, format!("cycle {n}").as_bytes())]).await?;
+        ensure!(enqueued.len() == 1, "one job enqueued, results {enqueued:?}");
+        let grants = client
+            .claim(v1::ClaimRequest {
+                worker: "leader-hint-test".to_string(),
+                queue: QUEUE.to_string(),
+                max: 1,
+                wait_ms: 0,
+                ..Default::default()
+            })
+            .await?;
+        let Some(lease) = grants.first().and_then(|grant| grant.lease.clone()) else {
+            bail!("cycle {n}: the claim granted nothing");
+        };
+        client.ack(lease.job_id, lease.token).await?;
+    }
+
+    phase("only the first call went to the follower; the rest to the leader");
+    let (leader_after, follower_after) = (scrape(leader_http).await?, scrape(follower_http).await?);
+    let cycles = CYCLES as f64;
+    for (method, at_follower, at_leader) in
+        [("enqueue", 1.0, cycles - 1.0), ("claim", 0.0, cycles), ("ack", 0.0, cycles)]
+    {
+        let follower_moved =
+            ok_calls(&follower_after, method)? - ok_calls(&follower_before, method)?;
+        let leader_moved = ok_calls(&leader_after, method)? - ok_calls(&leader_before, method)?;
+        ensure!(
+            follower_moved == at_follower && leader_moved == at_leader,
+            "{method}: follower served {follower_moved} (expected {at_follower}), \
+             leader {leader_moved} (expected {at_leader})"
+        );
+    }
+
+    phase("leadership did not move during the story");
+    let after = cluster.wait_converged(CLUSTER_CONVERGE_TIMEOUT).await?;
+    ensure!(
+        after.leader == leader && after.term == before.term,
+        "leadership moved from {before:?} to {after:?}"
     );
     Ok(())
 }
