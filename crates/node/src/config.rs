@@ -53,6 +53,9 @@ pub struct Config {
     pub election_timeout_max_ms: u64,
     /// Build a snapshot after this many log entries since the last one.
     pub snapshot_every_entries: u64,
+    /// Most batched log entries this node's journal keeps in flight at once
+    /// (see docs/architecture.md, "A write, end to end").
+    pub batches_in_flight: usize,
     /// Expose the Faults service (clock skew, store faults). Tests only.
     pub fault_injection: bool,
     /// Start with the clock skewed by this much (fault injection only; a
@@ -110,6 +113,7 @@ impl Default for Config {
             election_timeout_min_ms: 300,
             election_timeout_max_ms: 600,
             snapshot_every_entries: 10_000,
+            batches_in_flight: leasehold_server::journal::DEFAULT_BATCHES_IN_FLIGHT,
             fault_injection: false,
             clock_offset_ms: 0,
             tags: Vec::new(),
@@ -211,6 +215,9 @@ impl Config {
         if self.snapshot_every_entries == 0 {
             return invalid("snapshot_every_entries", "must be at least 1");
         }
+        if !(1..=16).contains(&self.batches_in_flight) {
+            return invalid("batches_in_flight", "must be 1 ..= 16");
+        }
         if self.advert_interval_ms == 0 || self.advert_interval_ms > 60_000 {
             return invalid("advert_interval_ms", "must be 1 ..= 60000");
         }
@@ -299,5 +306,11 @@ mod tests {
         let config = Config { max_payload_bytes: 1 << 30, ..Config::default() };
         let error = config.validate().err().map(|e| e.to_string()).unwrap_or_default();
         assert!(error.contains("max_payload_bytes"), "{error}");
+        for batches_in_flight in [0, 17] {
+            let config = Config { batches_in_flight, ..Config::default() };
+            let error = config.validate().err().map(|e| e.to_string()).unwrap_or_default();
+            assert!(error.contains("batches_in_flight"), "{batches_in_flight}: {error}");
+        }
+        assert!(Config { batches_in_flight: 16, ..Config::default() }.validate().is_ok());
     }
 }

@@ -167,7 +167,12 @@ impl Node {
             clock.set_offset_ms(config.clock_offset_ms);
         }
         let journal = Journal::new(
-            JournalConfig { node_id: config.id, limits, quorum_timeout: config.quorum_timeout() },
+            JournalConfig {
+                node_id: config.id,
+                limits,
+                quorum_timeout: config.quorum_timeout(),
+                batches_in_flight: config.batches_in_flight,
+            },
             raft.clone(),
             log,
             state,
