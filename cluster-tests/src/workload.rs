@@ -70,20 +70,24 @@ pub struct Context {
 
 /// A client over every address, started at a given one; rebuilt at the
 /// next address when a call gets no answer (the client library moves on by
-/// itself only on UNAVAILABLE, not on a deadline).
+/// itself only on UNAVAILABLE, not on a deadline). Clients started at an
+/// even offset follow the leader hint to the leader; the others stay
+/// where they are, so faults find calls both direct and forwarded.
 struct Rotating {
     addrs: Vec<String>,
     offset: usize,
+    follow_hints: bool,
     client: Client,
 }
 
 impl Rotating {
     fn new(addrs: &[String], offset: usize) -> anyhow::Result<Rotating> {
-        let client = Self::build(addrs, offset)?;
-        Ok(Rotating { addrs: addrs.to_vec(), offset, client })
+        let follow_hints = offset.is_multiple_of(2);
+        let client = Self::build(addrs, offset, follow_hints)?;
+        Ok(Rotating { addrs: addrs.to_vec(), offset, follow_hints, client })
     }
 
-    fn build(addrs: &[String], offset: usize) -> anyhow::Result<Client> {
+    fn build(addrs: &[String], offset: usize, follow_hints: bool) -> anyhow::Result<Client> {
         if addrs.is_empty() {
             anyhow::bail!("no client address");
         }
@@ -95,12 +99,12 @@ impl Rotating {
             first_delay: Duration::from_millis(100),
             max_delay: Duration::from_secs(1),
         };
-        Ok(Client::connect(&ordered.join(","))?.with_retry(retry))
+        Ok(Client::connect(&ordered.join(","))?.with_retry(retry).follow_leader_hints(follow_hints))
     }
 
     fn rotate(&mut self) {
         self.offset = (self.offset + 1) % self.addrs.len().max(1);
-        if let Ok(client) = Self::build(&self.addrs, self.offset) {
+        if let Ok(client) = Self::build(&self.addrs, self.offset, self.follow_hints) {
             self.client = client;
         }
     }

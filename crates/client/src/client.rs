@@ -104,6 +104,8 @@ pub struct Client {
     nodes: Arc<Vec<Stubs>>,
     /// The addresses, as `host:port`, in the order of `nodes`.
     addrs: Arc<Vec<String>>,
+    /// Whether a leader hint moves the client (see [`Client::follow_leader_hints`]).
+    follow_hints: bool,
     current: Arc<AtomicUsize>,
     retry: RetryPolicy,
     call_timeout: Duration,
@@ -144,6 +146,7 @@ impl Client {
         Ok(Client {
             nodes: Arc::new(nodes),
             addrs: Arc::new(plain),
+            follow_hints: true,
             current: Arc::new(AtomicUsize::new(0)),
             retry: RetryPolicy::default(),
             call_timeout: CALL_TIMEOUT,
@@ -173,12 +176,24 @@ impl Client {
     /// Moves to the node a follower named as the leader, when it is one of
     /// this client's addresses.
     fn follow_leader(&self, metadata: &tonic::metadata::MetadataMap) {
+        if !self.follow_hints {
+            return;
+        }
         let Some(hint) = metadata.get(leasehold_proto::LEADER_HINT_HEADER) else { return };
         let Ok(hint) = hint.to_str() else { return };
         let hint = host_port(hint);
         if let Some(index) = self.addrs.iter().position(|addr| addr == hint) {
             self.current.store(index, Ordering::Relaxed);
         }
+    }
+
+    /// The same client, following leader hints (the default) or not. A
+    /// client that does not stays on its first address until that node
+    /// fails, and its writes are forwarded by whichever node it is on — to
+    /// keep linearizable reads spread over the followers, say.
+    pub fn follow_leader_hints(mut self, follow: bool) -> Client {
+        self.follow_hints = follow;
+        self
     }
 
     /// The same client with another retry policy.
@@ -456,6 +471,9 @@ mod tests {
         assert_eq!(at(&client), 2, "an address the client was not given is ignored");
         client.follow_leader(&tonic::metadata::MetadataMap::new());
         assert_eq!(at(&client), 2, "no hint, no move");
+        let pinned = client.clone().follow_leader_hints(false);
+        pinned.follow_leader(&hint("127.0.0.1:7070"));
+        assert_eq!(at(&pinned), 2, "a client told not to follow hints stays");
     }
 
     #[test]

@@ -91,8 +91,9 @@ pub struct Load {
 
 impl Load {
     /// Starts `clients` load clients, each connected to every node of
-    /// `cluster` and each starting at a different one, so that when a node
-    /// goes away some calls are in flight to it directly and some through
+    /// `cluster` and each starting at a different one; half of them follow
+    /// the leader hint, half stay where they are, so that when a node goes
+    /// away some calls are in flight to it directly and some through
     /// another node forwarding them.
     pub fn start(cluster: &Cluster, clients: usize) -> Result<Load> {
         let seen = Arc::new(Seen::default());
@@ -101,7 +102,12 @@ impl Load {
         let mut handles = Vec::new();
         for index in 0..clients {
             let order: Vec<u64> = (0..ids.len()).map(|k| ids[(index + k) % ids.len()]).collect();
-            let client = Client::connect(&cluster.addrs_of(&order)?)?.with_retry(load_retry());
+            // Half the clients follow the leader hint to the leader; the
+            // other half stay where they start, so a failure finds some
+            // calls in flight on the leader and some forwarded to it.
+            let client = Client::connect(&cluster.addrs_of(&order)?)?
+                .with_retry(load_retry())
+                .follow_leader_hints(index.is_multiple_of(2));
             handles.push(tokio::spawn(load_client(index, client, stopped.clone(), seen.clone())));
         }
         Ok(Load { seen, stop, clients: handles })
