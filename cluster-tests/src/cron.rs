@@ -24,6 +24,13 @@ pub const PROCESS: &str = "cron";
 pub const COMMAND_QUEUE: &str = "exec";
 /// Deadline of one schedule call.
 const CALL_LIMIT: Duration = Duration::from_secs(8);
+/// `catchup_max` of the `catchup = all` schedules: two minutes of
+/// every-second ticks, longer than any fault round and its recovery. The
+/// node's default (10) is shorter than the stalls that link faults cause
+/// while every process lives (a soak saw 12 s of elections under
+/// `reset-links`), and `cron_once` counts a catch-up skip on such a
+/// schedule as a liveness failure: it should mean a stall of two minutes.
+const CATCHUP_ALL_MAX: u32 = 120;
 
 fn spec(schedule: &crate::plan::CronSchedulePlan, log: &Path) -> v1::ScheduleSpec {
     let catchup = match schedule.catchup.as_str() {
@@ -48,7 +55,7 @@ fn spec(schedule: &crate::plan::CronSchedulePlan, log: &Path) -> v1::ScheduleSpe
         overlap: overlap as i32,
         catchup: catchup as i32,
         catchup_window_ms: 0,
-        catchup_max: 0,
+        catchup_max: if catchup == v1::Catchup::All { CATCHUP_ALL_MAX } else { 0 },
         target: v1::Target::Any as i32,
         paused: false,
     }

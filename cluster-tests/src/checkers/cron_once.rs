@@ -17,8 +17,9 @@
 //! Liveness (a quorum lived throughout in safety+liveness mode): a tick
 //! inside the span one read returned that no record covers; a fired job
 //! not acked after heal; ticks skipped by catch-up on a `catchup = all`
-//! schedule (that policy skips only past `catchup_max` missed ticks, which
-//! a cluster with a quorum never misses).
+//! schedule (that policy skips only past `catchup_max` missed ticks — the
+//! harness sets 120, two minutes of ticks, which a cluster with a quorum
+//! never misses, even under link faults).
 //!
 //! Runs on the bus path (a pool whose gate chose the broadcast path) carry
 //! no job and are left to `journal_once`; their ticks are recorded as
