@@ -2,8 +2,6 @@
 
 use std::process::ExitCode;
 
-use leasehold_client::Client;
-
 use crate::{Connection, Output, render};
 
 /// `leasehold cluster` arguments.
@@ -55,7 +53,7 @@ enum ClusterCommand {
 
 /// Runs a cluster subcommand.
 pub async fn run(args: ClusterArgs) -> anyhow::Result<ExitCode> {
-    let client = Client::connect(&args.connection.addr)?;
+    let client = args.connection.client()?;
     match args.command {
         ClusterCommand::Status { output } => {
             let status = client.status().await?;

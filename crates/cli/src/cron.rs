@@ -2,7 +2,6 @@
 
 use std::process::ExitCode;
 
-use leasehold_client::Client;
 use leasehold_proto::v1;
 use serde_json::{Value, json};
 
@@ -189,7 +188,7 @@ fn tick_line(record: &v1::TickRecord) -> String {
 
 /// Runs a cron subcommand.
 pub async fn run(args: CronArgs) -> anyhow::Result<ExitCode> {
-    let client = Client::connect(&args.connection.addr)?;
+    let client = args.connection.client()?;
     let mut stub = client.schedules_stub();
     match args.command {
         CronCommand::Put {

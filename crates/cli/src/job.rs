@@ -4,7 +4,6 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use anyhow::Context;
-use leasehold_client::Client;
 use leasehold_proto::v1;
 use serde_json::json;
 
@@ -83,9 +82,9 @@ enum JobCommand {
         /// Job id.
         #[arg(long)]
         job: u64,
-        /// Fencing token of the lease.
-        #[arg(long)]
-        token: u64,
+        /// Fencing token of the lease (from the claim).
+        #[arg(long = "fencing-token")]
+        fencing_token: u64,
         /// Worker id.
         #[arg(long, default_value = "cli")]
         worker: String,
@@ -101,18 +100,18 @@ enum JobCommand {
         /// Job id.
         #[arg(long)]
         job: u64,
-        /// Fencing token of the lease.
-        #[arg(long)]
-        token: u64,
+        /// Fencing token of the lease (from the claim).
+        #[arg(long = "fencing-token")]
+        fencing_token: u64,
     },
     /// Fail an attempt.
     Nack {
         /// Job id.
         #[arg(long)]
         job: u64,
-        /// Fencing token of the lease.
-        #[arg(long)]
-        token: u64,
+        /// Fencing token of the lease (from the claim).
+        #[arg(long = "fencing-token")]
+        fencing_token: u64,
         /// What went wrong.
         #[arg(long, default_value = "")]
         error: String,
@@ -125,9 +124,9 @@ enum JobCommand {
         /// Job id.
         #[arg(long)]
         job: u64,
-        /// Fencing token of the lease.
-        #[arg(long)]
-        token: u64,
+        /// Fencing token of the lease (from the claim).
+        #[arg(long = "fencing-token")]
+        fencing_token: u64,
     },
     /// Show one job.
     Get {
@@ -221,7 +220,7 @@ fn read_payload(payload: Option<String>, file: Option<PathBuf>) -> anyhow::Resul
 
 /// Runs a job subcommand.
 pub async fn run(args: JobArgs) -> anyhow::Result<ExitCode> {
-    let client = Client::connect(&args.connection.addr)?;
+    let client = args.connection.client()?;
     match args.command {
         JobCommand::Enqueue {
             queue,
@@ -287,7 +286,7 @@ pub async fn run(args: JobArgs) -> anyhow::Result<ExitCode> {
                 }
             }
         }
-        JobCommand::Refresh { job, token, worker, lease_ttl_ms, output } => {
+        JobCommand::Refresh { job, fencing_token: token, worker, lease_ttl_ms, output } => {
             let reply = client
                 .refresh(v1::RefreshRequest {
                     worker,
@@ -312,11 +311,11 @@ pub async fn run(args: JobArgs) -> anyhow::Result<ExitCode> {
                 return Ok(ExitCode::from(3));
             }
         }
-        JobCommand::Ack { job, token } => {
+        JobCommand::Ack { job, fencing_token: token } => {
             client.ack(job, token).await?;
             println!("job {job} acked");
         }
-        JobCommand::Nack { job, token, error, retry_after_ms } => {
+        JobCommand::Nack { job, fencing_token: token, error, retry_after_ms } => {
             let reply =
                 client.nack(v1::NackRequest { job_id: job, token, error, retry_after_ms }).await?;
             println!(
@@ -325,7 +324,7 @@ pub async fn run(args: JobArgs) -> anyhow::Result<ExitCode> {
                 reply.not_before_ms
             );
         }
-        JobCommand::Release { job, token } => {
+        JobCommand::Release { job, fencing_token: token } => {
             client.release(job, token).await?;
             println!("job {job} released");
         }

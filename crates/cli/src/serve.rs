@@ -53,6 +53,23 @@ pub struct ServeArgs {
     /// The journal_lease dry-run flag at start (default off).
     #[arg(long, env = "LEASEHOLD_JOURNAL_LEASE_DRY_RUN", value_parser = on_off)]
     journal_lease_dry_run: Option<bool>,
+    /// The cluster's CA certificate (PEM); with --tls-cert and --tls-key,
+    /// mutual TLS on the gRPC port and towards peers.
+    #[arg(long, env = "LEASEHOLD_TLS_CA")]
+    tls_ca: Option<PathBuf>,
+    /// This node's certificate (PEM), naming leasehold://node/ID.
+    #[arg(long, env = "LEASEHOLD_TLS_CERT")]
+    tls_cert: Option<PathBuf>,
+    /// This node's private key (PEM).
+    #[arg(long, env = "LEASEHOLD_TLS_KEY")]
+    tls_key: Option<PathBuf>,
+    /// Client tokens and roles (TOML of token hashes); re-read on SIGHUP.
+    #[arg(long = "tokens", env = "LEASEHOLD_TOKENS")]
+    tokens_file: Option<PathBuf>,
+    /// Listen beyond loopback without TLS and tokens. Anyone who reaches
+    /// the port can then run commands on the fleet; never for a real fleet.
+    #[arg(long, env = "LEASEHOLD_INSECURE")]
+    insecure: bool,
     /// Log format.
     #[arg(long, env = "LEASEHOLD_LOG_FORMAT", default_value = "text")]
     log_format: LogFormat,
@@ -128,6 +145,19 @@ fn resolve(args: &ServeArgs) -> anyhow::Result<Config> {
     if let Some(on) = args.journal_lease_dry_run {
         config.journal_lease_dry_run = on;
     }
+    for (flag, value) in [
+        (&mut config.tls_ca, &args.tls_ca),
+        (&mut config.tls_cert, &args.tls_cert),
+        (&mut config.tls_key, &args.tls_key),
+        (&mut config.tokens_file, &args.tokens_file),
+    ] {
+        if let Some(path) = value {
+            *flag = Some(path.clone());
+        }
+    }
+    if args.insecure {
+        config.insecure = true;
+    }
     config.validate()?;
     Ok(config)
 }
@@ -141,19 +171,31 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
     println!("leasehold node listening: grpc {} http {}", node.grpc_addr(), node.http_addr());
     let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
         .context("installing the SIGTERM handler")?;
+    let mut hangup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())
+        .context("installing the SIGHUP handler")?;
     let mut drain_requested = node.journal().drain_requested();
-    tokio::select! {
-        _ = terminate.recv() => tracing::info!("SIGTERM: draining"),
-        _ = tokio::signal::ctrl_c() => tracing::info!("interrupt: draining"),
-        _ = drain_requested.wait_for(|asked| *asked) => tracing::info!("drain requested: draining"),
-        fatal = node.raft_failed() => {
-            // Fail-stop: a node whose Raft core quit (say, on a full disk)
-            // would stay up serving nothing; exiting lets a supervisor
-            // restart it on its data dir once the fault is fixed.
-            tracing::error!(error = %fatal, "Raft stopped on a fatal error; exiting");
-            let _ = node.shutdown(std::time::Duration::from_secs(5)).await;
-            return Ok(ExitCode::FAILURE);
+    loop {
+        tokio::select! {
+            _ = terminate.recv() => tracing::info!("SIGTERM: draining"),
+            _ = tokio::signal::ctrl_c() => tracing::info!("interrupt: draining"),
+            _ = drain_requested.wait_for(|asked| *asked) => tracing::info!("drain requested: draining"),
+            _ = hangup.recv() => {
+                // Rotation: a bad file keeps the credentials in force.
+                if let Err(error) = node.reload_credentials() {
+                    tracing::error!(event = "auth.reload", %error, "SIGHUP: reload failed; keeping the credentials in force");
+                }
+                continue;
+            }
+            fatal = node.raft_failed() => {
+                // Fail-stop: a node whose Raft core quit (say, on a full disk)
+                // would stay up serving nothing; exiting lets a supervisor
+                // restart it on its data dir once the fault is fixed.
+                tracing::error!(error = %fatal, "Raft stopped on a fatal error; exiting");
+                let _ = node.shutdown(std::time::Duration::from_secs(5)).await;
+                return Ok(ExitCode::FAILURE);
+            }
         }
+        break;
     }
     let drain = node.drain();
     tokio::select! {

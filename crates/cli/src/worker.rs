@@ -7,8 +7,8 @@
 use std::process::ExitCode;
 use std::time::Duration;
 
+use leasehold_client::exec;
 use leasehold_client::worker::{self, Outcome, WorkerConfig};
-use leasehold_client::{Client, exec};
 use leasehold_proto::v1;
 use tokio::sync::watch;
 
@@ -47,7 +47,7 @@ pub async fn run(args: WorkerArgs) -> anyhow::Result<ExitCode> {
     let filter = tracing_subscriber::EnvFilter::try_from_env("LEASEHOLD_LOG")
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
     tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).init();
-    let client = Client::connect(&args.connection.addr)?;
+    let client = args.connection.client()?;
     let worker_id = args.worker_id.clone().unwrap_or_else(|| {
         let host = std::fs::read_to_string("/etc/hostname").unwrap_or_default();
         format!("{}-{}", host.trim(), std::process::id())

@@ -9,7 +9,10 @@ use leasehold_proto::v1;
 use leasehold_proto::v1::cluster_client::ClusterClient;
 use leasehold_proto::v1::queue_client::QueueClient;
 use leasehold_proto::v1::schedules_client::SchedulesClient;
-use tonic::transport::{Channel, Endpoint};
+use tonic::metadata::{AsciiMetadataKey, AsciiMetadataValue};
+use tonic::service::Interceptor;
+use tonic::service::interceptor::InterceptedService;
+use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity};
 
 /// Why a call failed: the server's status (its code says what kind), or a
 /// connection problem.
@@ -29,6 +32,13 @@ pub enum ClientError {
     /// The server answered with an error status.
     #[error("{} ({:?})", .0.message(), .0.code())]
     Status(tonic::Status),
+    /// TLS material could not be read or used; names the flag or file.
+    #[error("{0}")]
+    Tls(String),
+    /// A credential cannot travel as call metadata (a token with a newline,
+    /// say), or the address's scheme does not match the TLS setting.
+    #[error("{0}")]
+    Credential(String),
 }
 
 impl From<tonic::Status> for ClientError {
@@ -41,7 +51,10 @@ impl ClientError {
     /// The gRPC code of the failure (`Unavailable` for connection problems).
     pub fn code(&self) -> tonic::Code {
         match self {
-            ClientError::Address { .. } | ClientError::NoAddress => tonic::Code::InvalidArgument,
+            ClientError::Address { .. }
+            | ClientError::NoAddress
+            | ClientError::Tls(_)
+            | ClientError::Credential(_) => tonic::Code::InvalidArgument,
             ClientError::Status(status) => status.code(),
         }
     }
@@ -84,12 +97,176 @@ fn is_retryable(status: &tonic::Status) -> bool {
     }
 }
 
+/// The metadata every call of a client carries: its bearer token, and
+/// anything else it was given (a node's proof, for a node's own executor).
+#[derive(Clone, Default)]
+pub struct Credentials {
+    metadata: Arc<Vec<(AsciiMetadataKey, AsciiMetadataValue)>>,
+}
+
+impl Interceptor for Credentials {
+    fn call(
+        &mut self,
+        mut request: tonic::Request<()>,
+    ) -> Result<tonic::Request<()>, tonic::Status> {
+        for (key, value) in self.metadata.iter() {
+            request.metadata_mut().insert(key.clone(), value.clone());
+        }
+        Ok(request)
+    }
+}
+
+/// A channel whose calls carry the client's [`Credentials`].
+pub type AuthChannel = InterceptedService<Channel, Credentials>;
+
+/// TLS for a client: the cluster's CA (the only issuer it trusts) and the
+/// client's own certificate and key, all PEM. leasehold nodes ask every
+/// client for a certificate.
+#[derive(Clone)]
+pub struct ClientTls {
+    /// The cluster's CA certificate(s).
+    pub ca_pem: Vec<u8>,
+    /// This client's certificate chain.
+    pub cert_pem: Vec<u8>,
+    /// This client's private key.
+    pub key_pem: Vec<u8>,
+}
+
+impl std::fmt::Debug for ClientTls {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("ClientTls { .. }")
+    }
+}
+
+impl ClientTls {
+    /// Reads the three PEM files (`--tls-ca`, `--tls-cert`, `--tls-key`).
+    pub fn from_files(
+        ca: &std::path::Path,
+        cert: &std::path::Path,
+        key: &std::path::Path,
+    ) -> Result<ClientTls, ClientError> {
+        let read = |flag: &str, path: &std::path::Path| {
+            std::fs::read(path)
+                .map_err(|e| ClientError::Tls(format!("{flag} {}: {e}", path.display())))
+        };
+        Ok(ClientTls {
+            ca_pem: read("--tls-ca", ca)?,
+            cert_pem: read("--tls-cert", cert)?,
+            key_pem: read("--tls-key", key)?,
+        })
+    }
+
+    fn config(&self) -> ClientTlsConfig {
+        ClientTlsConfig::new()
+            .ca_certificate(Certificate::from_pem(&self.ca_pem))
+            .identity(Identity::from_pem(&self.cert_pem, &self.key_pem))
+    }
+}
+
+/// How to reach and authenticate to the cluster; [`Client::builder`].
+#[derive(Clone, Debug)]
+pub struct ClientBuilder {
+    addrs: String,
+    tls: Option<ClientTls>,
+    metadata: Vec<(String, String)>,
+}
+
+impl ClientBuilder {
+    /// Speaks TLS with this CA and client certificate. Addresses given as
+    /// `host:port` are then dialled as `https://`.
+    pub fn tls(mut self, tls: ClientTls) -> ClientBuilder {
+        self.tls = Some(tls);
+        self
+    }
+
+    /// Sends `authorization: Bearer TOKEN` on every call (a node with a
+    /// tokens file asks for it).
+    pub fn token(mut self, token: impl Into<String>) -> ClientBuilder {
+        self.metadata.push(("authorization".into(), format!("Bearer {}", token.into().trim())));
+        self
+    }
+
+    /// Sends `name: value` on every call.
+    pub fn header(mut self, name: impl Into<String>, value: impl Into<String>) -> ClientBuilder {
+        self.metadata.push((name.into(), value.into()));
+        self
+    }
+
+    /// The client. Connects lazily, so a node that is still starting is not
+    /// an error here; bad addresses, unreadable TLS material and
+    /// credentials that cannot be sent are.
+    pub fn build(self) -> Result<Client, ClientError> {
+        let mut metadata = Vec::new();
+        for (name, value) in &self.metadata {
+            let key = AsciiMetadataKey::from_bytes(name.as_bytes())
+                .map_err(|_| ClientError::Credential(format!("{name}: not a valid header name")))?;
+            let value = AsciiMetadataValue::try_from(value.as_str()).map_err(|_| {
+                let what = if name == "authorization" { "token" } else { name.as_str() };
+                ClientError::Credential(format!("{what}: holds characters a header cannot carry"))
+            })?;
+            metadata.push((key, value));
+        }
+        let credentials = Credentials { metadata: Arc::new(metadata) };
+        let tls = self.tls.as_ref().map(ClientTls::config);
+        let mut nodes = Vec::new();
+        let mut plain = Vec::new();
+        for addr in self.addrs.split(',').map(str::trim).filter(|a| !a.is_empty()) {
+            plain.push(host_port(addr).to_string());
+            let uri = match (addr.split_once("://"), &tls) {
+                (None, Some(_)) => format!("https://{addr}"),
+                (None, None) => format!("http://{addr}"),
+                (Some(("https", _)), Some(_)) | (Some(("http", _)), None) => addr.to_string(),
+                (Some(("http", _)), Some(_)) => {
+                    return Err(ClientError::Credential(format!(
+                        "address {addr}: TLS is configured, so the address must be https:// (or host:port)"
+                    )));
+                }
+                (Some(("https", _)), None) => {
+                    return Err(ClientError::Credential(format!(
+                        "address {addr}: https needs --tls-ca, --tls-cert and --tls-key \
+                         (LEASEHOLD_TLS_CA, LEASEHOLD_TLS_CERT, LEASEHOLD_TLS_KEY)"
+                    )));
+                }
+                (Some(_), _) => addr.to_string(),
+            };
+            let mut endpoint = Endpoint::from_shared(uri)
+                .map_err(|source| ClientError::Address { addr: addr.to_string(), source })?
+                .connect_timeout(Duration::from_secs(2))
+                .tcp_nodelay(true);
+            if let Some(tls) = &tls {
+                endpoint = endpoint
+                    .tls_config(tls.clone())
+                    .map_err(|e| ClientError::Tls(format!("tls: {e}")))?;
+            }
+            let channel = InterceptedService::new(endpoint.connect_lazy(), credentials.clone());
+            nodes.push(Stubs {
+                queue: QueueClient::new(channel.clone())
+                    .max_decoding_message_size(MAX_MESSAGE_BYTES)
+                    .max_encoding_message_size(MAX_MESSAGE_BYTES),
+                cluster: ClusterClient::new(channel.clone()),
+                schedules: SchedulesClient::new(channel),
+            });
+        }
+        if nodes.is_empty() {
+            return Err(ClientError::NoAddress);
+        }
+        Ok(Client {
+            nodes: Arc::new(nodes),
+            addrs: Arc::new(plain),
+            follow_hints: true,
+            current: Arc::new(AtomicUsize::new(0)),
+            retry: RetryPolicy::default(),
+            call_timeout: CALL_TIMEOUT,
+        })
+    }
+}
+
 /// Stubs over one node's channel.
 #[derive(Clone)]
 struct Stubs {
-    queue: QueueClient<Channel>,
-    cluster: ClusterClient<Channel>,
-    schedules: SchedulesClient<Channel>,
+    queue: QueueClient<AuthChannel>,
+    cluster: ClusterClient<AuthChannel>,
+    schedules: SchedulesClient<AuthChannel>,
 }
 
 /// A connection to one or more leasehold nodes. Calls go to one node at a
@@ -118,39 +295,16 @@ const MAX_MESSAGE_BYTES: usize = 512 * 1024 * 1024;
 
 impl Client {
     /// A client for `addrs`: one address or several separated by commas
-    /// (`host:port` or `http://host:port` each). Connects lazily, so a node
-    /// that is still starting is not an error here.
+    /// (`host:port` or `http://host:port` each), without TLS or token.
+    /// Connects lazily, so a node that is still starting is not an error
+    /// here.
     pub fn connect(addrs: &str) -> Result<Client, ClientError> {
-        let mut nodes = Vec::new();
-        let mut plain = Vec::new();
-        for addr in addrs.split(',').map(str::trim).filter(|a| !a.is_empty()) {
-            plain.push(host_port(addr).to_string());
-            let uri =
-                if addr.contains("://") { addr.to_string() } else { format!("http://{addr}") };
-            let endpoint = Endpoint::from_shared(uri)
-                .map_err(|source| ClientError::Address { addr: addr.to_string(), source })?
-                .connect_timeout(Duration::from_secs(2))
-                .tcp_nodelay(true);
-            let channel = endpoint.connect_lazy();
-            nodes.push(Stubs {
-                queue: QueueClient::new(channel.clone())
-                    .max_decoding_message_size(MAX_MESSAGE_BYTES)
-                    .max_encoding_message_size(MAX_MESSAGE_BYTES),
-                cluster: ClusterClient::new(channel.clone()),
-                schedules: SchedulesClient::new(channel),
-            });
-        }
-        if nodes.is_empty() {
-            return Err(ClientError::NoAddress);
-        }
-        Ok(Client {
-            nodes: Arc::new(nodes),
-            addrs: Arc::new(plain),
-            follow_hints: true,
-            current: Arc::new(AtomicUsize::new(0)),
-            retry: RetryPolicy::default(),
-            call_timeout: CALL_TIMEOUT,
-        })
+        Client::builder(addrs).build()
+    }
+
+    /// A builder for `addrs`, to add TLS and a token.
+    pub fn builder(addrs: &str) -> ClientBuilder {
+        ClientBuilder { addrs: addrs.to_string(), tls: None, metadata: Vec::new() }
     }
 
     fn stubs(&self) -> &Stubs {
@@ -158,11 +312,11 @@ impl Client {
         &self.nodes[index]
     }
 
-    fn queue(&self) -> QueueClient<Channel> {
+    fn queue(&self) -> QueueClient<AuthChannel> {
         self.stubs().queue.clone()
     }
 
-    fn cluster(&self) -> ClusterClient<Channel> {
+    fn cluster(&self) -> ClusterClient<AuthChannel> {
         self.stubs().cluster.clone()
     }
 
@@ -203,13 +357,13 @@ impl Client {
     }
 
     /// The generated Schedules stub of the current node.
-    pub fn schedules_stub(&self) -> SchedulesClient<Channel> {
+    pub fn schedules_stub(&self) -> SchedulesClient<AuthChannel> {
         self.stubs().schedules.clone()
     }
 
     /// The generated Queue stub of the current node, for calls this client
     /// does not wrap.
-    pub fn queue_stub(&self) -> QueueClient<Channel> {
+    pub fn queue_stub(&self) -> QueueClient<AuthChannel> {
         self.queue()
     }
 

@@ -9,5 +9,5 @@ pub mod client;
 pub mod exec;
 pub mod worker;
 
-pub use client::{Client, ClientError, RetryPolicy};
+pub use client::{AuthChannel, Client, ClientBuilder, ClientError, ClientTls, RetryPolicy};
 pub use worker::{Outcome, WorkerConfig, WorkerReport};

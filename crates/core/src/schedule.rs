@@ -24,6 +24,17 @@ pub const NODE_TAG_PREFIX: &str = "node:";
 /// Queue command jobs go to when the template names none.
 pub const DEFAULT_COMMAND_QUEUE: &str = "exec";
 
+/// Whether `queue` is a command queue: `exec`, or `exec.` followed by a
+/// name. Only command queues may feed the built-in executor, whose jobs'
+/// payloads are shell commands, so whoever may enqueue on one may run a
+/// command on the fleet: the edge asks the admin role for it. Being a pure
+/// function of the name, every node draws the line in the same place
+/// whatever its configuration.
+pub fn is_command_queue(queue: &str) -> bool {
+    queue == DEFAULT_COMMAND_QUEUE
+        || queue.strip_prefix(DEFAULT_COMMAND_QUEUE).is_some_and(|rest| rest.starts_with('.'))
+}
+
 /// What to do with a tick while the previous instance is unfinished.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Overlap {
@@ -401,6 +412,16 @@ mod tests {
 
     fn bucket(minutes: u64) -> u64 {
         (T0_MS + minutes * MINUTE_MS) / 1_000
+    }
+
+    #[test]
+    fn command_queues_are_exec_and_its_dotted_children_only() {
+        for queue in ["exec", "exec.gpu", "exec.a.b"] {
+            assert!(is_command_queue(queue), "{queue}");
+        }
+        for queue in ["executor", "exec-gpu", "exe", "emails", "my.exec", ""] {
+            assert!(!is_command_queue(queue), "{queue}");
+        }
     }
 
     #[test]

@@ -94,6 +94,19 @@ pub struct Config {
     pub journal_lease_dry_run: bool,
     /// How long a bus claimant collects answers before judging its claim.
     pub bus_window_ms: u64,
+    /// The cluster's CA certificate(s), PEM. With `tls_cert` and `tls_key`
+    /// it turns on mutual TLS on the gRPC port and towards peers.
+    pub tls_ca: Option<PathBuf>,
+    /// This node's certificate, PEM; it must name `leasehold://node/ID`.
+    pub tls_cert: Option<PathBuf>,
+    /// This node's private key, PEM.
+    pub tls_key: Option<PathBuf>,
+    /// Client tokens and their roles (hashes only); without it every client
+    /// that reaches the port may call anything but the internal services.
+    pub tokens_file: Option<PathBuf>,
+    /// Listen beyond loopback without TLS and tokens (warned about every
+    /// minute). Never for a real fleet.
+    pub insecure: bool,
 }
 
 impl Default for Config {
@@ -129,6 +142,11 @@ impl Default for Config {
             journal_lease: true,
             journal_lease_dry_run: false,
             bus_window_ms: 200,
+            tls_ca: None,
+            tls_cert: None,
+            tls_key: None,
+            tokens_file: None,
+            insecure: false,
         }
     }
 }
@@ -202,6 +220,17 @@ impl Config {
                     problem: format!("entry {index} ({queue:?}) is not a valid queue name"),
                 });
             }
+            // Enqueueing on a command queue needs the admin role; an
+            // executor on any other queue would run what a producer sent.
+            if !leasehold_core::schedule::is_command_queue(queue) {
+                return Err(ConfigError::Invalid {
+                    field: "executor_queues",
+                    problem: format!(
+                        "entry {index} ({queue:?}) is not a command queue: the executor runs \
+                         only exec or exec.NAME, which only admin tokens may fill"
+                    ),
+                });
+            }
         }
         if self.executor_concurrency == 0 || self.executor_timeout_ms == 0 {
             return invalid(
@@ -231,17 +260,81 @@ impl Config {
             return invalid("bus_window_ms", "must be 1 ..= 5000");
         }
         if let Some(SecretText(secret)) = &self.cluster_secret
-            && let Err(error) = leasehold_server::secret::ClusterSecret::from_text(secret)
+            && let Err(error) = leasehold_security::ClusterSecret::from_text(secret)
         {
             return invalid("cluster_secret", &error.to_string());
         }
-        Ok(())
+        let tls_set = [&self.tls_ca, &self.tls_cert, &self.tls_key].map(Option::is_some);
+        if tls_set.iter().any(|set| *set) && !tls_set.iter().all(|set| *set) {
+            return invalid(
+                "tls_ca",
+                "--tls-ca, --tls-cert and --tls-key go together: give all three or none",
+            );
+        }
+        self.check_exposure()
+    }
+
+    /// The TLS files, when TLS is on.
+    pub fn tls_files(&self) -> Option<leasehold_security::TlsFiles> {
+        match (&self.tls_ca, &self.tls_cert, &self.tls_key) {
+            (Some(ca), Some(cert), Some(key)) => Some(leasehold_security::TlsFiles {
+                ca: ca.clone(),
+                cert: cert.clone(),
+                key: key.clone(),
+            }),
+            _ => None,
+        }
+    }
+
+    /// Whether the gRPC listen address is reachable only from this machine.
+    pub fn grpc_is_loopback(&self) -> bool {
+        is_loopback(&self.grpc)
+    }
+
+    /// Safe by default: a gRPC port other machines can reach needs TLS and
+    /// tokens, unless `insecure` says the operator knows better.
+    fn check_exposure(&self) -> Result<(), ConfigError> {
+        if self.grpc_is_loopback() || self.insecure {
+            return Ok(());
+        }
+        let mut missing = Vec::new();
+        if self.tls_files().is_none() {
+            missing.push("--tls-ca, --tls-cert and --tls-key (mutual TLS)");
+        }
+        if self.tokens_file.is_none() {
+            missing.push("--tokens (client tokens and roles)");
+        }
+        if missing.is_empty() {
+            return Ok(());
+        }
+        Err(ConfigError::Invalid {
+            field: "grpc",
+            problem: format!(
+                "{} is not a loopback address, so other machines can reach it; a node listening \
+                 there needs {} (or --insecure to run without them, which lets anyone who reaches \
+                 the port run commands on the fleet). `leasehold dev-certs DIR` writes a CA, \
+                 certificates and tokens to try it with",
+                self.grpc,
+                missing.join(" and ")
+            ),
+        })
     }
 
     /// The quorum timeout as a duration.
     pub fn quorum_timeout(&self) -> Duration {
         Duration::from_millis(self.quorum_timeout_ms)
     }
+}
+
+/// Whether `addr` (`host:port`) names only this machine: a loopback IP
+/// (127.0.0.0/8, ::1) or `localhost`. Anything else, a host name included,
+/// may be reachable from elsewhere.
+pub fn is_loopback(addr: &str) -> bool {
+    if let Ok(socket) = addr.parse::<std::net::SocketAddr>() {
+        return socket.ip().is_loopback();
+    }
+    let host = addr.rsplit_once(':').map_or(addr, |(host, _)| host);
+    host.eq_ignore_ascii_case("localhost")
 }
 
 #[cfg(test)]
@@ -296,6 +389,44 @@ mod tests {
             config.journal_lease && !config.journal_lease_dry_run,
             "fresh nodes use the journal"
         );
+    }
+
+    #[test]
+    fn a_port_other_machines_can_reach_needs_tls_and_tokens_or_insecure() {
+        let exposed = Config { grpc: "0.0.0.0:7070".into(), ..Config::default() };
+        let error = exposed.validate().err().map(|e| e.to_string()).unwrap_or_default();
+        for named in [
+            "grpc",
+            "0.0.0.0:7070",
+            "--tls-ca",
+            "--tls-cert",
+            "--tls-key",
+            "--tokens",
+            "--insecure",
+        ] {
+            assert!(error.contains(named), "{named}: {error}");
+        }
+        let tls_only = Config {
+            tls_ca: Some("ca.pem".into()),
+            tls_cert: Some("node-1.pem".into()),
+            tls_key: Some("node-1.key".into()),
+            ..exposed.clone()
+        };
+        let error = tls_only.validate().err().map(|e| e.to_string()).unwrap_or_default();
+        assert!(error.contains("--tokens") && !error.contains("--tls-cert"), "{error}");
+        let secure = Config { tokens_file: Some("tokens.toml".into()), ..tls_only };
+        assert!(secure.validate().is_ok());
+        assert!(Config { insecure: true, ..exposed }.validate().is_ok());
+        for loopback in ["127.0.0.1:7070", "127.0.0.5:9", "[::1]:7070", "localhost:7070"] {
+            assert!(is_loopback(loopback), "{loopback}");
+            assert!(Config { grpc: loopback.into(), ..Config::default() }.validate().is_ok());
+        }
+        for reachable in ["0.0.0.0:7070", "[::]:7070", "10.1.2.3:7070", "node1.example:7070"] {
+            assert!(!is_loopback(reachable), "{reachable}");
+        }
+        let partial = Config { tls_ca: Some("ca.pem".into()), ..Config::default() };
+        let error = partial.validate().err().map(|e| e.to_string()).unwrap_or_default();
+        assert!(error.contains("all three"), "{error}");
     }
 
     #[test]

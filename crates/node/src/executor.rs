@@ -5,12 +5,11 @@
 //! while it runs. Its selector carries the node's tags and `node:ID`, so a
 //! `target = each` job addressed to this node is claimable only here.
 
-use std::net::SocketAddr;
 use std::time::Duration;
 
+use leasehold_client::Client;
 use leasehold_client::exec::{self, CommandLine};
 use leasehold_client::worker::{self, Outcome, WorkerConfig};
-use leasehold_client::{Client, RetryPolicy};
 use leasehold_core::schedule::NODE_TAG_PREFIX;
 use leasehold_proto::v1;
 use tokio::sync::watch;
@@ -40,22 +39,10 @@ pub fn selector(node_id: u64, tags: &[String]) -> Vec<String> {
     selector
 }
 
-/// Runs the executor against the node at `grpc_addr` until `shutdown` turns
-/// true; then running commands get the grace period.
-pub async fn run(config: ExecutorConfig, grpc_addr: SocketAddr, shutdown: watch::Receiver<bool>) {
-    let client = match Client::connect(&grpc_addr.to_string()) {
-        // Retries outlast a failover (an ack forwarded to a leader that just
-        // died must reach the next one, or the job runs twice): about 20 s.
-        Ok(client) => client.with_retry(RetryPolicy {
-            attempts: 12,
-            first_delay: Duration::from_millis(200),
-            max_delay: Duration::from_secs(2),
-        }),
-        Err(error) => {
-            tracing::error!(%error, "executor cannot reach its own node; not running commands");
-            return;
-        }
-    };
+/// Runs the executor with `client` (a client of its own node, carrying the
+/// node's credentials) until `shutdown` turns true; then running commands
+/// get the grace period.
+pub async fn run(config: ExecutorConfig, client: Client, shutdown: watch::Receiver<bool>) {
     let mut workers = JoinSet::new();
     for queue in &config.queues {
         let mut worker_config =

@@ -15,21 +15,20 @@ use std::time::Duration;
 use leasehold_client::exec::{self, CommandLine};
 use leasehold_core::schedule::Schedule;
 use leasehold_core::{Command, JobFilter, JobState};
+use leasehold_security::ClusterSecret;
 use leasehold_server::bus::Outcome;
-use leasehold_server::secret::ClusterSecret;
 use leasehold_server::{Gate, Journal};
 
 use crate::config::{Config, ConfigError, SecretText};
 
-/// Name of the file in the data dir that keeps a generated (dev) secret.
+/// Name of the file in the data dir that keeps a generated secret.
 pub const DEV_SECRET_FILE: &str = "cluster-secret";
 
 /// Where the secret came from.
 pub struct ResolvedSecret {
     /// The secret.
     pub secret: ClusterSecret,
-    /// Generated here or handed out by a dev cluster (not configured): it is
-    /// then handed on to nodes that join through this one.
+    /// Generated here (not configured): kept in the data dir, never sent.
     pub generated: bool,
     /// Newly generated at this start and not yet shared with anyone.
     pub fresh: bool,
@@ -37,7 +36,7 @@ pub struct ResolvedSecret {
 
 /// The cluster secret in order: `cluster_secret` (config or
 /// `LEASEHOLD_CLUSTER_SECRET`), `cluster_secret_file`, a dev secret kept in
-/// the data dir, or a new random one (kept there and printed).
+/// the data dir, or a new random one (to be kept there).
 pub fn resolve_secret(config: &Config) -> Result<ResolvedSecret, ConfigError> {
     let invalid = |field, problem: String| ConfigError::Invalid { field, problem };
     if let Some(SecretText(text)) = &config.cluster_secret {

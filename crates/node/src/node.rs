@@ -1,12 +1,14 @@
 //! Starting and stopping a node: opens the store, starts Raft, bootstraps a
 //! single-node cluster when the data dir holds no membership, and serves
-//! gRPC and HTTP on the listeners it is given.
+//! gRPC and HTTP on the listeners it is given, behind the node's security
+//! (mutual TLS, node identities, client tokens: see docs/security.md).
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
+use leasehold_client::{Client, ClientTls, RetryPolicy};
 use leasehold_core::Limits;
 use leasehold_proto::v1::JoinRequest;
 use leasehold_proto::v1::cluster_client::ClusterClient;
@@ -16,15 +18,22 @@ use leasehold_proto::v1::peer_server::PeerServer;
 use leasehold_proto::v1::queue_server::QueueServer;
 use leasehold_proto::v1::raft_server::RaftServer;
 use leasehold_proto::v1::schedules_server::SchedulesServer;
-use leasehold_raft::{NetworkFactory, Raft, envelope};
+use leasehold_raft::{NetworkFactory, PeerSecurity, PeerTls, Raft};
+use leasehold_security::secret::NODE_PROOF_HEADER;
+use leasehold_security::{
+    ClusterSecret, Identity, NodeServerVerifier, SharedServerConfig, SharedTokens, TlsFiles,
+    TlsMaterial, TokenSet,
+};
+use leasehold_server::auth::{AuthConfig, AuthLayer};
 use leasehold_server::bus::Bus;
 use leasehold_server::cluster_service::ClusterService;
 use leasehold_server::faults_service::FaultsService;
+use leasehold_server::incoming::{self, ConnectionLimits};
+use leasehold_server::limits::{self, SizeLimitLayer};
 use leasehold_server::peer_service::PeerService;
 use leasehold_server::queue_service::QueueService;
 use leasehold_server::raft_service::RaftService;
 use leasehold_server::schedules_service::SchedulesService;
-use leasehold_server::secret::ClusterSecret;
 use leasehold_server::{Clock, Gate, GateConfig, Journal, JournalConfig, Readiness};
 use openraft::{BasicNode, SnapshotPolicy};
 use tokio::net::TcpListener;
@@ -74,6 +83,9 @@ pub enum NodeError {
     /// The data dir could not be opened.
     #[error("storage: {0}")]
     Storage(#[from] leasehold_storage::StorageError),
+    /// TLS material or the tokens file could not be used.
+    #[error("{0}")]
+    Security(String),
     /// openraft refused to start or bootstrap.
     #[error("raft: {0}")]
     Raft(String),
@@ -91,17 +103,146 @@ pub struct NodeHandle {
     http_addr: SocketAddr,
     journal: Journal,
     shutdown: watch::Sender<bool>,
-    tasks: Vec<JoinHandle<Result<(), String>>>,
+    tasks: Vec<ServingTask>,
     intake: watch::Sender<bool>,
     intake_tasks: Vec<JoinHandle<()>>,
     drain_grace: Duration,
+    credentials: Credentials,
 }
 
 /// Entry point: `Node::start(config, transport)`.
 pub struct Node;
 
+/// What this node proves itself with and checks callers against; what
+/// SIGHUP reloads.
+#[derive(Clone)]
+struct Credentials {
+    id: u64,
+    tls_files: Option<TlsFiles>,
+    tls: Option<TlsMaterial>,
+    server_tls: Option<SharedServerConfig>,
+    tokens_file: Option<std::path::PathBuf>,
+    tokens: Option<SharedTokens>,
+    secret: ClusterSecret,
+    peers: NetworkFactory,
+}
+
+impl Credentials {
+    /// Loads TLS material and tokens named by `config`.
+    fn load(config: &Config, secret: ClusterSecret) -> Result<Credentials, NodeError> {
+        let tls_files = config.tls_files();
+        let tls = tls_files.as_ref().map(|files| node_tls(files, config.id)).transpose()?;
+        let server_tls = tls
+            .as_ref()
+            .map(|tls| tls.server_config().map(SharedServerConfig::new))
+            .transpose()
+            .map_err(|e| NodeError::Security(e.to_string()))?;
+        let tokens = config
+            .tokens_file
+            .as_ref()
+            .map(|path| TokenSet::from_file(path).map(SharedTokens::new))
+            .transpose()
+            .map_err(|e| NodeError::Security(e.to_string()))?;
+        let mut credentials = Credentials {
+            id: config.id,
+            tls_files,
+            tls,
+            server_tls,
+            tokens_file: config.tokens_file.clone(),
+            tokens,
+            secret,
+            peers: NetworkFactory::new(),
+        };
+        credentials.peers =
+            NetworkFactory::with_security(credentials.peer_security()?, peer_source(config));
+        Ok(credentials)
+    }
+
+    /// How this node proves itself when it calls a peer.
+    fn peer_security(&self) -> Result<PeerSecurity, NodeError> {
+        let node_proof = self.secret.node_proof(self.id).parse().ok();
+        let tls = match &self.tls {
+            Some(material) => Some(PeerTls {
+                config: tonic::transport::ClientTlsConfig::new().identity(
+                    tonic::transport::Identity::from_pem(material.cert_pem(), material.key_pem()),
+                ),
+                verifier: NodeServerVerifier::new(material)
+                    .map_err(|e| NodeError::Security(e.to_string()))?,
+            }),
+            None => None,
+        };
+        Ok(PeerSecurity { tls, node_proof })
+    }
+
+    /// A client of this node's own gRPC port at `addr`, as this node: its
+    /// certificate with TLS, its node proof without.
+    fn own_client(&self, addr: &str) -> Result<Client, NodeError> {
+        let builder = match &self.tls {
+            Some(material) => Client::builder(addr).tls(ClientTls {
+                ca_pem: material.ca_pem().to_vec(),
+                cert_pem: material.cert_pem().to_vec(),
+                key_pem: material.key_pem().to_vec(),
+            }),
+            None => {
+                Client::builder(addr).header(NODE_PROOF_HEADER, self.secret.node_proof(self.id))
+            }
+        };
+        builder.build().map_err(|e| NodeError::Security(format!("executor client: {e}")))
+    }
+
+    /// Reads the tokens file and the TLS files again and puts them in
+    /// force for every later call and connection. On any error nothing
+    /// changes.
+    fn reload(&self) -> Result<(), NodeError> {
+        let tokens = match &self.tokens_file {
+            Some(path) => {
+                Some(TokenSet::from_file(path).map_err(|e| NodeError::Security(e.to_string()))?)
+            }
+            None => None,
+        };
+        let tls = self.tls_files.as_ref().map(|files| node_tls(files, self.id)).transpose()?;
+        let server = tls
+            .as_ref()
+            .map(TlsMaterial::server_config)
+            .transpose()
+            .map_err(|e| NodeError::Security(e.to_string()))?;
+        let reloaded = Credentials { tls, ..self.clone() };
+        let peer_security = reloaded.peer_security()?;
+        if let (Some(shared), Some(tokens)) = (&self.tokens, tokens) {
+            shared.replace(tokens);
+        }
+        if let (Some(shared), Some(server)) = (&self.server_tls, server) {
+            shared.replace(server);
+        }
+        self.peers.set_security(peer_security);
+        Ok(())
+    }
+}
+
+/// Loads TLS files for node `id`; the certificate must name that node.
+fn node_tls(files: &TlsFiles, id: u64) -> Result<TlsMaterial, NodeError> {
+    let material = files.load().map_err(|e| NodeError::Security(e.to_string()))?;
+    match material.identity() {
+        Identity::Node(named) if *named == id => Ok(material),
+        other => Err(NodeError::Security(format!(
+            "--tls-cert {}: the certificate is {other}'s, but this node's id is {id}; a node's \
+             certificate must name leasehold://node/{id}",
+            files.cert.display()
+        ))),
+    }
+}
+
+/// The address peer connections leave from: the gRPC listen address when
+/// it names one, so per-link network faults can tell nodes apart.
+fn peer_source(config: &Config) -> Option<std::net::IpAddr> {
+    let ip = config.grpc.parse::<SocketAddr>().ok()?.ip();
+    (!ip.is_unspecified() && ip != std::net::Ipv4Addr::LOCALHOST).then_some(ip)
+}
+
 impl Node {
-    /// Starts a node serving on `transport`.
+    /// Starts a node serving on `transport`, in named steps: configuration
+    /// and credentials, storage and Raft, the journal and gate, the
+    /// servers, the node's own loops, and, if asked, the join.
     pub async fn start(config: Config, transport: Transport) -> Result<NodeHandle, NodeError> {
         config.validate()?;
         let grpc_addr = transport
@@ -120,35 +261,14 @@ impl Node {
             .map_err(|e| NodeError::Serve(e.to_string()))??;
         let bus_tree = log.open_local_tree(leasehold_storage::layout::BUS_TREE)?;
         let peers_tree = log.open_local_tree(leasehold_storage::layout::PEERS_TREE)?;
-        let secret = resolve_secret(&config)?;
-        if secret.fresh {
-            if let Err(error) = keep_dev_secret(&config.data, &secret.secret) {
-                tracing::warn!(%error, "could not keep the generated cluster secret in the data dir");
-            }
-            if config.join.is_none() {
-                let text = String::from_utf8_lossy(secret.secret.as_bytes()).into_owned();
-                tracing::warn!(
-                    cluster_secret = %text,
-                    "no cluster secret configured: generated one for this dev cluster (nodes that \
-                     join through this one receive it); for a fleet set cluster_secret, \
-                     LEASEHOLD_CLUSTER_SECRET or cluster_secret_file on every node"
-                );
-                println!("generated cluster secret: {text}");
-            }
-        }
+        let secret = cluster_secret(&config)?;
+        let credentials = Credentials::load(&config, secret.clone())?;
+        let peers = credentials.peers.clone();
 
-        let raft_config = raft_config(&config)?;
-        // Peer connections leave from the gRPC listen address when it names
-        // one, so per-link network faults can tell nodes apart.
-        let local_ip = grpc_addr.ip();
-        let peers = NetworkFactory::with_local_address(
-            (!local_ip.is_unspecified() && local_ip != std::net::Ipv4Addr::LOCALHOST)
-                .then_some(local_ip),
-        );
-        let raft = Raft::new(config.id, raft_config, peers.clone(), log.clone(), state.clone())
-            .await
-            .map_err(|e| NodeError::Raft(e.to_string()))?;
-
+        let raft =
+            Raft::new(config.id, raft_config(&config)?, peers.clone(), log.clone(), state.clone())
+                .await
+                .map_err(|e| NodeError::Raft(e.to_string()))?;
         if config.join.is_none()
             && !raft.is_initialized().await.map_err(|e| NodeError::Raft(e.to_string()))?
         {
@@ -157,26 +277,17 @@ impl Node {
             tracing::info!(node = config.id, addr = %advertise, "bootstrapped a single-node cluster");
         }
 
-        let limits = Limits { max_payload_bytes: config.max_payload_bytes, ..Limits::default() };
-        let clock = Clock::system();
-        if config.clock_offset_ms != 0 {
-            tracing::warn!(
-                offset_ms = config.clock_offset_ms,
-                "fault injection: clock starts skewed"
-            );
-            clock.set_offset_ms(config.clock_offset_ms);
-        }
         let journal = Journal::new(
             JournalConfig {
                 node_id: config.id,
-                limits,
+                limits: Limits { max_payload_bytes: config.max_payload_bytes, ..Limits::default() },
                 quorum_timeout: config.quorum_timeout(),
                 batches_in_flight: config.batches_in_flight,
             },
             raft.clone(),
             log,
             state,
-            clock,
+            node_clock(&config),
             peers,
         );
         let gate = Gate::new(
@@ -191,8 +302,7 @@ impl Node {
                 journal_lease: config.journal_lease,
                 journal_lease_dry_run: config.journal_lease_dry_run,
             },
-            secret.secret,
-            secret.generated,
+            secret,
             Bus::new(config.id, bus_tree),
             peers_tree,
         );
@@ -201,50 +311,13 @@ impl Node {
         // Intake (driver ticks, executor claims) stops first on a drain,
         // while the servers keep serving.
         let (intake, intake_rx) = watch::channel(false);
-        let mut tasks = Vec::new();
-        let mut intake_tasks = Vec::new();
 
-        let (health, health_service) = tonic_health::server::health_reporter();
-        let reflection = tonic_reflection::server::Builder::configure()
-            .register_encoded_file_descriptor_set(leasehold_proto::FILE_DESCRIPTOR_SET)
-            .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
-            .build_v1()
-            .map_err(|e| NodeError::Serve(e.to_string()))?;
-        let faults =
-            config.fault_injection.then(|| FaultsServer::new(FaultsService::new(journal.clone())));
-        if faults.is_some() {
-            tracing::warn!(
-                node = config.id,
-                "fault injection is on: the Faults service is exposed"
-            );
-        }
-        let grpc = tonic::transport::Server::builder()
-            .add_optional_service(faults)
-            .add_service(health_service)
-            .add_service(reflection)
-            .add_service(QueueServer::new(QueueService::new(journal.clone())))
-            .add_service(ClusterServer::new(ClusterService::new(journal.clone(), gate.clone())))
-            .add_service(PeerServer::new(PeerService::new(gate.clone())))
-            .add_service(SchedulesServer::new(SchedulesService::new(journal.clone())))
-            .add_service(
-                RaftServer::new(RaftService::new(journal.clone()))
-                    .max_decoding_message_size(envelope::MAX_ENVELOPE_BYTES)
-                    .max_encoding_message_size(envelope::MAX_ENVELOPE_BYTES),
-            );
-        // Accepted sockets get TCP_NODELAY: with Nagle on, a reply waits for
-        // the peer's delayed ACK (about 40 ms stalls, measured by the bench).
-        let incoming =
-            tonic::transport::server::TcpIncoming::from(transport.grpc).with_nodelay(Some(true));
-        let grpc = grpc.serve_with_incoming_shutdown(incoming, signalled(shutdown_rx.clone()));
-        tasks.push(tokio::spawn(async move { grpc.await.map_err(|e| e.to_string()) }));
-        let http = leasehold_server::http::serve(
-            transport.http,
-            readiness.clone(),
-            signalled(shutdown_rx.clone()),
-        );
-        tasks.push(tokio::spawn(async move { http.await.map_err(|e| e.to_string()) }));
-
+        let (mut tasks, health) =
+            serve(&config, transport, &journal, &gate, &credentials, &readiness, &shutdown_rx)?;
         tasks.push(tokio::spawn(report_health(readiness, health, shutdown_rx.clone())));
+        if config.insecure && !config.grpc_is_loopback() {
+            tasks.push(tokio::spawn(warn_insecure(config.grpc.clone(), shutdown_rx.clone())));
+        }
         // Adverts go on through a drain (they say the node drains) until the
         // servers stop.
         let adverts = leasehold_server::gate::run_adverts(gate.clone(), shutdown_rx.clone());
@@ -252,34 +325,16 @@ impl Node {
             adverts.await;
             Ok(())
         }));
-        let driver_config = DriverConfig {
-            sweep_interval: Duration::from_millis(config.sweep_interval_ms),
-            purge_interval: Duration::from_millis(config.purge_interval_ms),
-            run_commands: config.executor,
-            tags: config.tags.clone(),
-            command_timeout: Duration::from_millis(config.executor_timeout_ms),
-            grace: Duration::from_millis(config.drain_grace_ms),
-        };
-        if config.executor {
-            let executor_config = ExecutorConfig {
-                node_id: config.id,
-                queues: config.executor_queues.clone(),
-                concurrency: config.executor_concurrency,
-                timeout: Duration::from_millis(config.executor_timeout_ms),
-                tags: config.tags.clone(),
-                grace: Duration::from_millis(config.drain_grace_ms),
-            };
-            let executor = executor::run(executor_config, grpc_addr, intake_rx.clone());
-            intake_tasks.push(tokio::spawn(executor));
-        }
-        intake_tasks.push(tokio::spawn(register(
-            journal.clone(),
-            config.tags.clone(),
-            intake_rx.clone(),
-        )));
-        let driver = driver::run(journal.clone(), gate.clone(), driver_config, intake_rx);
-        intake_tasks.push(tokio::spawn(driver));
-        tracing::info!(node = config.id, grpc = %grpc_addr, http = %http_addr, "node started");
+        let intake_tasks =
+            start_intake(&config, &journal, &gate, &credentials, grpc_addr, &advertise, intake_rx)?;
+        tracing::info!(
+            node = config.id,
+            grpc = %grpc_addr,
+            http = %http_addr,
+            tls = credentials.tls.is_some(),
+            tokens = credentials.tokens.is_some(),
+            "node started"
+        );
         let handle = NodeHandle {
             grpc_addr,
             http_addr,
@@ -289,23 +344,208 @@ impl Node {
             intake,
             intake_tasks,
             drain_grace: Duration::from_millis(config.drain_grace_ms),
+            credentials,
         };
         if let Some(member) = &config.join {
             let initialized =
                 raft.is_initialized().await.map_err(|e| NodeError::Raft(e.to_string()))?;
             if initialized {
                 tracing::info!(node = config.id, "data dir holds a membership; not joining again");
-            } else {
-                match join(config.id, &advertise, member).await {
-                    Ok(dev_secret) => adopt_dev_secret(&gate, &config, dev_secret),
-                    Err(error) => {
-                        let _ = handle.shutdown(Duration::from_secs(5)).await;
-                        return Err(error);
-                    }
-                }
+            } else if let Err(error) =
+                join(config.id, &advertise, member, handle.journal.peers()).await
+            {
+                let _ = handle.shutdown(Duration::from_secs(5)).await;
+                return Err(error);
             }
         }
         Ok(handle)
+    }
+}
+
+/// The cluster secret (configured, kept, or generated and kept). A node
+/// that is to join a cluster without TLS must be given the cluster's
+/// secret: it proves the node to its peers, and is never sent to it.
+fn cluster_secret(config: &Config) -> Result<ClusterSecret, NodeError> {
+    let secret = resolve_secret(config)?;
+    if secret.fresh {
+        if config.join.is_some() && config.tls_files().is_none() {
+            return Err(NodeError::Join(
+                "a node joining a cluster without TLS needs that cluster's secret: set \
+                 cluster_secret_file (LEASEHOLD_CLUSTER_SECRET_FILE) or LEASEHOLD_CLUSTER_SECRET \
+                 to the secret every member uses (a first node that generated one keeps it in \
+                 its data dir, file cluster-secret)"
+                    .into(),
+            ));
+        }
+        if let Err(error) = keep_dev_secret(&config.data, &secret.secret) {
+            tracing::warn!(%error, "could not keep the generated cluster secret in the data dir");
+        }
+        tracing::warn!(
+            file = %crate::gate::dev_secret_path(&config.data).display(),
+            "no cluster secret configured: generated one and kept it in the data dir; nodes \
+             that join this one need it (cluster_secret_file), or use TLS"
+        );
+    }
+    Ok(secret.secret)
+}
+
+/// The node's clock, skewed at start under fault injection.
+fn node_clock(config: &Config) -> Clock {
+    let clock = Clock::system();
+    if config.clock_offset_ms != 0 {
+        tracing::warn!(offset_ms = config.clock_offset_ms, "fault injection: clock starts skewed");
+        clock.set_offset_ms(config.clock_offset_ms);
+    }
+    clock
+}
+
+/// A task that serves until shutdown; its error says why it stopped early.
+type ServingTask = JoinHandle<Result<(), String>>;
+
+/// Starts the gRPC and HTTP servers; answers their tasks and the handle
+/// that sets the gRPC health status.
+fn serve(
+    config: &Config,
+    transport: Transport,
+    journal: &Journal,
+    gate: &Gate,
+    credentials: &Credentials,
+    readiness: &Readiness,
+    shutdown: &watch::Receiver<bool>,
+) -> Result<(Vec<ServingTask>, tonic_health::server::HealthReporter), NodeError> {
+    let (health_reporter, health) = tonic_health::server::health_reporter();
+    let reflection = tonic_reflection::server::Builder::configure()
+        .register_encoded_file_descriptor_set(leasehold_proto::FILE_DESCRIPTOR_SET)
+        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+        .build_v1()
+        .map_err(|e| NodeError::Serve(e.to_string()))?;
+    let faults = config.fault_injection.then(|| {
+        FaultsServer::new(FaultsService::new(journal.clone()))
+            .max_decoding_message_size(limits::MAX_SMALL_REQUEST_BYTES)
+    });
+    if faults.is_some() {
+        tracing::warn!(node = config.id, "fault injection is on: the Faults service is exposed");
+    }
+    let auth = AuthLayer::new(
+        AuthConfig {
+            tls: credentials.tls.is_some(),
+            secret: credentials.secret.clone(),
+            tokens: credentials.tokens.clone(),
+        },
+        journal.metrics().auth_refused.clone(),
+    );
+    let layers = tower::ServiceBuilder::new().layer(SizeLimitLayer).layer(auth).into_inner();
+    let grpc = tonic::transport::Server::builder()
+        .timeout(limits::CALL_DEADLINE)
+        .max_concurrent_streams(Some(limits::MAX_STREAMS_PER_CONNECTION))
+        .http2_max_header_list_size(Some(limits::MAX_HEADER_LIST_BYTES))
+        .layer(layers)
+        .add_optional_service(faults)
+        .add_service(health)
+        .add_service(reflection)
+        .add_service(
+            QueueServer::new(QueueService::new(journal.clone()))
+                .max_decoding_message_size(limits::MAX_QUEUE_REQUEST_BYTES)
+                .max_encoding_message_size(limits::MAX_QUEUE_RESPONSE_BYTES),
+        )
+        .add_service(
+            ClusterServer::new(ClusterService::new(journal.clone(), gate.clone()))
+                .max_decoding_message_size(limits::MAX_SMALL_REQUEST_BYTES),
+        )
+        .add_service(
+            PeerServer::new(PeerService::new(gate.clone()))
+                .max_decoding_message_size(limits::MAX_SMALL_REQUEST_BYTES),
+        )
+        .add_service(
+            SchedulesServer::new(SchedulesService::new(journal.clone()))
+                .max_decoding_message_size(limits::MAX_SCHEDULES_REQUEST_BYTES),
+        )
+        .add_service(
+            RaftServer::new(RaftService::new(journal.clone()))
+                .max_decoding_message_size(limits::MAX_RAFT_MESSAGE_BYTES)
+                .max_encoding_message_size(limits::MAX_RAFT_MESSAGE_BYTES),
+        );
+    let incoming = incoming::incoming(
+        transport.grpc,
+        credentials.server_tls.clone(),
+        ConnectionLimits::default(),
+    );
+    let grpc = grpc.serve_with_incoming_shutdown(incoming, signalled(shutdown.clone()));
+    let http = leasehold_server::http::serve(
+        transport.http,
+        readiness.clone(),
+        signalled(shutdown.clone()),
+    );
+    let tasks = vec![
+        tokio::spawn(async move { grpc.await.map_err(|e| e.to_string()) }),
+        tokio::spawn(async move { http.await.map_err(|e| e.to_string()) }),
+    ];
+    Ok((tasks, health_reporter))
+}
+
+/// Starts what takes in work: the executor (when on), the node's
+/// registration, and the driver. They stop first on a drain.
+fn start_intake(
+    config: &Config,
+    journal: &Journal,
+    gate: &Gate,
+    credentials: &Credentials,
+    grpc_addr: SocketAddr,
+    advertise: &str,
+    stop: watch::Receiver<bool>,
+) -> Result<Vec<JoinHandle<()>>, NodeError> {
+    let mut tasks = Vec::new();
+    if config.executor {
+        // With TLS the executor dials the advertised address, which its
+        // node certificate names; without, the bound one.
+        let own =
+            if credentials.tls.is_some() { advertise.to_string() } else { grpc_addr.to_string() };
+        // Retries outlast a failover (an ack forwarded to a leader that just
+        // died must reach the next one, or the job runs twice): about 20 s.
+        let client = credentials.own_client(&own)?.with_retry(RetryPolicy {
+            attempts: 12,
+            first_delay: Duration::from_millis(200),
+            max_delay: Duration::from_secs(2),
+        });
+        let executor_config = ExecutorConfig {
+            node_id: config.id,
+            queues: config.executor_queues.clone(),
+            concurrency: config.executor_concurrency,
+            timeout: Duration::from_millis(config.executor_timeout_ms),
+            tags: config.tags.clone(),
+            grace: Duration::from_millis(config.drain_grace_ms),
+        };
+        tasks.push(tokio::spawn(executor::run(executor_config, client, stop.clone())));
+    }
+    tasks.push(tokio::spawn(register(journal.clone(), config.tags.clone(), stop.clone())));
+    let driver_config = DriverConfig {
+        sweep_interval: Duration::from_millis(config.sweep_interval_ms),
+        purge_interval: Duration::from_millis(config.purge_interval_ms),
+        run_commands: config.executor,
+        tags: config.tags.clone(),
+        command_timeout: Duration::from_millis(config.executor_timeout_ms),
+        grace: Duration::from_millis(config.drain_grace_ms),
+    };
+    tasks.push(tokio::spawn(driver::run(journal.clone(), gate.clone(), driver_config, stop)));
+    Ok(tasks)
+}
+
+/// How often a node listening beyond loopback without TLS and tokens says so.
+const INSECURE_WARNING_EVERY: Duration = Duration::from_secs(60);
+
+/// Logs, every minute until shutdown, that this node is exposed.
+async fn warn_insecure(grpc: String, mut shutdown: watch::Receiver<bool>) -> Result<(), String> {
+    let mut tick = tokio::time::interval(INSECURE_WARNING_EVERY);
+    loop {
+        tokio::select! {
+            _ = shutdown.changed() => return Ok(()),
+            _ = tick.tick() => tracing::warn!(
+                event = "auth.insecure",
+                grpc = %grpc,
+                "--insecure: this node listens beyond loopback without TLS or tokens; anyone who \
+                 reaches the port can run commands on the fleet"
+            ),
+        }
     }
 }
 
@@ -338,35 +578,22 @@ async fn register(journal: Journal, tags: Vec<String>, mut stop: watch::Receiver
     }
 }
 
-/// Takes the secret a dev cluster handed out at join, when this node has
-/// none configured, and keeps it in the data dir for restarts.
-fn adopt_dev_secret(gate: &Gate, config: &Config, handed: Vec<u8>) {
-    if handed.is_empty() || gate.dev_secret().is_none() {
-        return;
-    }
-    match ClusterSecret::from_bytes(handed) {
-        Ok(secret) => {
-            if let Err(error) = keep_dev_secret(&config.data, &secret) {
-                tracing::warn!(%error, "could not keep the cluster's dev secret in the data dir");
-            }
-            gate.adopt_secret(secret);
-            tracing::info!("using the dev cluster secret handed out at join");
-        }
-        Err(error) => tracing::warn!(%error, "the cluster handed out an unusable secret"),
-    }
-}
-
 /// How long a joining node keeps asking before it gives up.
 const JOIN_DEADLINE: Duration = Duration::from_secs(180);
 
-/// Asks `member` to add this node (learner, then voter once caught up).
-/// Retries while the cluster is unavailable; a refusal (id or address in use,
-/// bad input) ends the attempt with its message. Answers the dev secret the
-/// cluster handed out (empty when it has a configured one).
-async fn join(id: u64, advertise: &str, member: &str) -> Result<Vec<u8>, NodeError> {
-    let channel = leasehold_raft::network::endpoint(member)
-        .map_err(|e| NodeError::Join(format!("--join {member}: {e}")))?
-        .connect_lazy();
+/// Asks `member` to add this node (learner, then voter once caught up),
+/// over a peer channel, so the call carries this node's credentials.
+/// Retries while the cluster is unavailable; a refusal (id or address in
+/// use, bad input, credentials the cluster does not accept) ends the
+/// attempt with its message.
+async fn join(
+    id: u64,
+    advertise: &str,
+    member: &str,
+    peers: &NetworkFactory,
+) -> Result<(), NodeError> {
+    let channel =
+        peers.channel(member).map_err(|e| NodeError::Join(format!("--join {member}: {e}")))?;
     let mut client = ClusterClient::new(channel);
     let deadline = tokio::time::Instant::now() + JOIN_DEADLINE;
     loop {
@@ -375,7 +602,7 @@ async fn join(id: u64, advertise: &str, member: &str) -> Result<Vec<u8>, NodeErr
             Ok(reply) => {
                 let reply = reply.into_inner();
                 tracing::info!(node = id, leader = reply.leader, voters = ?reply.voters, "joined the cluster");
-                return Ok(reply.dev_cluster_secret);
+                return Ok(());
             }
             Err(status)
                 if matches!(
@@ -383,9 +610,19 @@ async fn join(id: u64, advertise: &str, member: &str) -> Result<Vec<u8>, NodeErr
                     tonic::Code::AlreadyExists
                         | tonic::Code::InvalidArgument
                         | tonic::Code::FailedPrecondition
+                        | tonic::Code::Unauthenticated
+                        | tonic::Code::PermissionDenied
                 ) =>
             {
-                return Err(NodeError::Join(status.message().to_string()));
+                return Err(NodeError::Join(format!("--join {member}: {}", status.message())));
+            }
+            Err(status) if tls_failure(&status).is_some() => {
+                // Certificates do not fix themselves; say so at once.
+                let problem = tls_failure(&status).unwrap_or_default();
+                return Err(NodeError::Join(format!(
+                    "--join {member}: TLS handshake failed: {problem} (are --tls-ca, --tls-cert \
+                     and --tls-key this cluster's?)"
+                )));
             }
             Err(status) if tokio::time::Instant::now() < deadline => {
                 tracing::info!(node = id, member, error = %status.message(), "join not done yet; retrying");
@@ -396,6 +633,21 @@ async fn join(id: u64, advertise: &str, member: &str) -> Result<Vec<u8>, NodeErr
             }
         }
     }
+}
+
+/// The TLS error under a failed call, if the call failed in the
+/// handshake (a certificate the other side refused, or that this side did).
+fn tls_failure(status: &tonic::Status) -> Option<String> {
+    let mut cause: Option<&dyn std::error::Error> = std::error::Error::source(status);
+    while let Some(error) = cause {
+        let text = error.to_string();
+        let lower = text.to_ascii_lowercase();
+        if lower.contains("certificate") || lower.contains("handshake") || lower.contains("alert") {
+            return Some(text);
+        }
+        cause = error.source();
+    }
+    None
 }
 
 async fn signalled(mut shutdown: watch::Receiver<bool>) {
@@ -441,6 +693,21 @@ fn raft_config(config: &Config) -> Result<Arc<openraft::Config>, NodeError> {
 }
 
 impl NodeHandle {
+    /// Reads the tokens file and the TLS files again (on SIGHUP) and puts
+    /// them in force: later calls are checked against the new tokens,
+    /// later connections (both ways) use the new certificates, and open
+    /// connections keep theirs. On an error nothing changes.
+    pub fn reload_credentials(&self) -> Result<(), NodeError> {
+        self.credentials.reload()?;
+        tracing::info!(
+            event = "auth.reload",
+            tls = self.credentials.tls_files.is_some(),
+            tokens = self.credentials.tokens_file.is_some(),
+            "credentials reloaded"
+        );
+        Ok(())
+    }
+
     /// The bound gRPC address.
     pub fn grpc_addr(&self) -> SocketAddr {
         self.grpc_addr

@@ -5,5 +5,5 @@ pub mod envelope;
 pub mod network;
 pub mod types;
 
-pub use network::NetworkFactory;
+pub use network::{NetworkFactory, PeerChannel, PeerSecurity, PeerTls};
 pub use types::{NodeId, Raft, TypeConfig};

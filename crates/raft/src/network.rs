@@ -5,10 +5,16 @@
 //! One channel per peer address is created lazily and reused for every RPC
 //! (openraft asks the factory for a client often, e.g. on every linearizable
 //! read), and every call carries the deadline openraft gives it.
+//!
+//! Every channel a node opens to a peer carries the node's credentials
+//! ([`PeerSecurity`]): with TLS, its node certificate (and it accepts only
+//! a peer whose certificate names a node); without TLS, its node proof on
+//! every call. The same channels serve forwarded writes, status fan-out and
+//! adverts, so every internal call a node makes is a node's call.
 
 use std::collections::HashMap;
 use std::net::IpAddr;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
 use leasehold_proto::v1::RaftEnvelope;
@@ -22,7 +28,12 @@ use openraft::raft::{
 };
 use serde::Serialize;
 use serde::de::DeserializeOwned;
-use tonic::transport::{Channel, Endpoint};
+use tonic::metadata::AsciiMetadataValue;
+use tonic::service::Interceptor;
+use tonic::service::interceptor::InterceptedService;
+use tonic::transport::{Channel, ClientTlsConfig, Endpoint};
+
+use leasehold_security::secret::NODE_PROOF_HEADER;
 
 use crate::envelope;
 use crate::types::{NodeId, TypeConfig};
@@ -34,51 +45,125 @@ const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(5);
 /// Deadline when openraft does not give one.
 const DEFAULT_RPC_TIMEOUT: Duration = Duration::from_secs(2);
 
+/// How a node proves itself to its peers.
+#[derive(Clone, Default)]
+pub struct PeerSecurity {
+    /// TLS: the node's certificate as client identity, and the verifier
+    /// that accepts only node certificates from the cluster's CA.
+    pub tls: Option<PeerTls>,
+    /// The node proof sent on every call (needed without TLS; harmless with).
+    pub node_proof: Option<AsciiMetadataValue>,
+}
+
+/// The TLS half of [`PeerSecurity`].
+#[derive(Clone)]
+pub struct PeerTls {
+    /// The client side: the node certificate as identity.
+    pub config: ClientTlsConfig,
+    /// Checks the peer's certificate (CA, address, and that it names a node).
+    pub verifier: Arc<dyn rustls::client::danger::ServerCertVerifier>,
+}
+
+/// Adds the node proof to every call on a peer channel.
+#[derive(Clone)]
+pub struct NodeProof(Option<AsciiMetadataValue>);
+
+impl Interceptor for NodeProof {
+    fn call(
+        &mut self,
+        mut request: tonic::Request<()>,
+    ) -> Result<tonic::Request<()>, tonic::Status> {
+        if let Some(proof) = &self.0 {
+            request.metadata_mut().insert(NODE_PROOF_HEADER, proof.clone());
+        }
+        Ok(request)
+    }
+}
+
+/// A channel to a peer that carries this node's credentials.
+pub type PeerChannel = InterceptedService<Channel, NodeProof>;
+
 /// Builds peer clients; keeps one channel per peer address.
 #[derive(Clone, Default)]
 pub struct NetworkFactory {
     channels: Arc<Mutex<HashMap<String, Channel>>>,
+    security: Arc<RwLock<PeerSecurity>>,
     local_address: Option<IpAddr>,
 }
 
 impl NetworkFactory {
-    /// A factory with no channels yet.
+    /// A factory with no channels yet and no credentials (tests).
     pub fn new() -> Self {
         Self::default()
     }
 
-    /// A factory whose connections leave from `local_address`, so a peer (or
-    /// a test proxy in front of it) can tell which node is calling.
-    pub fn with_local_address(local_address: Option<IpAddr>) -> Self {
-        NetworkFactory { local_address, ..Self::default() }
+    /// A factory whose connections carry `security` and leave from
+    /// `local_address`, so a peer (or a test proxy in front of it) can tell
+    /// which node is calling.
+    pub fn with_security(security: PeerSecurity, local_address: Option<IpAddr>) -> Self {
+        NetworkFactory {
+            local_address,
+            security: Arc::new(RwLock::new(security)),
+            channels: Arc::default(),
+        }
+    }
+
+    /// Replaces the credentials (rotated certificates) and drops every
+    /// cached channel, so the next call to each peer dials with them.
+    pub fn set_security(&self, security: PeerSecurity) {
+        match self.security.write() {
+            Ok(mut guard) => *guard = security,
+            Err(poisoned) => *poisoned.into_inner() = security,
+        }
+        match self.channels.lock() {
+            Ok(mut guard) => guard.clear(),
+            Err(poisoned) => poisoned.into_inner().clear(),
+        }
+    }
+
+    fn security(&self) -> PeerSecurity {
+        match self.security.read() {
+            Ok(guard) => guard.clone(),
+            Err(poisoned) => poisoned.into_inner().clone(),
+        }
     }
 
     /// The cached channel to `addr`, created lazily (no IO here).
-    pub fn channel(&self, addr: &str) -> Result<Channel, tonic::transport::Error> {
+    pub fn channel(&self, addr: &str) -> Result<PeerChannel, tonic::transport::Error> {
+        let security = self.security();
+        let proof = NodeProof(security.node_proof.clone());
         let mut channels = match self.channels.lock() {
             Ok(guard) => guard,
             Err(poisoned) => poisoned.into_inner(),
         };
         if let Some(channel) = channels.get(addr) {
-            return Ok(channel.clone());
+            return Ok(InterceptedService::new(channel.clone(), proof));
         }
-        let channel = endpoint(addr)?.local_address(self.local_address).connect_lazy();
+        let channel =
+            endpoint(addr, security.tls.as_ref())?.local_address(self.local_address).connect_lazy();
         channels.insert(addr.to_string(), channel.clone());
-        Ok(channel)
+        Ok(InterceptedService::new(channel, proof))
     }
 }
 
 /// An endpoint for a peer's gRPC address (`host:port` or a URL), with the
-/// connection timeouts and keepalives every peer link uses.
-pub fn endpoint(addr: &str) -> Result<Endpoint, tonic::transport::Error> {
-    let uri = if addr.contains("://") { addr.to_string() } else { format!("http://{addr}") };
-    Ok(Endpoint::from_shared(uri)?
+/// connection timeouts and keepalives every peer link uses, and TLS when
+/// `tls` is given (the address is then dialled as `https://`, whatever
+/// scheme it was written with).
+pub fn endpoint(addr: &str, tls: Option<&PeerTls>) -> Result<Endpoint, tonic::transport::Error> {
+    let host_port = addr.split_once("://").map_or(addr, |(_, rest)| rest);
+    let scheme = if tls.is_some() { "https" } else { "http" };
+    let endpoint = Endpoint::from_shared(format!("{scheme}://{host_port}"))?
         .connect_timeout(CONNECT_TIMEOUT)
         .tcp_nodelay(true)
         .tcp_keepalive(Some(KEEPALIVE_INTERVAL))
         .http2_keep_alive_interval(KEEPALIVE_INTERVAL)
         .keep_alive_timeout(KEEPALIVE_INTERVAL)
-        .keep_alive_while_idle(true))
+        .keep_alive_while_idle(true);
+    match tls {
+        Some(tls) => endpoint.tls_config_with_verifier(tls.config.clone(), tls.verifier.clone()),
+        None => Ok(endpoint),
+    }
 }
 
 impl RaftNetworkFactory<TypeConfig> for NetworkFactory {
@@ -93,7 +178,7 @@ impl RaftNetworkFactory<TypeConfig> for NetworkFactory {
 pub struct PeerClient {
     target: NodeId,
     addr: String,
-    channel: Option<Channel>,
+    channel: Option<PeerChannel>,
 }
 
 type RpcResult<T, E> = Result<T, RPCError<NodeId, BasicNode, E>>;

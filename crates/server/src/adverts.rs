@@ -1,11 +1,18 @@
 //! Peer adverts: the heartbeat every node sends every peer, and the peer
 //! registry that keeps the last valid advert of each node.
 //!
-//! An advert is signed with the cluster secret ([`crate::secret`]). The
-//! registry accepts it only when the MAC verifies, the body decodes, it does
-//! not claim to come from this node, and it is newer (by the sender's
-//! `sent_at_ms`) than the one held; anything else is dropped and counted,
-//! by reason. Ages are measured on this node's monotonic clock from the
+//! An advert is signed with the cluster secret
+//! ([`leasehold_security::secret`]). The registry accepts it only when it
+//! is authentic (the MAC verifies, or the connection's node certificate
+//! vouches for it), the body decodes, it comes from the node that sent it
+//! and not from this one, and it is newer (by the sender's `sent_at_ms`)
+//! than the one held; anything else is dropped and counted, by reason.
+//!
+//! The sender's clock only orders its own adverts, and only up to a
+//! bound: a `sent_at_ms` more than [`FUTURE_SLACK_MS`] ahead of this
+//! node's clock counts as if it were that far ahead, so an advert from the
+//! far future (a clock stepped ahead and back, or a forger) can silence
+//! its node for at most that long. Ages are measured on this node's monotonic clock from the
 //! moment an advert was accepted, so a peer's clock never makes its advert
 //! look younger than it is.
 
@@ -16,7 +23,7 @@ use std::time::{Duration, Instant};
 use leasehold_proto::v1;
 use prost::Message;
 
-use crate::secret::{ADVERT_DOMAIN, ClusterSecret};
+use leasehold_security::secret::{ADVERT_DOMAIN, ClusterSecret};
 
 /// Why an advert was dropped (the `reason` label of the rejection metric).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -29,6 +36,22 @@ pub enum Rejection {
     FromSelf,
     /// Not newer than the advert held for that node (a replay).
     Replay,
+    /// The advert speaks for another node than the one that sent it.
+    NotSender,
+}
+
+/// How far ahead of this node's clock an advert's `sent_at_ms` may order
+/// it (see the module doc).
+pub const FUTURE_SLACK_MS: u64 = 2_000;
+
+/// Who delivered an advert, as the call's authentication established.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Sender {
+    /// The node the connection's certificate or node proof names.
+    pub node: u64,
+    /// The node was named by its certificate (TLS): the connection vouches
+    /// for the body, and the MAC is not needed.
+    pub by_certificate: bool,
 }
 
 impl Rejection {
@@ -39,6 +62,7 @@ impl Rejection {
             Rejection::Malformed => "malformed",
             Rejection::FromSelf => "from_self",
             Rejection::Replay => "replay",
+            Rejection::NotSender => "not_sender",
         }
     }
 }
@@ -50,6 +74,9 @@ pub struct Entry {
     pub advert: v1::Advert,
     /// When this node accepted it (monotonic).
     pub received: Instant,
+    /// Its `sent_at_ms`, capped at this node's clock plus
+    /// [`FUTURE_SLACK_MS`] when it arrived: what a newer advert must beat.
+    pub order_ms: u64,
 }
 
 impl Entry {
@@ -101,17 +128,19 @@ impl PeerRegistry {
         PeerRegistry { node_id, entries: Mutex::new(entries), store: Some(store) }
     }
 
-    /// Checks and, when valid, keeps a signed advert received at `now`
-    /// (`now_ms` on this node's wall clock, for the store). Answers the
-    /// accepted advert's node id, or why it was dropped.
+    /// Checks and, when valid, keeps a signed advert delivered by `sender`
+    /// at `now` (`now_ms` on this node's wall clock, for the store and the
+    /// future cap). Answers the accepted advert's node id, or why it was
+    /// dropped.
     pub fn accept(
         &self,
         secret: &ClusterSecret,
         signed: &v1::Signed,
+        sender: Sender,
         now: Instant,
         now_ms: u64,
     ) -> Result<u64, Rejection> {
-        if !secret.verify(ADVERT_DOMAIN, &signed.body, &signed.mac) {
+        if !sender.by_certificate && !secret.verify(ADVERT_DOMAIN, &signed.body, &signed.mac) {
             return Err(Rejection::BadMac);
         }
         let advert =
@@ -122,14 +151,18 @@ impl PeerRegistry {
         if advert.node_id == self.node_id {
             return Err(Rejection::FromSelf);
         }
+        if advert.node_id != sender.node {
+            return Err(Rejection::NotSender);
+        }
+        let order_ms = advert.sent_at_ms.min(now_ms.saturating_add(FUTURE_SLACK_MS));
         let mut entries = self.lock()?;
         if let Some(held) = entries.get(&advert.node_id)
-            && held.advert.sent_at_ms >= advert.sent_at_ms
+            && held.order_ms >= order_ms
         {
             return Err(Rejection::Replay);
         }
         let node = advert.node_id;
-        entries.insert(node, Entry { advert, received: now });
+        entries.insert(node, Entry { advert, received: now, order_ms });
         if let Some(store) = &self.store {
             let mut value = now_ms.to_be_bytes().to_vec();
             value.extend_from_slice(&signed.body);
@@ -174,7 +207,8 @@ fn decode_kept(key: &[u8], value: &[u8], now: Instant, now_ms: u64) -> Option<En
     }
     let age = Duration::from_millis(now_ms.saturating_sub(received_ms));
     let received = now.checked_sub(age)?;
-    Some(Entry { advert, received })
+    let order_ms = advert.sent_at_ms.min(received_ms.saturating_add(FUTURE_SLACK_MS));
+    Some(Entry { advert, received, order_ms })
 }
 
 #[cfg(test)]
@@ -182,6 +216,10 @@ mod tests {
     use std::time::Duration;
 
     use super::*;
+
+    fn peer(node: u64) -> Sender {
+        Sender { node, by_certificate: false }
+    }
 
     fn secret(text: &str) -> ClusterSecret {
         ClusterSecret::from_text(text).expect("test secrets are long enough")
@@ -202,7 +240,10 @@ mod tests {
         let key = secret("the cluster secret of the test");
         let registry = PeerRegistry::new(1);
         let t0 = Instant::now();
-        assert_eq!(registry.accept(&key, &seal(&key, &advert(2, 10, Some(true))), t0, 0), Ok(2));
+        assert_eq!(
+            registry.accept(&key, &seal(&key, &advert(2, 10, Some(true))), peer(2), t0, 0),
+            Ok(2)
+        );
         let entries = registry.snapshot().expect("readable");
         assert_eq!(entries[&2].advert.journal_lease, Some(true));
         assert_eq!(entries[&2].age_ms(t0 + Duration::from_millis(1_500)), 1_500);
@@ -214,23 +255,26 @@ mod tests {
         let forger = secret("a different secret, not ours");
         let registry = PeerRegistry::new(1);
         let now = Instant::now();
-        assert_eq!(registry.accept(&key, &seal(&key, &advert(2, 10, Some(true))), now, 0), Ok(2));
+        assert_eq!(
+            registry.accept(&key, &seal(&key, &advert(2, 10, Some(true))), peer(2), now, 0),
+            Ok(2)
+        );
 
         let forged = seal(&forger, &advert(2, 20, Some(false)));
-        assert_eq!(registry.accept(&key, &forged, now, 0), Err(Rejection::BadMac));
+        assert_eq!(registry.accept(&key, &forged, peer(2), now, 0), Err(Rejection::BadMac));
         let mut tampered = seal(&key, &advert(2, 30, Some(true)));
         tampered.body = advert(2, 30, Some(false)).encode_to_vec();
-        assert_eq!(registry.accept(&key, &tampered, now, 0), Err(Rejection::BadMac));
+        assert_eq!(registry.accept(&key, &tampered, peer(2), now, 0), Err(Rejection::BadMac));
         let unsigned = v1::Signed { body: advert(2, 40, Some(false)).encode_to_vec(), mac: vec![] };
-        assert_eq!(registry.accept(&key, &unsigned, now, 0), Err(Rejection::BadMac));
+        assert_eq!(registry.accept(&key, &unsigned, peer(2), now, 0), Err(Rejection::BadMac));
         let garbage = v1::Signed { body: vec![0xff; 8], mac: key.sign(ADVERT_DOMAIN, &[0xff; 8]) };
-        assert_eq!(registry.accept(&key, &garbage, now, 0), Err(Rejection::Malformed));
+        assert_eq!(registry.accept(&key, &garbage, peer(2), now, 0), Err(Rejection::Malformed));
         assert_eq!(
-            registry.accept(&key, &seal(&key, &advert(1, 50, Some(false))), now, 0),
+            registry.accept(&key, &seal(&key, &advert(1, 50, Some(false))), peer(1), now, 0),
             Err(Rejection::FromSelf)
         );
         assert_eq!(
-            registry.accept(&key, &seal(&key, &advert(2, 10, Some(false))), now, 0),
+            registry.accept(&key, &seal(&key, &advert(2, 10, Some(false))), peer(2), now, 0),
             Err(Rejection::Replay)
         );
 
@@ -240,11 +284,52 @@ mod tests {
     }
 
     #[test]
+    fn an_advert_must_come_from_its_sender_and_a_certificate_stands_for_the_mac() {
+        let key = secret("the cluster secret of the test");
+        let registry = PeerRegistry::new(1);
+        let now = Instant::now();
+        let from_two = seal(&key, &advert(2, 10, Some(true)));
+        assert_eq!(registry.accept(&key, &from_two, peer(3), now, 0), Err(Rejection::NotSender));
+        let unsigned = v1::Signed { body: advert(2, 20, Some(true)).encode_to_vec(), mac: vec![] };
+        let by_certificate = Sender { node: 2, by_certificate: true };
+        assert_eq!(registry.accept(&key, &unsigned, by_certificate, now, 0), Ok(2));
+        let certified_three = Sender { node: 3, by_certificate: true };
+        let unsigned_two = v1::Signed { body: advert(2, 30, None).encode_to_vec(), mac: vec![] };
+        assert_eq!(
+            registry.accept(&key, &unsigned_two, certified_three, now, 0),
+            Err(Rejection::NotSender),
+            "a certificate vouches only for its own node"
+        );
+    }
+
+    #[test]
+    fn an_advert_from_the_far_future_silences_its_node_only_briefly() {
+        let key = secret("the cluster secret of the test");
+        let registry = PeerRegistry::new(1);
+        let now = Instant::now();
+        let now_ms = 1_000_000;
+        // A year ahead: kept, but ordered as if FUTURE_SLACK_MS ahead.
+        let future = seal(&key, &advert(2, now_ms + 31_536_000_000, Some(false)));
+        assert_eq!(registry.accept(&key, &future, peer(2), now, now_ms), Ok(2));
+        // The node's honest adverts are replays only until the slack has passed.
+        let honest = |sent| seal(&key, &advert(2, sent, Some(true)));
+        let soon = now_ms + FUTURE_SLACK_MS;
+        assert_eq!(
+            registry.accept(&key, &honest(soon), peer(2), now, soon),
+            Err(Rejection::Replay)
+        );
+        let later = soon + 1;
+        assert_eq!(registry.accept(&key, &honest(later), peer(2), now, later), Ok(2));
+        let entries = registry.snapshot().expect("readable");
+        assert_eq!(entries[&2].advert.journal_lease, Some(true));
+    }
+
+    #[test]
     fn an_older_peer_advert_without_the_field_reads_as_none() {
         let key = secret("the cluster secret of the test");
         let registry = PeerRegistry::new(1);
         let now = Instant::now();
-        assert_eq!(registry.accept(&key, &seal(&key, &advert(3, 1, None)), now, 0), Ok(3));
+        assert_eq!(registry.accept(&key, &seal(&key, &advert(3, 1, None)), peer(3), now, 0), Ok(3));
         assert_eq!(registry.snapshot().expect("readable")[&3].advert.journal_lease, None);
     }
 
@@ -256,10 +341,13 @@ mod tests {
         let t0 = Instant::now();
         let registry = PeerRegistry::with_store(1, tree.clone(), t0, 100_000);
         assert_eq!(
-            registry.accept(&key, &seal(&key, &advert(2, 10, Some(true))), t0, 100_000),
+            registry.accept(&key, &seal(&key, &advert(2, 10, Some(true))), peer(2), t0, 100_000),
             Ok(2)
         );
-        assert_eq!(registry.accept(&key, &seal(&key, &advert(3, 10, None)), t0, 101_000), Ok(3));
+        assert_eq!(
+            registry.accept(&key, &seal(&key, &advert(3, 10, None)), peer(3), t0, 101_000),
+            Ok(3)
+        );
         drop(registry);
 
         // "Restarted" 4 s later by the wall clock.
@@ -273,7 +361,13 @@ mod tests {
         assert_eq!(entries[&3].age_ms(later), 3_000);
         // A replay of the kept advert is still refused after the restart.
         assert_eq!(
-            restarted.accept(&key, &seal(&key, &advert(2, 10, Some(false))), later, 104_000),
+            restarted.accept(
+                &key,
+                &seal(&key, &advert(2, 10, Some(false))),
+                peer(2),
+                later,
+                104_000
+            ),
             Err(Rejection::Replay)
         );
     }
@@ -284,7 +378,9 @@ mod tests {
         let registry = PeerRegistry::new(1);
         let t0 = Instant::now();
         for node in [2, 3] {
-            registry.accept(&key, &seal(&key, &advert(node, 1, Some(true))), t0, 0).expect("valid");
+            registry
+                .accept(&key, &seal(&key, &advert(node, 1, Some(true))), peer(node), t0, 0)
+                .expect("valid");
         }
         registry.prune(&[1, 2], 10_000, t0 + Duration::from_secs(5));
         assert_eq!(registry.snapshot().expect("readable").len(), 2);

@@ -21,7 +21,9 @@ use leasehold_proto::v1;
 use prost::Message;
 use serde::{Deserialize, Serialize};
 
-use crate::secret::{BUS_DOMAIN, ClusterSecret};
+use leasehold_security::secret::{BUS_DOMAIN, ClusterSecret};
+
+use crate::adverts::Sender;
 
 /// Why a bus operation failed locally.
 #[derive(Debug, thiserror::Error)]
@@ -243,13 +245,86 @@ pub fn seal(secret: &ClusterSecret, message: &v1::BusMessage) -> v1::Signed {
     v1::Signed { body, mac }
 }
 
-/// Checks and decodes a signed bus message; `None` when it is not
-/// authentic or not a bus message.
-pub fn open(secret: &ClusterSecret, signed: &v1::Signed) -> Option<v1::BusMessage> {
-    if !secret.verify(BUS_DOMAIN, &signed.body, &signed.mac) {
-        return None;
+/// How far a bus message's time (`at_ms`) may be from this node's clock,
+/// either way, before the message counts as a replay. Generous, since the
+/// bus serves pools whose clocks may be off; it only has to keep a
+/// captured message from being played back long after.
+pub const REPLAY_WINDOW_MS: u64 = 10 * 60 * 1_000;
+
+/// Why a peer's bus message was refused.
+#[derive(Debug, thiserror::Error)]
+pub enum BusRefusal {
+    /// The MAC does not verify (and no node certificate vouches for it).
+    #[error("mac: bus message is not signed with the cluster secret")]
+    BadMac,
+    /// Not a bus message.
+    #[error("body: not a bus message")]
+    Malformed,
+    /// It speaks for another node than the one that sent it.
+    #[error("body.node: the message speaks for node {claimed}, but node {sender} sent it")]
+    NotSender {
+        /// The node named in the message.
+        claimed: u64,
+        /// The node that sent it.
+        sender: u64,
+    },
+    /// Its time is outside [`REPLAY_WINDOW_MS`] of this node's clock.
+    #[error("body.at_ms: {at_ms} is too far from this node's clock ({now_ms}); a replay")]
+    Replay {
+        /// The message's time.
+        at_ms: u64,
+        /// This node's clock.
+        now_ms: u64,
+    },
+    /// The local table failed.
+    #[error(transparent)]
+    Store(BusError),
+}
+
+impl BusRefusal {
+    /// Lower-case label for metrics and events.
+    pub fn label(&self) -> &'static str {
+        match self {
+            BusRefusal::BadMac => "bad_mac",
+            BusRefusal::Malformed => "malformed",
+            BusRefusal::NotSender { .. } => "not_sender",
+            BusRefusal::Replay { .. } => "replay",
+            BusRefusal::Store(_) => "store",
+        }
     }
-    v1::BusMessage::decode(signed.body.as_slice()).ok()
+}
+
+/// Checks and decodes a bus message delivered by `sender` at `now_ms`:
+/// authentic (MAC, or the sender's certificate), speaking for its sender,
+/// and timed within [`REPLAY_WINDOW_MS`] of this node's clock. A release
+/// from a version that did not time releases (`at_ms` 0) is taken as it is.
+pub fn open(
+    secret: &ClusterSecret,
+    signed: &v1::Signed,
+    sender: Sender,
+    now_ms: u64,
+) -> Result<v1::BusMessage, BusRefusal> {
+    if !sender.by_certificate && !secret.verify(BUS_DOMAIN, &signed.body, &signed.mac) {
+        return Err(BusRefusal::BadMac);
+    }
+    let message =
+        v1::BusMessage::decode(signed.body.as_slice()).map_err(|_| BusRefusal::Malformed)?;
+    let (node, at_ms) = match &message.kind {
+        Some(v1::bus_message::Kind::Claim(claim)) => (claim.node, Some(claim.at_ms)),
+        Some(v1::bus_message::Kind::Release(release)) => {
+            (release.node, (release.at_ms != 0).then_some(release.at_ms))
+        }
+        None => return Err(BusRefusal::Malformed),
+    };
+    if node != sender.node {
+        return Err(BusRefusal::NotSender { claimed: node, sender: sender.node });
+    }
+    if let Some(at_ms) = at_ms
+        && at_ms.abs_diff(now_ms) > REPLAY_WINDOW_MS
+    {
+        return Err(BusRefusal::Replay { at_ms, now_ms });
+    }
+    Ok(message)
 }
 
 /// How long a claimant collects answers before it judges the claim.
@@ -323,13 +398,37 @@ mod tests {
     }
 
     #[test]
-    fn signed_messages_open_only_with_the_secret() -> Result<(), crate::secret::SecretError> {
+    fn signed_messages_open_only_with_the_secret_from_their_sender_and_fresh()
+    -> Result<(), leasehold_security::secret::SecretError> {
         let key = ClusterSecret::from_text("the cluster secret of the test")?;
         let other = ClusterSecret::from_text("not the cluster secret at all")?;
-        let message = v1::BusMessage { kind: Some(v1::bus_message::Kind::Claim(claim("k", 1, 2))) };
+        let now_ms = 100 * REPLAY_WINDOW_MS;
+        let node_one = Sender { node: 1, by_certificate: false };
+        let message =
+            v1::BusMessage { kind: Some(v1::bus_message::Kind::Claim(claim("k", 1, now_ms))) };
         let signed = seal(&key, &message);
-        assert_eq!(open(&key, &signed), Some(message));
-        assert_eq!(open(&other, &signed), None);
+        assert_eq!(open(&key, &signed, node_one, now_ms).ok(), Some(message.clone()));
+        assert!(matches!(open(&other, &signed, node_one, now_ms), Err(BusRefusal::BadMac)));
+        let node_two = Sender { node: 2, by_certificate: false };
+        assert!(matches!(
+            open(&key, &signed, node_two, now_ms),
+            Err(BusRefusal::NotSender { claimed: 1, sender: 2 })
+        ));
+        let later = now_ms + REPLAY_WINDOW_MS + 1;
+        assert!(matches!(open(&key, &signed, node_one, later), Err(BusRefusal::Replay { .. })));
+        let unsigned = v1::Signed { body: signed.body.clone(), mac: Vec::new() };
+        assert!(matches!(open(&key, &unsigned, node_one, now_ms), Err(BusRefusal::BadMac)));
+        let certified = Sender { node: 1, by_certificate: true };
+        assert_eq!(open(&key, &unsigned, certified, now_ms).ok(), Some(message));
+        let legacy_release = v1::BusMessage {
+            kind: Some(v1::bus_message::Kind::Release(v1::BusRelease {
+                key: "k".into(),
+                node: 1,
+                at_ms: 0,
+            })),
+        };
+        let signed = seal(&key, &legacy_release);
+        assert!(open(&key, &signed, node_one, later).is_ok(), "an untimed release is taken");
         Ok(())
     }
 }

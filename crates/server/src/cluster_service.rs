@@ -12,6 +12,7 @@ use openraft::error::{ClientWriteError, RaftError};
 use openraft::{BasicNode, ChangeMembers, ServerState};
 use tonic::{Request, Response, Status};
 
+use crate::auth::Caller;
 use crate::error::Error;
 use crate::gate::Gate;
 use crate::journal::Journal;
@@ -60,7 +61,7 @@ impl ClusterService {
     }
 
     /// A client for the leader's Cluster service, or `None` when this node leads.
-    fn leader_client(&self) -> Result<Option<ClusterClient<tonic::transport::Channel>>, Error> {
+    fn leader_client(&self) -> Result<Option<ClusterClient<leasehold_raft::PeerChannel>>, Error> {
         let metrics = self.journal.raft().metrics().borrow().clone();
         let Some(leader) = metrics.current_leader else {
             return Err(Error::Unavailable("no leader is known yet".into()));
@@ -84,7 +85,7 @@ impl ClusterService {
 
     /// A client of member `id` (for calls addressed to that node), or
     /// NOT_FOUND naming `id` when it is not a member.
-    fn member_client(&self, id: u64) -> Result<ClusterClient<tonic::transport::Channel>, Status> {
+    fn member_client(&self, id: u64) -> Result<ClusterClient<leasehold_raft::PeerChannel>, Status> {
         let metrics = self.journal.raft().metrics().borrow().clone();
         let Some(addr) =
             metrics.membership_config.membership().get_node(&id).map(|n| n.addr.clone())
@@ -185,9 +186,18 @@ impl Cluster for ClusterService {
         &self,
         request: Request<v1::JoinRequest>,
     ) -> Result<Response<v1::JoinResponse>, Status> {
+        let (caller, _) = Caller::node_of(&request)?;
         let request = request.into_inner();
         if request.id == 0 {
             return Err(Status::invalid_argument("id: must be at least 1"));
+        }
+        // A node joins as itself; only a voter passes a join on for
+        // another (a member forwarding to the leader).
+        if caller != request.id && !self.voters().contains(&caller) {
+            return Err(Status::permission_denied(format!(
+                "id: node {caller} may only join as itself, not as node {}",
+                request.id
+            )));
         }
         if request.addr.trim().is_empty() {
             return Err(Status::invalid_argument("addr: must not be empty"));
@@ -240,11 +250,7 @@ impl Cluster for ClusterService {
         Ok(Response::new(v1::JoinResponse {
             leader: self.journal.node_id(),
             voters: self.voters(),
-            dev_cluster_secret: self
-                .gate
-                .dev_secret()
-                .map(|secret| secret.as_bytes().to_vec())
-                .unwrap_or_default(),
+            dev_cluster_secret: Vec::new(),
         }))
     }
 

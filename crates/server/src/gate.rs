@@ -11,8 +11,7 @@
 //! same way and the pool switches paths at one tick.
 
 use std::collections::BTreeSet;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, RwLock};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use leasehold_core::gate::{
@@ -22,12 +21,12 @@ use leasehold_proto::v1;
 use leasehold_proto::v1::peer_client::PeerClient;
 use tokio::sync::{Notify, watch};
 
-use crate::adverts::{self, PeerRegistry, Rejection};
-use crate::bus::{self, Bus, BusError, Outcome};
+use crate::adverts::{self, PeerRegistry, Rejection, Sender};
+use crate::bus::{self, Bus, BusError, BusRefusal, Outcome};
 use crate::cluster_service::role_name;
 use crate::journal::Journal;
 use crate::metrics::{GateLabels, OutcomeLabels, RejectLabels};
-use crate::secret::ClusterSecret;
+use leasehold_security::secret::ClusterSecret;
 
 /// Settings of the gate.
 #[derive(Clone, Debug)]
@@ -67,8 +66,7 @@ struct FlagState {
 struct Inner {
     journal: Journal,
     config: GateConfig,
-    secret: RwLock<ClusterSecret>,
-    secret_generated: AtomicBool,
+    secret: ClusterSecret,
     flags: Mutex<FlagState>,
     registry: PeerRegistry,
     bus: Bus,
@@ -84,14 +82,12 @@ pub struct Gate {
 }
 
 impl Gate {
-    /// The gate of `journal`'s node. `secret_generated` says the secret was
-    /// made up at start (a dev cluster): it is then handed to joining nodes.
+    /// The gate of `journal`'s node, signing with `secret`.
     pub fn new(
         journal: Journal,
         config: GateConfig,
         flags: GateFlags,
         secret: ClusterSecret,
-        secret_generated: bool,
         bus: Bus,
         peers: sled::Tree,
     ) -> Gate {
@@ -102,8 +98,7 @@ impl Gate {
             inner: Arc::new(Inner {
                 journal,
                 config,
-                secret: RwLock::new(secret),
-                secret_generated: AtomicBool::new(secret_generated),
+                secret,
                 flags: Mutex::new(FlagState { current: flags, before: flags, since_ms: 0 }),
                 registry,
                 bus,
@@ -130,25 +125,8 @@ impl Gate {
     }
 
     /// The cluster secret.
-    pub fn secret(&self) -> ClusterSecret {
-        match self.inner.secret.read() {
-            Ok(secret) => secret.clone(),
-            Err(poisoned) => poisoned.into_inner().clone(),
-        }
-    }
-
-    /// Replaces the secret with the one a dev cluster handed out at join.
-    pub fn adopt_secret(&self, secret: ClusterSecret) {
-        match self.inner.secret.write() {
-            Ok(mut held) => *held = secret,
-            Err(poisoned) => *poisoned.into_inner() = secret,
-        }
-        self.inner.secret_generated.store(true, Ordering::SeqCst);
-    }
-
-    /// The secret to hand a joining node: only a generated (dev) one.
-    pub fn dev_secret(&self) -> Option<ClusterSecret> {
-        self.inner.secret_generated.load(Ordering::SeqCst).then(|| self.secret())
+    pub fn secret(&self) -> &ClusterSecret {
+        &self.inner.secret
     }
 
     fn flag_state(&self) -> FlagState {
@@ -349,11 +327,12 @@ impl Gate {
             .inc();
     }
 
-    /// Takes a peer's signed advert; a bad one is dropped, counted and
-    /// logged (`gate.advert_rejected`).
-    pub fn accept_advert(&self, signed: &v1::Signed) -> Result<u64, Rejection> {
+    /// Takes a peer's signed advert delivered by `sender`; a bad one is
+    /// dropped, counted and logged (`gate.advert_rejected`).
+    pub fn accept_advert(&self, signed: &v1::Signed, sender: Sender) -> Result<u64, Rejection> {
         let now_ms = self.inner.journal.clock().now_ms();
-        let result = self.inner.registry.accept(&self.secret(), signed, Instant::now(), now_ms);
+        let result =
+            self.inner.registry.accept(self.secret(), signed, sender, Instant::now(), now_ms);
         match result {
             Ok(_) => {
                 self.inner.journal.metrics().adverts_accepted.inc();
@@ -363,6 +342,7 @@ impl Gate {
                 tracing::warn!(
                     event = "gate.advert_rejected",
                     reason = rejection.label(),
+                    sender = sender.node,
                     "dropped a peer advert"
                 );
             }
@@ -376,7 +356,7 @@ impl Gate {
         let family = &self.inner.journal.metrics().peer_rejected;
         let mut total = 0;
         for kind in ["advert", "bus"] {
-            for reason in ["bad_mac", "malformed", "from_self", "replay"] {
+            for reason in ["bad_mac", "malformed", "from_self", "replay", "not_sender"] {
                 let labels = RejectLabels { kind: kind.to_string(), reason: reason.to_string() };
                 total += family.get_or_create(&labels).get();
             }
@@ -384,16 +364,25 @@ impl Gate {
         total
     }
 
-    /// Answers a peer's signed bus message; `None` when it is not authentic
-    /// (dropped and counted).
-    pub fn serve_bus(&self, signed: &v1::Signed) -> Result<Option<v1::BusReply>, BusError> {
-        let Some(message) = bus::open(&self.secret(), signed) else {
-            self.count_rejection("bus", "bad_mac");
-            tracing::warn!(event = "gate.advert_rejected", kind = "bus", "dropped a bus message");
-            return Ok(None);
-        };
+    /// Answers a peer's signed bus message delivered by `sender`, or why
+    /// it was refused (dropped, counted and logged).
+    pub fn serve_bus(
+        &self,
+        signed: &v1::Signed,
+        sender: Sender,
+    ) -> Result<v1::BusReply, BusRefusal> {
         let now_ms = self.inner.journal.clock().now_ms();
-        self.inner.bus.serve(message, now_ms).map(Some)
+        let message = bus::open(self.secret(), signed, sender, now_ms).inspect_err(|refusal| {
+            self.count_rejection("bus", refusal.label());
+            tracing::warn!(
+                event = "gate.advert_rejected",
+                kind = "bus",
+                reason = refusal.label(),
+                sender = sender.node,
+                "dropped a bus message"
+            );
+        })?;
+        self.inner.bus.serve(message, now_ms).map_err(BusRefusal::Store)
     }
 
     /// The peers (id, address) whose advert says they are online.
@@ -410,7 +399,7 @@ impl Gate {
     }
 
     async fn broadcast(&self, message: v1::BusMessage) -> Vec<(u64, v1::BusReply)> {
-        let signed = bus::seal(&self.secret(), &message);
+        let signed = bus::seal(self.secret(), &message);
         let window = self.inner.config.bus_window;
         let sends = self.online_peers().into_iter().map(|(id, addr)| {
             let channel = self.inner.journal.peers().channel(&addr);
@@ -470,7 +459,11 @@ impl Gate {
         }
         let now_ms = self.inner.journal.clock().now_ms();
         self.inner.bus.record_release(key, self.node_id(), now_ms)?;
-        let release = v1::BusRelease { key: key.to_string(), node: self.node_id() };
+        let release = v1::BusRelease {
+            key: key.to_string(),
+            node: self.node_id(),
+            at_ms: self.inner.journal.clock().now_ms(),
+        };
         self.broadcast(v1::BusMessage { kind: Some(v1::bus_message::Kind::Release(release)) })
             .await;
         tracing::info!(event = "lease.release", path = "bus", key, "released on the bus");
@@ -552,7 +545,7 @@ pub async fn run_adverts(gate: Gate, mut shutdown: watch::Receiver<bool>) {
 
 /// One round of adverts, sent concurrently, each bounded by the interval.
 async fn send_adverts(gate: &Gate) {
-    let signed = adverts::seal(&gate.secret(), &gate.own_advert());
+    let signed = adverts::seal(gate.secret(), &gate.own_advert());
     let timeout = gate.inner.config.advert_interval;
     let me = gate.node_id();
     let sends = gate.membership().into_iter().filter(|(id, _)| *id != me).map(|(id, addr)| {

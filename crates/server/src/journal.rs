@@ -559,14 +559,19 @@ async fn write_batch(journal: &Journal, mut batch: Vec<Pending>) {
     // Forwarded writes must not be forwarded again; the batch carrying one
     // answers UNAVAILABLE if leadership moved, and its proposers retry.
     let may_forward = batch.iter().all(|p| p.may_forward);
+    // The node that forms the batch stamps it; on a follower that stamp is
+    // replaced when the leader forms its own batch, so only the leader's
+    // clock ever enters the journal, never a time that came over the
+    // network from a follower.
+    let now_ms = journal.clock().now_ms();
     if batch.len() == 1
         && let Some(pending) = batch.pop()
     {
-        let result = journal.write_bounded(pending.proposal, may_forward).await;
+        let proposal = Proposal { now_ms, command: pending.proposal.command };
+        let result = journal.write_bounded(proposal, may_forward).await;
         let _ = pending.reply.send(result);
         return;
     }
-    let now_ms = batch.iter().map(|p| p.proposal.now_ms).max().unwrap_or(0);
     let mut commands = Vec::new();
     let mut shares = Vec::with_capacity(batch.len());
     for pending in batch {

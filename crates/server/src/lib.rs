@@ -4,6 +4,7 @@
 //! (forwarding to the leader when this node is not it) and serves reads.
 
 pub mod adverts;
+pub mod auth;
 pub mod bus;
 pub mod clock;
 pub mod cluster_service;
@@ -12,14 +13,15 @@ pub mod faults_service;
 pub mod forward;
 pub mod gate;
 pub mod http;
+pub mod incoming;
 pub mod journal;
+pub mod limits;
 pub mod metrics;
 pub mod peer_service;
 pub mod queue_service;
 pub mod raft_service;
 pub mod readiness;
 pub mod schedules_service;
-pub mod secret;
 
 pub use clock::Clock;
 pub use error::Error;

@@ -75,6 +75,16 @@ pub struct OutcomeLabels {
     pub outcome: String,
 }
 
+/// Labels of a refused call.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct AuthLabels {
+    /// The gRPC service, e.g. `leasehold.v1.Raft`.
+    pub service: String,
+    /// `no_token`, `unknown_token`, `role`, `not_a_node`, `node_proof` or
+    /// `identity_mismatch`.
+    pub reason: String,
+}
+
 /// Every metric a node exports.
 pub struct Metrics {
     registry: Registry,
@@ -116,6 +126,8 @@ pub struct Metrics {
     pub peer_rejected: Family<RejectLabels, Counter>,
     /// Bus claims made by this node, by outcome.
     pub bus_claims: Family<OutcomeLabels, Counter>,
+    /// Calls refused for want of a credential or a role, by service and reason.
+    pub auth_refused: Family<AuthLabels, Counter>,
     encode_lock: Mutex<()>,
 }
 
@@ -188,6 +200,12 @@ impl Metrics {
         );
         let bus_claims = Family::<OutcomeLabels, Counter>::default();
         registry.register("bus_claims", "Bus claims made here, by outcome", bus_claims.clone());
+        let auth_refused = Family::<AuthLabels, Counter>::default();
+        registry.register(
+            "auth_refused",
+            "Calls refused for a missing or wrong credential or role, by service and reason",
+            auth_refused.clone(),
+        );
         Metrics {
             registry,
             rpcs,
@@ -209,6 +227,7 @@ impl Metrics {
             adverts_accepted,
             peer_rejected,
             bus_claims,
+            auth_refused,
             encode_lock: Mutex::new(()),
         }
     }

@@ -1,12 +1,15 @@
 //! The internal `leasehold.v1.Peer` service: takes peers' adverts into the
-//! registry and answers bus claims and releases. Messages that are not
-//! authentic are dropped, counted, and answered UNAUTHENTICATED.
+//! registry and answers bus claims and releases. Only nodes reach it (see
+//! [`crate::auth`]); a message that is not authentic, or that speaks for
+//! another node than its sender, is dropped, counted, and refused.
 
 use leasehold_proto::v1;
 use leasehold_proto::v1::peer_server::Peer;
 use tonic::{Request, Response, Status};
 
-use crate::adverts::Rejection;
+use crate::adverts::{Rejection, Sender};
+use crate::auth::Caller;
+use crate::bus::BusRefusal;
 use crate::gate::Gate;
 
 /// Serves `leasehold.v1.Peer`.
@@ -28,7 +31,9 @@ impl Peer for PeerService {
         &self,
         request: Request<v1::Signed>,
     ) -> Result<Response<v1::AdvertAck>, Status> {
-        match self.gate.accept_advert(request.get_ref()) {
+        let (node, by_certificate) = Caller::node_of(&request)?;
+        let sender = Sender { node, by_certificate };
+        match self.gate.accept_advert(request.get_ref(), sender) {
             Ok(_) => Ok(Response::new(v1::AdvertAck {})),
             Err(Rejection::BadMac) => {
                 Err(Status::unauthenticated("mac: advert is not signed with the cluster secret"))
@@ -37,6 +42,9 @@ impl Peer for PeerService {
             Err(Rejection::FromSelf) => {
                 Err(Status::invalid_argument("body.node_id: an advert from this node itself"))
             }
+            Err(Rejection::NotSender) => Err(Status::permission_denied(format!(
+                "body.node_id: node {node} may only advertise itself"
+            ))),
             // A replay is harmless (dropped); answering OK keeps a peer whose
             // clock stepped back from retrying in a loop.
             Err(Rejection::Replay) => Ok(Response::new(v1::AdvertAck {})),
@@ -44,12 +52,18 @@ impl Peer for PeerService {
     }
 
     async fn bus(&self, request: Request<v1::Signed>) -> Result<Response<v1::BusReply>, Status> {
-        match self.gate.serve_bus(request.get_ref()) {
-            Ok(Some(reply)) => Ok(Response::new(reply)),
-            Ok(None) => Err(Status::unauthenticated(
-                "mac: bus message is not signed with the cluster secret",
-            )),
-            Err(error) => Err(Status::internal(error.to_string())),
+        let (node, by_certificate) = Caller::node_of(&request)?;
+        let sender = Sender { node, by_certificate };
+        match self.gate.serve_bus(request.get_ref(), sender) {
+            Ok(reply) => Ok(Response::new(reply)),
+            Err(refusal @ BusRefusal::BadMac) => Err(Status::unauthenticated(refusal.to_string())),
+            Err(refusal @ BusRefusal::NotSender { .. }) => {
+                Err(Status::permission_denied(refusal.to_string()))
+            }
+            Err(refusal @ (BusRefusal::Malformed | BusRefusal::Replay { .. })) => {
+                Err(Status::invalid_argument(refusal.to_string()))
+            }
+            Err(BusRefusal::Store(error)) => Err(Status::internal(error.to_string())),
         }
     }
 }

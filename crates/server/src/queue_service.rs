@@ -3,6 +3,7 @@
 
 use std::time::Duration;
 
+use leasehold_core::schedule::is_command_queue;
 use leasehold_core::validate::{self, validate_command};
 use leasehold_core::{
     Command, JobFilter, RedriveTarget, Response, ValidationError, ValidationKind,
@@ -10,8 +11,10 @@ use leasehold_core::{
 use leasehold_proto::convert;
 use leasehold_proto::v1;
 use leasehold_proto::v1::queue_server::Queue;
+use leasehold_security::Role;
 use tonic::{Request, Response as Reply, Status};
 
+use crate::auth::Caller;
 use crate::error::Error;
 use crate::journal::Journal;
 
@@ -93,9 +96,16 @@ impl QueueService {
         &self,
         request: Request<v1::EnqueueRequest>,
     ) -> Result<Reply<v1::EnqueueResponse>, Status> {
+        let caller = Caller::of(&request)?.clone();
+        let request = request.into_inner();
+        for (index, spec) in request.jobs.iter().enumerate() {
+            if is_command_queue(&spec.queue) {
+                let what = format!("jobs[{index}].queue: enqueue on command queue {}", spec.queue);
+                caller.require(Role::Admin, &what)?;
+            }
+        }
         let now_ms = self.journal.clock().now_ms();
         let jobs = request
-            .into_inner()
             .jobs
             .into_iter()
             .enumerate()
@@ -117,7 +127,13 @@ impl QueueService {
         &self,
         request: Request<v1::ClaimRequest>,
     ) -> Result<Reply<v1::ClaimResponse>, Status> {
+        let caller = Caller::of(&request)?.clone();
         let request = request.into_inner();
+        if is_command_queue(&request.queue) {
+            // The commands of the fleet are for the nodes' executors.
+            let what = format!("queue: claim on command queue {}", request.queue);
+            caller.require(Role::Admin, &what)?;
+        }
         if self.journal.is_draining() {
             return Err(Error::Unavailable("draining: this node takes no new claims".into()).into());
         }
@@ -329,7 +345,24 @@ impl QueueService {
         &self,
         request: Request<v1::RedriveRequest>,
     ) -> Result<Reply<v1::RedriveResponse>, Status> {
+        let caller = Caller::of(&request)?.clone();
         let request = request.into_inner();
+        // Redriving a dead command runs it again.
+        if let Some(queue) = request.queue.as_deref().filter(|q| is_command_queue(q)) {
+            caller.require(Role::Admin, &format!("queue: redrive on command queue {queue}"))?;
+        }
+        if !caller.may(Role::Admin) {
+            let commands = self.journal.read_stale(|state| {
+                request
+                    .job_ids
+                    .iter()
+                    .find(|id| state.job(**id).is_some_and(|job| is_command_queue(&job.queue)))
+                    .copied()
+            });
+            if let Some(id) = commands {
+                caller.require(Role::Admin, &format!("job_ids: redrive of command job {id}"))?;
+            }
+        }
         let target = match (request.queue, request.job_ids.is_empty()) {
             (Some(queue), true) => RedriveTarget::Queue(queue),
             (None, false) => RedriveTarget::Ids(request.job_ids),

@@ -1,6 +1,7 @@
 //! The public `leasehold.v1.Schedules` service, and the target selection a
 //! `target = each` tick uses (shared with the node's ticker).
 
+use leasehold_core::schedule::is_command_queue;
 use leasehold_core::schedule::{Schedule, TickOutcome};
 use leasehold_core::validate::{self, schedule_spec};
 use leasehold_core::{Command, Response};
@@ -68,6 +69,15 @@ impl Schedules for SchedulesService {
         })?;
         let spec = convert::schedule_spec_from_wire(spec).map_err(Error::from)?;
         schedule_spec(&spec, self.journal.limits()).map_err(Error::from)?;
+        let queue = spec.template.queue_name();
+        if spec.template.command.is_some() && !is_command_queue(queue) {
+            // Only command queues feed executors: the command would never run.
+            return Err(Error::Invalid(leasehold_core::ValidationError::invalid(
+                "spec.template.queue",
+                format!("a schedule with a command must use a command queue (exec or exec.NAME), not {queue:?}"),
+            ))
+            .into());
+        }
         match self.submit(Command::PutSchedule { spec }).await? {
             Response::ScheduleChanged => Ok(Reply::new(v1::PutScheduleResponse {})),
             other => Err(unexpected(&other)),

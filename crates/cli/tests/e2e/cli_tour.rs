@@ -69,9 +69,10 @@ async fn story(sandbox: &Sandbox) -> Result<()> {
 
     phase("job ack with that token succeeds");
     let (job, token_text) = (job_id.to_string(), token.to_string());
-    let acked = run_cli(sandbox, &["job", "ack", "--job", &job, "--token", &token_text], &env)
-        .await?
-        .success()?;
+    let acked =
+        run_cli(sandbox, &["job", "ack", "--job", &job, "--fencing-token", &token_text], &env)
+            .await?
+            .success()?;
     ensure!(acked.stdout.contains("acked"), "ack printed {:?}", acked.stdout);
 
     phase("job get --output json shows the job acked");
@@ -118,7 +119,8 @@ async fn story(sandbox: &Sandbox) -> Result<()> {
 
     phase("a second ack with a wrong token exits non-zero saying stale");
     let wrong = (token + 1).to_string();
-    let refused = run_cli(sandbox, &["job", "ack", "--job", &job, "--token", &wrong], &env).await?;
+    let refused =
+        run_cli(sandbox, &["job", "ack", "--job", &job, "--fencing-token", &wrong], &env).await?;
     ensure!(!refused.status.success(), "ack with a wrong token exited 0: {:?}", refused.stdout);
     ensure!(
         refused.stderr.to_lowercase().contains("stale"),

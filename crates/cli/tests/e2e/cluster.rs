@@ -23,6 +23,7 @@ mod history;
 mod load;
 mod no_quorum;
 mod rolling_restart;
+mod security;
 mod snapshot_rejoin;
 
 /// Clusters running at once across the stories of this module.

@@ -4,7 +4,8 @@
 //! a few heartbeats, and off again moves it back, while an every-second
 //! schedule runs each of its ticks exactly once throughout; and an advert
 //! that is not signed with the cluster secret changes nothing and is
-//! counted; and dry-run stays on the bus while logging the journal claims it
+//! counted (one without the node proof never reaches the service, and a
+//! node cannot speak for another); and dry-run stays on the bus while logging the journal claims it
 //! would have made.
 //!
 //! Method: three nodes from the shared harness (adverts every 500 ms, so a
@@ -33,8 +34,10 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use anyhow::{Context, Result, bail, ensure};
 use leasehold_proto::v1;
 use leasehold_proto::v1::peer_client::PeerClient;
+use leasehold_security::secret::NODE_PROOF_HEADER;
 use prost::Message;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tonic::service::interceptor::InterceptedService;
 use tonic::transport::Endpoint;
 
 use super::support::{
@@ -378,6 +381,41 @@ fn signed_advert(secret: &[u8], advert: &v1::Advert) -> Result<v1::Signed> {
     Ok(v1::Signed { body, mac: mac.finalize().into_bytes().to_vec() })
 }
 
+/// A Peer client of `node` whose calls carry the node proof of `as_node`
+/// (computed from `secret`), or none.
+fn peer_client(
+    node: &Node,
+    proof: Option<(u64, &str)>,
+) -> Result<PeerClient<InterceptedService<tonic::transport::Channel, ProofHeader>>> {
+    let channel = Endpoint::from_shared(node.addr())?.timeout(RPC_TIMEOUT).connect_lazy();
+    let header = match proof {
+        Some((id, secret)) => Some(
+            leasehold_security::ClusterSecret::from_text(secret)
+                .map_err(|e| anyhow::anyhow!("{e}"))?
+                .node_proof(id)
+                .parse()?,
+        ),
+        None => None,
+    };
+    Ok(PeerClient::with_interceptor(channel, ProofHeader(header)))
+}
+
+/// Adds a node proof to every call (as a node's own peer channel does).
+#[derive(Clone)]
+struct ProofHeader(Option<tonic::metadata::AsciiMetadataValue>);
+
+impl tonic::service::Interceptor for ProofHeader {
+    fn call(
+        &mut self,
+        mut request: tonic::Request<()>,
+    ) -> Result<tonic::Request<()>, tonic::Status> {
+        if let Some(proof) = &self.0 {
+            request.metadata_mut().insert(NODE_PROOF_HEADER, proof.clone());
+        }
+        Ok(request)
+    }
+}
+
 async fn forged_story(sandbox: &Sandbox) -> Result<()> {
     phase("start three nodes; all on the journal");
     let options = ClusterOptions { config: GATE_CONFIG.to_string(), ..Default::default() };
@@ -387,35 +425,51 @@ async fn forged_story(sandbox: &Sandbox) -> Result<()> {
     })
     .await?;
     let node = cluster.node(1)?;
-    let channel = Endpoint::from_shared(node.addr())?.timeout(RPC_TIMEOUT).connect_lazy();
-    let mut peer = PeerClient::new(channel);
     let rejected_before = rejected_count(node.http).await?;
-
-    phase("send node 1 forged adverts: node 2 and a stranger (9) saying journal_lease=false");
+    let refused_before = auth_refused_count(node.http).await?;
     let now_ms = unix_ms()?;
-    for (node_id, mac_secret) in
-        [(2, "not-the-cluster-secret-at-all"), (9, "another-wrong-secret!!")]
-    {
-        let advert = v1::Advert {
-            node_id,
-            version: "forger".into(),
-            journal_lease: Some(false),
-            sent_at_ms: now_ms + 3_600_000,
-            ..Default::default()
-        };
-        let forged = signed_advert(mac_secret.as_bytes(), &advert)?;
-        let answer = peer.advertise(forged).await;
+    let advert = |node_id: u64, sent_at_ms: u64| v1::Advert {
+        node_id,
+        version: "forger".into(),
+        journal_lease: Some(false),
+        sent_at_ms,
+        ..Default::default()
+    };
+
+    phase("a caller without the node proof never reaches the Peer service");
+    let mut stranger = peer_client(node, None)?;
+    let signed = signed_advert(CLUSTER_SECRET.as_bytes(), &advert(2, now_ms))?;
+    let answer = stranger.advertise(signed).await;
+    ensure!(
+        matches!(&answer, Err(status) if status.code() == tonic::Code::Unauthenticated
+            && status.message().contains("leasehold-node-proof")),
+        "an advert without a node proof was answered {answer:?}"
+    );
+    let wrong_proof = peer_client(node, Some((2, "not-the-cluster-secret-at-all")))?;
+    let answer = wrong_proof.clone().advertise(signed_advert(b"x", &advert(2, now_ms))?).await;
+    ensure!(
+        matches!(&answer, Err(status) if status.code() == tonic::Code::Unauthenticated),
+        "an advert with another cluster's node proof was answered {answer:?}"
+    );
+
+    phase("node 9's proof cannot speak for node 2, and a bad MAC is refused");
+    let mut nine = peer_client(node, Some((9, CLUSTER_SECRET)))?;
+    let as_two = signed_advert(CLUSTER_SECRET.as_bytes(), &advert(2, now_ms + 3_600_000))?;
+    let answer = nine.advertise(as_two).await;
+    ensure!(
+        matches!(&answer, Err(status) if status.code() == tonic::Code::PermissionDenied),
+        "node 9 speaking for node 2 was answered {answer:?}"
+    );
+    for mac_secret in ["not-the-cluster-secret-at-all", "another-wrong-secret!!"] {
+        let forged = signed_advert(mac_secret.as_bytes(), &advert(9, now_ms + 3_600_000))?;
+        let answer = nine.advertise(forged).await;
         ensure!(
             matches!(&answer, Err(status) if status.code() == tonic::Code::Unauthenticated),
             "a forged advert was answered {answer:?}"
         );
     }
-    let unsigned = v1::Signed {
-        body: v1::Advert { node_id: 2, journal_lease: Some(false), ..Default::default() }
-            .encode_to_vec(),
-        mac: Vec::new(),
-    };
-    ensure!(peer.advertise(unsigned).await.is_err(), "an unsigned advert was taken");
+    let unsigned = v1::Signed { body: advert(9, now_ms).encode_to_vec(), mac: Vec::new() };
+    ensure!(nine.advertise(unsigned).await.is_err(), "an unsigned advert was taken");
 
     phase("node 1's registry and decision are unchanged, and the drops are counted");
     let views = gate_views(sandbox, &cluster).await?;
@@ -431,25 +485,23 @@ async fn forged_story(sandbox: &Sandbox) -> Result<()> {
         status.adverts
     );
     ensure!(
-        status.adverts_rejected >= 3,
+        status.adverts_rejected >= 4,
         "status counts {} rejected adverts",
         status.adverts_rejected
     );
     let rejected_after = rejected_count(node.http).await?;
     ensure!(
-        rejected_after >= rejected_before + 3,
-        "metrics count {rejected_after} bad-MAC adverts, {rejected_before} before the forgeries"
+        rejected_after >= rejected_before + 4,
+        "metrics count {rejected_after} dropped adverts, {rejected_before} before the forgeries"
+    );
+    let refused_after = auth_refused_count(node.http).await?;
+    ensure!(
+        refused_after >= refused_before + 2,
+        "metrics count {refused_after} refused Peer calls, {refused_before} before"
     );
 
-    phase("control: the same advert signed with the cluster secret is acted on");
-    let advert = v1::Advert {
-        node_id: 9,
-        version: "stranger".into(),
-        journal_lease: Some(false),
-        sent_at_ms: unix_ms()?,
-        ..Default::default()
-    };
-    peer.advertise(signed_advert(CLUSTER_SECRET.as_bytes(), &advert)?)
+    phase("control: node 9's own advert, signed with the cluster secret, is acted on");
+    nine.advertise(signed_advert(CLUSTER_SECRET.as_bytes(), &advert(9, unix_ms()?))?)
         .await
         .context("a correctly signed advert was refused")?;
     let views = gate_views(sandbox, &cluster).await?;
@@ -461,23 +513,32 @@ async fn forged_story(sandbox: &Sandbox) -> Result<()> {
     Ok(())
 }
 
-/// `leasehold_peer_messages_rejected_total{kind="advert",reason="bad_mac"}` on a node.
-async fn rejected_count(http: SocketAddr) -> Result<u64> {
+/// The sum of a counter family's samples whose line contains every one of
+/// `labels`, from a node's /metrics.
+async fn counter_sum(http: SocketAddr, family: &str, labels: &[&str]) -> Result<u64> {
     let metrics = http_get(http, "/metrics").await?;
-    let line = metrics.lines().find(|l| {
-        l.starts_with("leasehold_peer_messages_rejected_total{")
-            && l.contains("kind=\"advert\"")
-            && l.contains("reason=\"bad_mac\"")
-    });
-    Ok(match line {
-        Some(line) => line
+    let mut total = 0;
+    for line in metrics.lines().filter(|l| {
+        l.starts_with(&format!("{family}{{")) && labels.iter().all(|label| l.contains(label))
+    }) {
+        total += line
             .rsplit(' ')
             .next()
             .and_then(|v| v.parse::<f64>().ok())
             .map(|v| v as u64)
-            .with_context(|| format!("metric line {line:?}"))?,
-        None => 0,
-    })
+            .with_context(|| format!("metric line {line:?}"))?;
+    }
+    Ok(total)
+}
+
+/// Adverts a node dropped, for any reason.
+async fn rejected_count(http: SocketAddr) -> Result<u64> {
+    counter_sum(http, "leasehold_peer_messages_rejected_total", &["kind=\"advert\""]).await
+}
+
+/// Peer calls a node refused before they reached the service.
+async fn auth_refused_count(http: SocketAddr) -> Result<u64> {
+    counter_sum(http, "leasehold_auth_refused_total", &["service=\"leasehold.v1.Peer\""]).await
 }
 
 /// A plain HTTP/1.0 GET, answering the body.

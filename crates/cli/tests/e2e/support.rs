@@ -2,7 +2,8 @@
 //! a guard that SIGKILLs its process on drop, a `leasehold serve` node that
 //! can be killed and restarted on the same data and ports, a cluster of such
 //! nodes formed through `--join`, a runner for one-shot CLI invocations, a
-//! plain HTTP GET for the health and metrics endpoints, and `wait_until`,
+//! plain HTTP GET for the health and metrics endpoints, TLS clients for
+//! nodes started with `leasehold dev-certs` certificates, and `wait_until`,
 //! the only way a test waits.
 //!
 //! Nothing here sleeps to synchronize: every wait is a named condition with
@@ -18,15 +19,16 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use anyhow::{Context, Result, anyhow, bail, ensure};
-use leasehold_client::Client;
+use leasehold_client::{Client, ClientTls};
 use leasehold_proto::v1;
 use leasehold_proto::v1::cluster_client::ClusterClient;
 use leasehold_proto::v1::queue_client::QueueClient;
+use leasehold_proto::v1::schedules_client::SchedulesClient;
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::time::Instant;
-use tonic::transport::{Channel, Endpoint};
+use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity};
 
 /// The id every single-node test cluster runs as.
 pub const NODE_ID: u64 = 1;
@@ -302,6 +304,9 @@ pub struct Node {
     join: Option<SocketAddr>,
     /// `LEASEHOLD_LOG` of the process.
     log_filter: String,
+    /// A `leasehold dev-certs` directory: the node then runs with mutual
+    /// TLS (its `node-ID` certificate) and the directory's tokens file.
+    pub secure: Option<PathBuf>,
     process: Option<Process>,
     log: Option<PathBuf>,
     incarnation: u32,
@@ -337,6 +342,7 @@ impl Node {
             config,
             join,
             log_filter: DEFAULT_LOG_FILTER.to_string(),
+            secure: None,
             process: None,
             log: None,
             incarnation: 0,
@@ -345,12 +351,14 @@ impl Node {
 
     /// The gRPC address as a URI, as clients and `LEASEHOLD_ADDR` take it.
     pub fn addr(&self) -> String {
-        format!("http://{}", self.grpc)
+        let scheme = if self.secure.is_some() { "https" } else { "http" };
+        format!("{scheme}://{}", self.grpc)
     }
 
-    /// A typed client of this node (lazy: connects on first use).
+    /// A typed client of this node (lazy: connects on first use); on a
+    /// secure node, with the client certificate and the admin token.
     pub fn client(&self) -> Result<Client> {
-        Client::connect(&self.addr()).map_err(|error| anyhow!("client of {}: {error}", self.addr()))
+        secure_client(&self.addr(), self.secure.as_deref())
     }
 
     /// A raw generated Queue stub (no retries, answers exactly what the
@@ -366,12 +374,23 @@ impl Node {
         Ok(ClusterClient::new(self.channel()?))
     }
 
+    /// A raw generated Schedules stub.
+    pub fn schedules_stub(&self) -> Result<SchedulesClient<Channel>> {
+        Ok(SchedulesClient::new(self.channel()?))
+    }
+
+    /// A raw channel. On a secure node it speaks TLS as node 1 (a node's
+    /// certificate may call anything), so the harness's own polls need no
+    /// token; the stories judge clients with [`secure_client`] and friends.
     fn channel(&self) -> Result<Channel> {
-        Ok(Endpoint::from_shared(self.addr())
+        let mut endpoint = Endpoint::from_shared(self.addr())
             .context("endpoint")?
             .connect_timeout(Duration::from_secs(2))
-            .timeout(RPC_TIMEOUT)
-            .connect_lazy())
+            .timeout(RPC_TIMEOUT);
+        if let Some(certs) = &self.secure {
+            endpoint = endpoint.tls_config(tls_config(certs, "node-1")?)?;
+        }
+        Ok(endpoint.connect_lazy())
     }
 
     /// The log of the current (or last) run.
@@ -453,6 +472,11 @@ impl Node {
             .arg("--data")
             .arg(&self.data)
             .env_remove("LEASEHOLD_ADDR")
+            .env_remove("LEASEHOLD_TOKENS")
+            .env_remove("LEASEHOLD_INSECURE")
+            .env_remove("LEASEHOLD_TLS_CA")
+            .env_remove("LEASEHOLD_TLS_CERT")
+            .env_remove("LEASEHOLD_TLS_KEY")
             .env("LEASEHOLD_LOG", &self.log_filter)
             .env("LEASEHOLD_CLUSTER_SECRET", CLUSTER_SECRET)
             .env("NO_COLOR", "1");
@@ -461,6 +485,17 @@ impl Node {
         }
         if let Some(member) = self.join {
             command.args(["--join", &member.to_string()]);
+        }
+        if let Some(certs) = &self.secure {
+            command
+                .arg("--tls-ca")
+                .arg(certs.join("ca.pem"))
+                .arg("--tls-cert")
+                .arg(certs.join(format!("node-{}.pem", self.id)))
+                .arg("--tls-key")
+                .arg(certs.join(format!("node-{}.key", self.id)))
+                .arg("--tokens")
+                .arg(certs.join("tokens.toml"));
         }
         let name = format!("node {} (run {})", self.id, self.incarnation);
         self.process = Some(Process::spawn(&name, command, &log)?);
@@ -521,6 +556,43 @@ impl Node {
     }
 }
 
+/// A client of `addrs`: plain, or, with a `dev-certs` directory, with its
+/// client certificate and admin token.
+pub fn secure_client(addrs: &str, certs: Option<&Path>) -> Result<Client> {
+    let Some(certs) = certs else {
+        return Client::connect(addrs).map_err(|error| anyhow!("client of {addrs}: {error}"));
+    };
+    let tls = ClientTls::from_files(
+        &certs.join("ca.pem"),
+        &certs.join("client.pem"),
+        &certs.join("client.key"),
+    )?;
+    let token = std::fs::read_to_string(certs.join("token-admin")).context("token-admin")?;
+    Client::builder(addrs)
+        .tls(tls)
+        .token(token.trim())
+        .build()
+        .map_err(|error| anyhow!("client of {addrs}: {error}"))
+}
+
+/// A tonic TLS configuration trusting `certs/ca.pem`, with `certs/NAME.pem`
+/// and `certs/NAME.key` as identity.
+pub fn tls_config(certs: &Path, name: &str) -> Result<ClientTlsConfig> {
+    let read = |file: String| {
+        std::fs::read(certs.join(&file)).with_context(|| format!("{}", certs.join(file).display()))
+    };
+    Ok(ClientTlsConfig::new()
+        .ca_certificate(Certificate::from_pem(read("ca.pem".into())?))
+        .identity(Identity::from_pem(read(format!("{name}.pem"))?, read(format!("{name}.key"))?)))
+}
+
+/// Runs `leasehold dev-certs DIR` (the real command) for `nodes` nodes.
+pub async fn dev_certs(sandbox: &Sandbox, dir: &Path, nodes: u64) -> Result<()> {
+    let dir = dir.to_str().context("a UTF-8 path")?;
+    run_cli(sandbox, &["dev-certs", dir, "--nodes", &nodes.to_string()], &[]).await?.success()?;
+    Ok(())
+}
+
 /// How long a cluster may take to form, or to converge again after a fault.
 pub const CLUSTER_CONVERGE_TIMEOUT: Duration = Duration::from_secs(60);
 /// How long a cluster must apply nothing to count as quiet: longer than
@@ -534,6 +606,9 @@ pub struct ClusterOptions {
     pub config: String,
     /// `LEASEHOLD_LOG` of every node (empty: `info,openraft=warn`).
     pub log_filter: String,
+    /// A `leasehold dev-certs` directory: every node runs with mutual TLS
+    /// and its tokens (see [`Node::secure`]).
+    pub secure: Option<PathBuf>,
 }
 
 /// What a converged cluster answered: every member a reachable voter, one
@@ -583,6 +658,7 @@ impl Cluster {
         if !options.log_filter.is_empty() {
             first.log_filter = options.log_filter.clone();
         }
+        first.secure = options.secure.clone();
         first.launch(sandbox)?;
         first.wait_leading().await?;
         let join = first.grpc;
@@ -590,6 +666,7 @@ impl Cluster {
         for id in 2..=size {
             let mut node = Node::new(sandbox, id, config.clone(), Some(join))?;
             node.log_filter = cluster.nodes[0].log_filter.clone();
+            node.secure = options.secure.clone();
             node.launch(sandbox)?;
             cluster.nodes.push(node);
             cluster.wait_voter(id).await?;
@@ -614,6 +691,13 @@ impl Cluster {
         &mut self.nodes
     }
 
+    /// A node `id` that is not part of the cluster yet, set to join through
+    /// node 1, not started (a story launches it, or changes it first).
+    pub fn spare_node(&self, sandbox: &Sandbox, id: u64) -> Result<Node> {
+        let first = self.node(1)?;
+        Node::new(sandbox, id, first.config.clone(), Some(first.grpc))
+    }
+
     /// Every node id.
     pub fn ids(&self) -> Vec<u64> {
         self.nodes.iter().map(|n| n.id).collect()
@@ -630,9 +714,12 @@ impl Cluster {
         self.nodes.iter().map(Node::addr).collect::<Vec<_>>().join(",")
     }
 
-    /// A client of every node (it rotates on UNAVAILABLE and broken connections).
+    /// A client of every node (it rotates on UNAVAILABLE and broken
+    /// connections); on a secure cluster with the client certificate and
+    /// the admin token.
     pub fn client(&self) -> Result<Client> {
-        Client::connect(&self.addrs()).map_err(|error| anyhow!("client of the cluster: {error}"))
+        let secure = self.nodes.first().and_then(|n| n.secure.as_deref());
+        secure_client(&self.addrs(), secure)
     }
 
     /// Waits until node 1 lists node `id` as a reachable voter, failing at
@@ -1010,11 +1097,29 @@ impl CliRun {
 /// Runs `leasehold ARGS…` with `env` set, bounded by a deadline; its stdout
 /// and stderr are kept as files in the sandbox.
 pub async fn run_cli(sandbox: &Sandbox, args: &[&str], env: &[(&str, &str)]) -> Result<CliRun> {
-    let label = args.iter().take(2).copied().collect::<Vec<_>>().join("-");
+    let label: String = args
+        .iter()
+        .take(2)
+        .copied()
+        .collect::<Vec<_>>()
+        .join("-")
+        .chars()
+        .map(|c| if c.is_ascii_alphanumeric() || c == '-' { c } else { '_' })
+        .take(40)
+        .collect();
     let stdout_path = sandbox.log_file(&format!("cli-{label}.stdout"));
     let stderr_path = sandbox.log_file(&format!("cli-{label}.stderr"));
     let mut command = Command::new(binary());
-    command.args(args).env_remove("LEASEHOLD_ADDR").env("NO_COLOR", "1");
+    command.args(args).env("NO_COLOR", "1");
+    for inherited in [
+        "LEASEHOLD_ADDR",
+        "LEASEHOLD_TOKEN",
+        "LEASEHOLD_TLS_CA",
+        "LEASEHOLD_TLS_CERT",
+        "LEASEHOLD_TLS_KEY",
+    ] {
+        command.env_remove(inherited);
+    }
     for (key, value) in env {
         command.env(key, value);
     }

@@ -20,8 +20,8 @@ use anyhow::{Context, Result, ensure};
 use serde_json::Value;
 
 use super::super::support::{
-    CLUSTER_CONVERGE_TIMEOUT, Cluster, Process, QUIET, Sandbox, binary, deadline_in, free_port,
-    job, phase, run_cli,
+    CLUSTER_CONVERGE_TIMEOUT, CLUSTER_SECRET, Cluster, Process, QUIET, Sandbox, binary,
+    deadline_in, free_port, job, phase, run_cli,
 };
 use super::cluster_slot;
 
@@ -141,6 +141,7 @@ async fn story(sandbox: &Sandbox) -> Result<()> {
         .arg("--data")
         .arg(sandbox.path().join("data-impostor"))
         .args(["--join", &cluster.node(1)?.grpc.to_string()])
+        .env("LEASEHOLD_CLUSTER_SECRET", CLUSTER_SECRET)
         .env_remove("LEASEHOLD_ADDR")
         .env("NO_COLOR", "1");
     let log = sandbox.log_file("impostor-2");

@@ -64,8 +64,11 @@ async fn wait_log_line(cluster: &Cluster, node: u64, line: &str, within: Duratio
 
 async fn story(sandbox: &Sandbox) -> Result<()> {
     phase("start a three-node cluster that snapshots every 50 entries");
-    let options =
-        ClusterOptions { config: NODE_CONFIG.to_string(), log_filter: LOG_FILTER.to_string() };
+    let options = ClusterOptions {
+        config: NODE_CONFIG.to_string(),
+        log_filter: LOG_FILTER.to_string(),
+        ..Default::default()
+    };
     let mut cluster = Cluster::start_with(sandbox, 3, options).await?;
     let leader = cluster.wait_converged(CLUSTER_CONVERGE_TIMEOUT).await?.leader;
 

@@ -1,9 +1,19 @@
-//! The cluster secret and the HMAC that authenticates peer messages (adverts
-//! and bus claims). Every node of one cluster must hold the same secret:
-//! from the configuration, `LEASEHOLD_CLUSTER_SECRET`, or a file. A node
-//! started without one generates a random secret (a dev cluster); such a
-//! node hands it to nodes that join through it, which keep it in their data
-//! directory.
+//! The cluster secret, the HMAC that authenticates peer messages (adverts
+//! and bus claims), and the node proof that stands for a node certificate
+//! on a cluster without TLS.
+//!
+//! Every node of one cluster must hold the same secret: from the
+//! configuration, `LEASEHOLD_CLUSTER_SECRET`, or a file. A node started
+//! without one generates a random secret and keeps it in its data
+//! directory; it is never handed to anyone over the network, so a node
+//! that is to join such a cluster must be given it (the file
+//! `cluster-secret` in the first node's data directory).
+//!
+//! Without TLS a node proves it is one on every internal call (Raft, Peer,
+//! Join) with the header [`NODE_PROOF_HEADER`]: its id and the HMAC of that
+//! id under the secret. The proof is static, like a bearer token: it keeps
+//! out whoever merely reaches the port, not whoever can read the traffic;
+//! that is what TLS is for (docs/security.md).
 
 use std::fmt;
 
@@ -16,6 +26,10 @@ use sha2::Sha256;
 pub const ADVERT_DOMAIN: &[u8] = b"leasehold.advert.v1";
 /// Domain tag of a bus message's MAC.
 pub const BUS_DOMAIN: &[u8] = b"leasehold.bus.v1";
+/// Domain tag of a node proof's MAC.
+pub const NODE_PROOF_DOMAIN: &[u8] = b"leasehold.node-proof.v1";
+/// The gRPC metadata key of a node proof (`ID.HEX-MAC`).
+pub const NODE_PROOF_HEADER: &str = "leasehold-node-proof";
 /// Shortest secret accepted, in bytes.
 pub const MIN_SECRET_BYTES: usize = 16;
 /// Length of a generated secret, in bytes (printed as hex, twice as long).
@@ -67,7 +81,7 @@ impl ClusterSecret {
         ClusterSecret { key: hex.into_bytes() }
     }
 
-    /// The key bytes (to store or hand to a joining dev node).
+    /// The key bytes (to keep in the data directory).
     pub fn as_bytes(&self) -> &[u8] {
         &self.key
     }
@@ -80,6 +94,26 @@ impl ClusterSecret {
     /// Whether `mac` is the MAC of `body` under `domain` (constant time).
     pub fn verify(&self, domain: &[u8], body: &[u8], mac: &[u8]) -> bool {
         self.mac(domain, body).verify_slice(mac).is_ok()
+    }
+
+    /// The node proof of node `id`: `ID.HEX`, the HMAC of the id's decimal
+    /// text under [`NODE_PROOF_DOMAIN`].
+    pub fn node_proof(&self, id: u64) -> String {
+        let mac = self.sign(NODE_PROOF_DOMAIN, id.to_string().as_bytes());
+        let hex: String = mac.iter().map(|b| format!("{b:02x}")).collect();
+        format!("{id}.{hex}")
+    }
+
+    /// The node id a proof states, when its MAC verifies (constant time).
+    pub fn verify_node_proof(&self, proof: &str) -> Option<u64> {
+        let (id, hex) = proof.trim().split_once('.')?;
+        let id_number: u64 = id.parse().ok().filter(|id| *id >= 1)?;
+        if id_number.to_string() != id || hex.len() != 64 || !hex.is_ascii() {
+            return None;
+        }
+        let mac: Option<Vec<u8>> =
+            (0..32).map(|i| u8::from_str_radix(&hex[2 * i..2 * i + 2], 16).ok()).collect();
+        self.verify(NODE_PROOF_DOMAIN, id.as_bytes(), &mac?).then_some(id_number)
     }
 
     fn mac(&self, domain: &[u8], body: &[u8]) -> HmacSha256 {
@@ -107,6 +141,23 @@ mod tests {
         assert!(!other.verify(ADVERT_DOMAIN, b"body", &mac));
         assert!(!secret.verify(ADVERT_DOMAIN, b"body", &mac[..16]), "a truncated MAC fails");
         assert!(!secret.verify(ADVERT_DOMAIN, b"body", b""));
+        Ok(())
+    }
+
+    #[test]
+    fn a_node_proof_verifies_only_under_its_secret_and_for_its_id() -> Result<(), SecretError> {
+        let secret = ClusterSecret::from_text("the cluster secret of one fleet")?;
+        let proof = secret.node_proof(3);
+        assert_eq!(secret.verify_node_proof(&proof), Some(3));
+        let other = ClusterSecret::from_text("the cluster secret of another")?;
+        assert_eq!(other.verify_node_proof(&proof), None);
+        let (_, mac) = proof.split_once('.').unwrap_or_default();
+        assert_eq!(secret.verify_node_proof(&format!("4.{mac}")), None, "bound to its id");
+        assert_eq!(secret.verify_node_proof(&format!("03.{mac}")), None, "one spelling of the id");
+        assert_eq!(secret.verify_node_proof(&format!("0.{mac}")), None);
+        assert_eq!(secret.verify_node_proof("3"), None);
+        assert_eq!(secret.verify_node_proof(&proof[..proof.len() - 2]), None);
+        assert_eq!(secret.verify_node_proof(""), None);
         Ok(())
     }
 

@@ -1,0 +1,294 @@
+//! Throwaway certificates and tokens for trying a secure cluster on one
+//! machine (`leasehold dev-certs DIR`): a CA, one certificate per node
+//! (`leasehold://node/ID`, usable as server and client), one client
+//! certificate, and a token per role. Files holding keys or tokens are
+//! written mode 0600.
+//!
+//! A directory that already holds `ca.pem` and `ca.key` keeps its CA and
+//! its tokens, so running the command again with a larger `--nodes` adds
+//! certificates that a running cluster already trusts.
+
+use std::io::Write;
+use std::net::IpAddr;
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::{Path, PathBuf};
+
+use rcgen::{
+    BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair,
+    KeyUsagePurpose, SanType, date_time_ymd,
+};
+
+use crate::identity::{CLIENT_URI_PREFIX, NODE_URI_PREFIX};
+use crate::tokens::{Role, generate_token, toml_entry};
+
+/// What to write.
+#[derive(Clone, Debug)]
+pub struct DevCerts {
+    /// The directory (created if missing).
+    pub dir: PathBuf,
+    /// Node certificates `node-1` … `node-N`.
+    pub nodes: u64,
+    /// Extra host names or addresses every node certificate carries, besides
+    /// `127.0.0.1` and `localhost`.
+    pub hosts: Vec<String>,
+}
+
+/// Why the files could not be written.
+#[derive(Debug, thiserror::Error)]
+pub enum DevCertsError {
+    /// A file could not be read or written.
+    #[error("{path}: {source}")]
+    Io {
+        /// The file.
+        path: PathBuf,
+        /// The IO error.
+        source: std::io::Error,
+    },
+    /// rcgen refused a name or could not sign.
+    #[error("{what}: {source}")]
+    Certificate {
+        /// What was being made.
+        what: String,
+        /// Why.
+        source: rcgen::Error,
+    },
+    /// Bad options.
+    #[error("{0}")]
+    Invalid(String),
+}
+
+/// What was written.
+#[derive(Debug, Default)]
+pub struct Written {
+    /// Every file written, in order.
+    pub files: Vec<PathBuf>,
+    /// The CA (and tokens) already there were kept.
+    pub kept_ca: bool,
+}
+
+fn cert_error(what: impl Into<String>) -> impl FnOnce(rcgen::Error) -> DevCertsError {
+    let what = what.into();
+    move |source| DevCertsError::Certificate { what, source }
+}
+
+fn write_file(path: &Path, contents: &[u8], secret: bool) -> Result<(), DevCertsError> {
+    let io = |source| DevCertsError::Io { path: path.to_path_buf(), source };
+    let mut options = std::fs::OpenOptions::new();
+    options.create(true).write(true).truncate(true).mode(if secret { 0o600 } else { 0o644 });
+    let mut file = options.open(path).map_err(io)?;
+    // An existing file keeps its old mode through `open`; set it as meant.
+    use std::os::unix::fs::PermissionsExt;
+    let mode = if secret { 0o600 } else { 0o644 };
+    file.set_permissions(std::fs::Permissions::from_mode(mode)).map_err(io)?;
+    file.write_all(contents).map_err(io)?;
+    file.sync_all().map_err(io)
+}
+
+/// The validity window: from the start of last year to the start of the
+/// year after next (the clock is read once, here, outside any replica).
+fn validity(params: &mut CertificateParams) {
+    let seconds = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0);
+    let year = 1970 + (seconds / 31_556_952) as i32;
+    params.not_before = date_time_ymd(year - 1, 1, 1);
+    params.not_after = date_time_ymd(year + 2, 1, 1);
+}
+
+fn san(name: &str) -> Result<SanType, DevCertsError> {
+    match name.parse::<IpAddr>() {
+        Ok(ip) => Ok(SanType::IpAddress(ip)),
+        Err(_) => {
+            Ok(SanType::DnsName(name.try_into().map_err(cert_error(format!("--host {name}")))?))
+        }
+    }
+}
+
+fn uri(text: String) -> Result<SanType, DevCertsError> {
+    let what = format!("name {text}");
+    Ok(SanType::URI(text.try_into().map_err(cert_error(what))?))
+}
+
+impl DevCerts {
+    /// Writes the CA, the node and client certificates, and the tokens.
+    pub fn write(&self) -> Result<Written, DevCertsError> {
+        if self.nodes == 0 || self.nodes > 1_000 {
+            return Err(DevCertsError::Invalid("--nodes: must be 1 ..= 1000".into()));
+        }
+        let dir = &self.dir;
+        std::fs::create_dir_all(dir)
+            .map_err(|source| DevCertsError::Io { path: dir.clone(), source })?;
+        let mut written = Written::default();
+        let ca_pem_path = dir.join("ca.pem");
+        let ca_key_path = dir.join("ca.key");
+        let issuer = if ca_pem_path.exists() && ca_key_path.exists() {
+            let read = |path: &Path| {
+                std::fs::read_to_string(path)
+                    .map_err(|source| DevCertsError::Io { path: path.to_path_buf(), source })
+            };
+            let key = KeyPair::from_pem(&read(&ca_key_path)?).map_err(cert_error("ca.key"))?;
+            written.kept_ca = true;
+            Issuer::from_ca_cert_pem(&read(&ca_pem_path)?, key).map_err(cert_error("ca.pem"))?
+        } else {
+            let key = KeyPair::generate().map_err(cert_error("CA key"))?;
+            let mut params = CertificateParams::default();
+            params.distinguished_name.push(DnType::CommonName, "leasehold dev CA");
+            params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+            params.key_usages = vec![
+                KeyUsagePurpose::KeyCertSign,
+                KeyUsagePurpose::CrlSign,
+                KeyUsagePurpose::DigitalSignature,
+            ];
+            validity(&mut params);
+            let certificate = params.self_signed(&key).map_err(cert_error("CA certificate"))?;
+            write_file(&ca_pem_path, certificate.pem().as_bytes(), false)?;
+            write_file(&ca_key_path, key.serialize_pem().as_bytes(), true)?;
+            written.files.push(ca_pem_path);
+            written.files.push(ca_key_path);
+            Issuer::new(params, key)
+        };
+
+        for id in 1..=self.nodes {
+            let mut names = vec![SanType::IpAddress([127, 0, 0, 1].into()), san("localhost")?];
+            for host in &self.hosts {
+                names.push(san(host)?);
+            }
+            names.push(uri(format!("{NODE_URI_PREFIX}{id}"))?);
+            let mut params = CertificateParams::default();
+            params.subject_alt_names = names;
+            params.distinguished_name.push(DnType::CommonName, format!("leasehold node {id}"));
+            params.extended_key_usages =
+                vec![ExtendedKeyUsagePurpose::ServerAuth, ExtendedKeyUsagePurpose::ClientAuth];
+            params.key_usages = vec![KeyUsagePurpose::DigitalSignature];
+            validity(&mut params);
+            let name = format!("node-{id}");
+            self.leaf(&params, &issuer, &name, &mut written)?;
+        }
+
+        let mut params = CertificateParams::default();
+        params.subject_alt_names = vec![uri(format!("{CLIENT_URI_PREFIX}client"))?];
+        params.distinguished_name.push(DnType::CommonName, "leasehold client");
+        params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];
+        params.key_usages = vec![KeyUsagePurpose::DigitalSignature];
+        validity(&mut params);
+        self.leaf(&params, &issuer, "client", &mut written)?;
+
+        let tokens_path = dir.join("tokens.toml");
+        if !(written.kept_ca && tokens_path.exists()) {
+            let mut file = String::from(
+                "# leasehold client tokens (SHA-256 hashes; the tokens are in token-ROLE).\n",
+            );
+            for role in Role::ALL {
+                let token = generate_token();
+                file.push('\n');
+                file.push_str(&toml_entry(&format!("dev-{}", role.name()), &[role], &token));
+                let path = dir.join(format!("token-{}", role.name()));
+                write_file(&path, format!("{token}\n").as_bytes(), true)?;
+                written.files.push(path);
+            }
+            write_file(&tokens_path, file.as_bytes(), true)?;
+            written.files.push(tokens_path);
+        }
+        Ok(written)
+    }
+
+    fn leaf(
+        &self,
+        params: &CertificateParams,
+        issuer: &Issuer<'_, KeyPair>,
+        name: &str,
+        written: &mut Written,
+    ) -> Result<(), DevCertsError> {
+        let key = KeyPair::generate().map_err(cert_error(format!("{name} key")))?;
+        let certificate =
+            params.signed_by(&key, issuer).map_err(cert_error(format!("{name} certificate")))?;
+        let pem_path = self.dir.join(format!("{name}.pem"));
+        let key_path = self.dir.join(format!("{name}.key"));
+        write_file(&pem_path, certificate.pem().as_bytes(), false)?;
+        write_file(&key_path, key.serialize_pem().as_bytes(), true)?;
+        written.files.push(pem_path);
+        written.files.push(key_path);
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::os::unix::fs::PermissionsExt;
+
+    use super::*;
+    use crate::identity::Identity;
+    use crate::tls::TlsFiles;
+    use crate::tokens::TokenSet;
+
+    fn mode(path: &Path) -> u32 {
+        std::fs::metadata(path).map(|m| m.permissions().mode() & 0o777).unwrap_or(0)
+    }
+
+    #[test]
+    fn dev_certs_name_nodes_and_clients_and_lock_their_secrets()
+    -> Result<(), Box<dyn std::error::Error>> {
+        let dir = tempfile::tempdir()?;
+        let out = dir.path().join("certs");
+        let first =
+            DevCerts { dir: out.clone(), nodes: 2, hosts: vec!["db.example".into()] }.write()?;
+        assert!(!first.kept_ca);
+        for id in 1..=2u64 {
+            let files = TlsFiles {
+                ca: out.join("ca.pem"),
+                cert: out.join(format!("node-{id}.pem")),
+                key: out.join(format!("node-{id}.key")),
+            };
+            assert_eq!(files.load()?.identity(), &Identity::Node(id));
+            assert_eq!(mode(&files.key), 0o600);
+            assert_eq!(mode(&files.cert), 0o644);
+        }
+        let client = TlsFiles {
+            ca: out.join("ca.pem"),
+            cert: out.join("client.pem"),
+            key: out.join("client.key"),
+        };
+        assert_eq!(client.load()?.identity(), &Identity::Client("client".into()));
+        let tokens = TokenSet::from_file(&out.join("tokens.toml"))?;
+        for role in Role::ALL {
+            let path = out.join(format!("token-{}", role.name()));
+            assert_eq!(mode(&path), 0o600);
+            let token = std::fs::read_to_string(&path)?;
+            let entry = tokens.authenticate(token.trim());
+            assert!(entry.is_some_and(|e| e.roles == vec![role]), "{role}");
+        }
+        assert_eq!(mode(&out.join("ca.key")), 0o600);
+        assert_eq!(mode(&out.join("tokens.toml")), 0o600);
+
+        let admin_before = std::fs::read_to_string(out.join("token-admin"))?;
+        let again = DevCerts { dir: out.clone(), nodes: 3, hosts: Vec::new() }.write()?;
+        assert!(again.kept_ca, "a second run keeps the CA");
+        assert_eq!(std::fs::read_to_string(out.join("token-admin"))?, admin_before);
+        let third = TlsFiles {
+            ca: out.join("ca.pem"),
+            cert: out.join("node-3.pem"),
+            key: out.join("node-3.key"),
+        };
+        assert_eq!(third.load()?.identity(), &Identity::Node(3));
+        Ok(())
+    }
+
+    #[test]
+    fn a_key_that_is_not_the_certificates_is_refused_at_load()
+    -> Result<(), Box<dyn std::error::Error>> {
+        let dir = tempfile::tempdir()?;
+        DevCerts { dir: dir.path().to_path_buf(), nodes: 2, hosts: Vec::new() }.write()?;
+        let mixed = TlsFiles {
+            ca: dir.path().join("ca.pem"),
+            cert: dir.path().join("node-1.pem"),
+            key: dir.path().join("node-2.key"),
+        };
+        let error = mixed.load().err().map(|e| e.to_string()).unwrap_or_default();
+        assert!(error.contains("certificate and key"), "{error}");
+        let missing = TlsFiles { ca: dir.path().join("nope.pem"), ..mixed };
+        let error = missing.load().err().map(|e| e.to_string()).unwrap_or_default();
+        assert!(error.starts_with("--tls-ca"), "{error}");
+        Ok(())
+    }
+}
