@@ -21,4 +21,5 @@ mod e2e {
     mod kill_restart;
     mod lease_expiry;
     mod lifecycle;
+    mod security;
 }

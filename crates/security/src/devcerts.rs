@@ -133,7 +133,10 @@ impl DevCerts {
         } else {
             let key = KeyPair::generate().map_err(cert_error("CA key"))?;
             let mut params = CertificateParams::default();
-            params.distinguished_name.push(DnType::CommonName, "leasehold dev CA");
+            // A name of its own: two dev CAs in one trust bundle (during a
+            // rotation) must not look like the same issuer to a verifier.
+            let tag: String = crate::tokens::generate_token().chars().skip(3).take(12).collect();
+            params.distinguished_name.push(DnType::CommonName, format!("leasehold dev CA {tag}"));
             params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
             params.key_usages = vec![
                 KeyUsagePurpose::KeyCertSign,
