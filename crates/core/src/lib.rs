@@ -23,12 +23,17 @@
 //! applies it (with private indexes so a claim or a sweep never scans every
 //! job), [`validate`] checks every field against [`Limits`] — the server
 //! calls [`validate_command`] before proposing and `apply` calls it again —
-//! and [`response`] is what comes back. Most of the crate's tests are unit
+//! and [`response`] is what comes back. [`batch`] merges several
+//! proposers' commands into one log entry and splits its answer back;
+//! `State`'s queries answer the node's read-only questions (the leases a
+//! holder has, the members a `target = each` tick goes to), so those
+//! decisions live here too. Most of the crate's tests are unit
 //! tests beside `state` and `validate`, plus property tests in
 //! `tests/properties.rs` that drive random command sequences (with clocks
 //! running backwards) and check the fencing and replication guarantees
 //! after every step.
 
+pub mod batch;
 pub mod command;
 pub mod cron;
 pub mod gate;

@@ -787,6 +787,7 @@ fn check_job(job_id: u64, job: &Job, last_job_id: u64, last_token: u64) -> Resul
     }
 }
 
+mod queries;
 mod schedules;
 #[cfg(test)]
 mod tests;

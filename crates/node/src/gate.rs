@@ -13,8 +13,8 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use leasehold_client::exec::{self, CommandLine};
+use leasehold_core::Command;
 use leasehold_core::schedule::Schedule;
-use leasehold_core::{Command, JobFilter, JobState};
 use leasehold_security::ClusterSecret;
 use leasehold_server::bus::Outcome;
 use leasehold_server::{Gate, Journal};
@@ -159,24 +159,7 @@ pub async fn release(gate: &Gate, journal: &Journal, key: &str) {
         tracing::warn!(%error, key, "bus release failed");
     }
     let worker = format!("node-{}", gate.node_id());
-    let held: Vec<(u64, u64)> = journal.read_stale(|state| {
-        let filter = JobFilter { queue: None, state: Some(JobState::Claimed) };
-        let mut held = Vec::new();
-        let mut after = 0;
-        loop {
-            let page = state.jobs(&filter, after, 1_000);
-            let Some(last) = page.last() else { break };
-            after = last.id;
-            held.extend(page.iter().filter_map(|job| {
-                let keyed = job.idempotency_key.as_deref() == Some(key);
-                job.lease
-                    .as_ref()
-                    .filter(|l| keyed && l.holder == worker)
-                    .map(|l| (job.id, l.token))
-            }));
-        }
-        held
-    });
+    let held = journal.read_stale(|state| state.leases_held_by(&worker, Some(key)));
     for (job_id, token) in held {
         match journal.propose(Command::Release { job_id, token }).await {
             Ok(_) => tracing::info!(

@@ -802,23 +802,7 @@ impl NodeHandle {
     /// nodes can take the jobs now rather than after the TTL.
     async fn release_held(&self) {
         let worker = format!("node-{}", self.journal.node_id());
-        let held: Vec<(u64, u64)> = self.journal.read_stale(|state| {
-            let filter = leasehold_core::JobFilter {
-                queue: None,
-                state: Some(leasehold_core::JobState::Claimed),
-            };
-            let mut held = Vec::new();
-            let mut after = 0;
-            loop {
-                let page = state.jobs(&filter, after, 1_000);
-                let Some(last) = page.last() else { break };
-                after = last.id;
-                held.extend(page.iter().filter_map(|job| {
-                    job.lease.as_ref().filter(|l| l.holder == worker).map(|l| (job.id, l.token))
-                }));
-            }
-            held
-        });
+        let held = self.journal.read_stale(|state| state.leases_held_by(&worker, None));
         for (job_id, token) in held {
             match self.journal.propose(leasehold_core::Command::Release { job_id, token }).await {
                 Ok(response) => tracing::info!(

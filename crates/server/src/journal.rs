@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use leasehold_core::{Command, Limits, Proposal, Response, State};
+use leasehold_core::{Command, Limits, Proposal, Response, State, batch};
 use leasehold_proto::v1::RaftEnvelope;
 use leasehold_proto::v1::raft_client::RaftClient;
 use leasehold_raft::{NetworkFactory, NodeId, Raft, envelope};
@@ -55,23 +55,6 @@ struct Pending {
     /// a follower forwarded here, so no write bounces between nodes.
     may_forward: bool,
     reply: tokio::sync::oneshot::Sender<Result<Response, Error>>,
-}
-
-impl Pending {
-    /// The commands this proposal adds to a batch: its own, or those of a
-    /// well-formed batch (which merges into a larger one); `None` for a
-    /// malformed batch, which must go alone to get its own refusal.
-    fn command_count(&self) -> Option<usize> {
-        match &self.proposal.command {
-            Command::Batch { commands } => {
-                let well_formed = !commands.is_empty()
-                    && commands.len() <= leasehold_core::command::MAX_BATCH_COMMANDS
-                    && !commands.iter().any(|c| matches!(c, Command::Batch { .. }));
-                well_formed.then_some(commands.len())
-            }
-            _ => Some(1),
-        }
-    }
 }
 
 /// The default of [`JournalConfig::batches_in_flight`]. openraft 0.9
@@ -519,11 +502,11 @@ async fn batch_proposals(
         // the pipeline is full joins this batch.
         let Ok(permit) = in_flight.clone().acquire_owned().await else { return };
         let mut batch = vec![first];
-        if let Some(mut count) = batch[0].command_count() {
+        if let Some(mut count) = batch::merge_weight(&batch[0].proposal.command) {
             let mut bytes = batch[0].proposal.command.bulk_bytes();
             while count < leasehold_core::command::MAX_BATCH_COMMANDS && bytes < MAX_BATCH_BYTES {
                 let Ok(next) = queue.try_recv() else { break };
-                match next.command_count() {
+                match batch::merge_weight(&next.proposal.command) {
                     Some(more) if count + more <= leasehold_core::command::MAX_BATCH_COMMANDS => {
                         count += more;
                         bytes += next.proposal.command.bulk_bytes();
@@ -545,14 +528,6 @@ async fn batch_proposals(
     }
 }
 
-/// What one proposal of a merged batch gets back.
-enum Share {
-    /// A single command: one response.
-    One,
-    /// A batch of this many commands: a `Response::Batch` of theirs.
-    Many(usize),
-}
-
 /// Writes `batch` (a lone proposal as it is, several as one `Batch`
 /// entry) and answers every proposer.
 async fn write_batch(journal: &Journal, mut batch: Vec<Pending>) {
@@ -572,42 +547,21 @@ async fn write_batch(journal: &Journal, mut batch: Vec<Pending>) {
         let _ = pending.reply.send(result);
         return;
     }
-    let mut commands = Vec::new();
-    let mut shares = Vec::with_capacity(batch.len());
-    for pending in batch {
-        match pending.proposal.command {
-            Command::Batch { commands: inner } => {
-                shares.push((Share::Many(inner.len()), pending.reply));
-                commands.extend(inner);
-            }
-            command => {
-                shares.push((Share::One, pending.reply));
-                commands.push(command);
-            }
-        }
-    }
-    let count = commands.len();
-    let proposal = Proposal { now_ms, command: Command::Batch { commands } };
-    match journal.write_bounded(proposal, may_forward).await {
-        Ok(Response::Batch(responses)) if responses.len() == count => {
-            let mut responses = responses.into_iter();
-            for (share, reply) in shares {
-                let answer = match share {
-                    Share::One => responses.next(),
-                    Share::Many(n) => Some(Response::Batch(responses.by_ref().take(n).collect())),
-                };
-                let _ = reply.send(
-                    answer.ok_or_else(|| Error::Internal("batch answered too few".to_string())),
-                );
-            }
-        }
-        Ok(other) => {
-            for (_, reply) in shares {
-                let _ = reply.send(Err(Error::Internal(format!("batch answered {other:?}"))));
+    let (replies, commands): (Vec<_>, Vec<_>) =
+        batch.into_iter().map(|pending| (pending.reply, pending.proposal.command)).unzip();
+    let (command, shares) = batch::merge(commands);
+    let answers = match journal.write_bounded(Proposal { now_ms, command }, may_forward).await {
+        Ok(response) => batch::split(response, &shares).map_err(|e| Error::Internal(e.to_string())),
+        Err(error) => Err(error),
+    };
+    match answers {
+        Ok(answers) => {
+            for (reply, answer) in replies.into_iter().zip(answers) {
+                let _ = reply.send(Ok(answer));
             }
         }
         Err(error) => {
-            for (_, reply) in shares {
+            for reply in replies {
                 let _ = reply.send(Err(error.clone()));
             }
         }

@@ -41,17 +41,7 @@ pub fn each_targets(journal: &Journal, schedule: &Schedule) -> Vec<u64> {
     let metrics = journal.raft().metrics().borrow().clone();
     let members: Vec<u64> =
         metrics.membership_config.membership().nodes().map(|(id, _)| *id).collect();
-    journal.read_stale(|state| {
-        members
-            .into_iter()
-            .filter(|id| {
-                state.nodes().get(id).is_some_and(|node| {
-                    !node.draining
-                        && schedule.spec.template.tags.iter().all(|tag| node.tags.contains(tag))
-                })
-            })
-            .collect()
-    })
+    journal.read_stale(|state| state.each_targets(&members, &schedule.spec.template.tags))
 }
 
 fn unexpected(response: &Response) -> Status {
