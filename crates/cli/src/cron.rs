@@ -5,6 +5,8 @@ use std::process::ExitCode;
 use leasehold_proto::v1;
 use serde_json::{Value, json};
 
+use leasehold_client::ClientError;
+
 use crate::{Connection, Output, render};
 
 /// `leasehold cron` arguments.
@@ -239,16 +241,23 @@ pub async fn run(args: CronArgs) -> anyhow::Result<ExitCode> {
                 } as i32,
                 paused,
             };
-            stub.put(v1::PutScheduleRequest { spec: Some(spec) }).await?;
+            stub.put(v1::PutScheduleRequest { spec: Some(spec) })
+                .await
+                .map_err(ClientError::from)?;
             println!("schedule {name} put");
         }
         CronCommand::Delete { name } => {
-            stub.delete(v1::DeleteScheduleRequest { name: name.clone() }).await?;
+            stub.delete(v1::DeleteScheduleRequest { name: name.clone() })
+                .await
+                .map_err(ClientError::from)?;
             println!("schedule {name} deleted");
         }
         CronCommand::Get { name, output } => {
-            let schedule =
-                stub.get(v1::GetScheduleRequest { name, stale: false }).await?.into_inner();
+            let schedule = stub
+                .get(v1::GetScheduleRequest { name, stale: false })
+                .await
+                .map_err(ClientError::from)?
+                .into_inner();
             match output {
                 Output::Json => render::print_json(&schedule_json(&schedule)),
                 Output::Text => {
@@ -267,7 +276,11 @@ pub async fn run(args: CronArgs) -> anyhow::Result<ExitCode> {
             }
         }
         CronCommand::List { output } => {
-            let list = stub.list(v1::ListSchedulesRequest { stale: false }).await?.into_inner();
+            let list = stub
+                .list(v1::ListSchedulesRequest { stale: false })
+                .await
+                .map_err(ClientError::from)?
+                .into_inner();
             match output {
                 Output::Json => render::print_json(&json!(
                     list.schedules.iter().map(schedule_json).collect::<Vec<_>>()
@@ -288,17 +301,22 @@ pub async fn run(args: CronArgs) -> anyhow::Result<ExitCode> {
             }
         }
         CronCommand::Pause { name } => {
-            stub.pause(v1::PauseScheduleRequest { name: name.clone() }).await?;
+            stub.pause(v1::PauseScheduleRequest { name: name.clone() })
+                .await
+                .map_err(ClientError::from)?;
             println!("schedule {name} paused");
         }
         CronCommand::Resume { name } => {
-            stub.resume(v1::ResumeScheduleRequest { name: name.clone() }).await?;
+            stub.resume(v1::ResumeScheduleRequest { name: name.clone() })
+                .await
+                .map_err(ClientError::from)?;
             println!("schedule {name} resumed");
         }
         CronCommand::Trigger { name, force } => {
             let reply = stub
                 .trigger(v1::TriggerScheduleRequest { name: name.clone(), force })
-                .await?
+                .await
+                .map_err(ClientError::from)?
                 .into_inner();
             if reply.job_ids.is_empty() {
                 println!("schedule {name} not run: {}", reply.skip_reason);
@@ -307,8 +325,11 @@ pub async fn run(args: CronArgs) -> anyhow::Result<ExitCode> {
             println!("schedule {name} triggered: jobs {:?}", reply.job_ids);
         }
         CronCommand::History { name, output } => {
-            let schedule =
-                stub.get(v1::GetScheduleRequest { name, stale: false }).await?.into_inner();
+            let schedule = stub
+                .get(v1::GetScheduleRequest { name, stale: false })
+                .await
+                .map_err(ClientError::from)?
+                .into_inner();
             match output {
                 Output::Json => render::print_json(&json!(
                     schedule.history.iter().map(tick_json).collect::<Vec<_>>()
