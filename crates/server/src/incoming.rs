@@ -176,18 +176,40 @@ impl Drop for Slot {
     }
 }
 
-/// The stream of connections tonic serves. Accepting runs in a task of its
-/// own that ends when the stream is dropped (the server stopped) or the
-/// listener fails; handshakes run concurrently, bounded, so a slow or
-/// silent client delays nobody else.
+/// The stream of connections tonic serves (see [`incoming`]). It owns the
+/// accepting task: dropping the stream (the server stopped) ends it, and
+/// with it every handshake still in progress.
+pub struct Incoming {
+    connections: ReceiverStream<io::Result<Connection>>,
+    accepting: tokio::task::JoinHandle<()>,
+}
+
+impl tokio_stream::Stream for Incoming {
+    type Item = io::Result<Connection>;
+
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        Pin::new(&mut self.connections).poll_next(cx)
+    }
+}
+
+impl Drop for Incoming {
+    fn drop(&mut self) {
+        self.accepting.abort();
+    }
+}
+
+/// The connections accepted on `listener`. Accepting runs in a task of its
+/// own, owned by the returned stream, that ends when the stream is dropped
+/// or the listener fails; handshakes run concurrently in a set that task
+/// owns, bounded, so a slow or silent client delays nobody else.
 pub fn incoming(
     listener: TcpListener,
     tls: Option<SharedServerConfig>,
     limits: ConnectionLimits,
-) -> ReceiverStream<io::Result<Connection>> {
+) -> Incoming {
     let (sender, receiver) = mpsc::channel(64);
-    tokio::spawn(accept_loop(listener, tls, limits, sender));
-    ReceiverStream::new(receiver)
+    let accepting = tokio::spawn(accept_loop(listener, tls, limits, sender));
+    Incoming { connections: ReceiverStream::new(receiver), accepting }
 }
 
 async fn accept_loop(
@@ -198,7 +220,10 @@ async fn accept_loop(
 ) {
     let counts = Counts::default();
     let handshakes = Arc::new(Semaphore::new(limits.handshakes.max(1)));
+    // Dropped (aborting every handshake) when this task ends.
+    let mut in_progress = tokio::task::JoinSet::new();
     loop {
+        while in_progress.try_join_next().is_some() {}
         let accepted = tokio::select! {
             _ = sender.closed() => return,
             accepted = listener.accept() => accepted,
@@ -252,7 +277,7 @@ async fn accept_loop(
         };
         let sender = sender.clone();
         let timeout = limits.handshake_timeout;
-        tokio::spawn(async move {
+        in_progress.spawn(async move {
             let acceptor = tokio_rustls::TlsAcceptor::from(config);
             let handshake = tokio::time::timeout(timeout, acceptor.accept(stream)).await;
             drop(permit);
