@@ -30,8 +30,19 @@ use leasehold_security::secret::{ADVERT_DOMAIN, ClusterSecret};
 pub enum Rejection {
     /// No MAC, or one that does not verify with the cluster secret.
     BadMac,
-    /// The body is not an `Advert`, or names node 0.
-    Malformed,
+    /// The body is not an `Advert`, or a field of it is not valid: the
+    /// field (as `body.node_id`) and what is wrong with it.
+    Malformed {
+        /// The field.
+        field: &'static str,
+        /// What is wrong with it.
+        problem: &'static str,
+    },
+    /// A text field longer than [`MAX_TEXT_BYTES`] (counted as malformed).
+    TooLong {
+        /// The field.
+        field: &'static str,
+    },
     /// The advert claims to come from this node.
     FromSelf,
     /// Not newer than the advert held for that node (a replay).
@@ -39,6 +50,10 @@ pub enum Rejection {
     /// The advert speaks for another node than the one that sent it.
     NotSender,
 }
+
+/// Longest `version` or `role` an advert may carry (bytes): the registry
+/// keeps them, on disk too, and status shows them.
+pub const MAX_TEXT_BYTES: usize = 256;
 
 /// How far ahead of this node's clock an advert's `sent_at_ms` may order
 /// it (see the module doc).
@@ -59,7 +74,7 @@ impl Rejection {
     pub fn label(self) -> &'static str {
         match self {
             Rejection::BadMac => "bad_mac",
-            Rejection::Malformed => "malformed",
+            Rejection::Malformed { .. } | Rejection::TooLong { .. } => "malformed",
             Rejection::FromSelf => "from_self",
             Rejection::Replay => "replay",
             Rejection::NotSender => "not_sender",
@@ -143,11 +158,10 @@ impl PeerRegistry {
         if !sender.by_certificate && !secret.verify(ADVERT_DOMAIN, &signed.body, &signed.mac) {
             return Err(Rejection::BadMac);
         }
-        let advert =
-            v1::Advert::decode(signed.body.as_slice()).map_err(|_| Rejection::Malformed)?;
-        if advert.node_id == 0 {
-            return Err(Rejection::Malformed);
-        }
+        let advert = v1::Advert::decode(signed.body.as_slice()).map_err(|_| {
+            Rejection::Malformed { field: "body", problem: "not an encoded leasehold.v1.Advert" }
+        })?;
+        check_advert(&advert)?;
         if advert.node_id == self.node_id {
             return Err(Rejection::FromSelf);
         }
@@ -192,8 +206,26 @@ impl PeerRegistry {
     fn lock(&self) -> Result<std::sync::MutexGuard<'_, BTreeMap<u64, Entry>>, Rejection> {
         // A poisoned registry cannot take adverts; count them as malformed
         // rather than panicking on the network path.
-        self.entries.lock().map_err(|_| Rejection::Malformed)
+        self.entries.lock().map_err(|_| Rejection::Malformed {
+            field: "body",
+            problem: "the registry is unusable",
+        })
     }
+}
+
+/// Checks the fields of a decoded advert the registry keeps: it names a
+/// node, and its texts are bounded.
+pub fn check_advert(advert: &v1::Advert) -> Result<(), Rejection> {
+    if advert.node_id == 0 {
+        return Err(Rejection::Malformed { field: "body.node_id", problem: "must be at least 1" });
+    }
+    if advert.version.len() > MAX_TEXT_BYTES {
+        return Err(Rejection::TooLong { field: "body.version" });
+    }
+    if advert.role.len() > MAX_TEXT_BYTES {
+        return Err(Rejection::TooLong { field: "body.role" });
+    }
+    Ok(())
 }
 
 /// One kept advert back from the store, aged by wall time.
@@ -268,7 +300,30 @@ mod tests {
         let unsigned = v1::Signed { body: advert(2, 40, Some(false)).encode_to_vec(), mac: vec![] };
         assert_eq!(registry.accept(&key, &unsigned, peer(2), now, 0), Err(Rejection::BadMac));
         let garbage = v1::Signed { body: vec![0xff; 8], mac: key.sign(ADVERT_DOMAIN, &[0xff; 8]) };
-        assert_eq!(registry.accept(&key, &garbage, peer(2), now, 0), Err(Rejection::Malformed));
+        assert!(matches!(
+            registry.accept(&key, &garbage, peer(2), now, 0),
+            Err(Rejection::Malformed { field: "body", .. })
+        ));
+        let nobody = advert(0, 60, Some(false));
+        assert!(matches!(
+            registry.accept(&key, &seal(&key, &nobody), peer(2), now, 0),
+            Err(Rejection::Malformed { field: "body.node_id", .. })
+        ));
+        let long = "x".repeat(MAX_TEXT_BYTES + 1);
+        let chatty = v1::Advert { version: long.clone(), ..advert(2, 70, Some(false)) };
+        assert_eq!(
+            registry.accept(&key, &seal(&key, &chatty), peer(2), now, 0),
+            Err(Rejection::TooLong { field: "body.version" })
+        );
+        let chatty = v1::Advert { role: long, ..advert(2, 80, Some(false)) };
+        assert_eq!(
+            registry.accept(&key, &seal(&key, &chatty), peer(2), now, 0),
+            Err(Rejection::TooLong { field: "body.role" })
+        );
+        let edge = "x".repeat(MAX_TEXT_BYTES);
+        let at_the_limit =
+            v1::Advert { version: edge.clone(), role: edge, ..advert(2, 90, Some(true)) };
+        assert_eq!(check_advert(&at_the_limit), Ok(()));
         assert_eq!(
             registry.accept(&key, &seal(&key, &advert(1, 50, Some(false))), peer(1), now, 0),
             Err(Rejection::FromSelf)

@@ -245,6 +245,11 @@ pub fn seal(secret: &ClusterSecret, message: &v1::BusMessage) -> v1::Signed {
     v1::Signed { body, mac }
 }
 
+/// Longest key a bus message may name (bytes): keys are the idempotency
+/// keys of schedule ticks (`cron:NAME:BUCKET[:NODE]`), which are bounded
+/// as every idempotency key is.
+pub const MAX_KEY_BYTES: usize = 256;
+
 /// How far a bus message's time (`at_ms`) may be from this node's clock,
 /// either way, before the message counts as a replay. Generous, since the
 /// bus serves pools whose clocks may be off; it only has to keep a
@@ -258,8 +263,25 @@ pub enum BusRefusal {
     #[error("mac: bus message is not signed with the cluster secret")]
     BadMac,
     /// Not a bus message.
-    #[error("body: not a bus message")]
+    #[error("body: not an encoded leasehold.v1.BusMessage")]
     Malformed,
+    /// A bus message that is neither a claim nor a release.
+    #[error("body.kind: must be a claim or a release")]
+    NoKind,
+    /// A claim or release of the empty key.
+    #[error("body.{kind}.key: must not be empty")]
+    EmptyKey {
+        /// `claim` or `release`.
+        kind: &'static str,
+    },
+    /// A key longer than [`MAX_KEY_BYTES`].
+    #[error("body.{kind}.key: is {bytes} bytes, limit {MAX_KEY_BYTES}")]
+    KeyTooLong {
+        /// `claim` or `release`.
+        kind: &'static str,
+        /// The key's length.
+        bytes: usize,
+    },
     /// It speaks for another node than the one that sent it.
     #[error("body.node: the message speaks for node {claimed}, but node {sender} sent it")]
     NotSender {
@@ -286,7 +308,10 @@ impl BusRefusal {
     pub fn label(&self) -> &'static str {
         match self {
             BusRefusal::BadMac => "bad_mac",
-            BusRefusal::Malformed => "malformed",
+            BusRefusal::Malformed
+            | BusRefusal::NoKind
+            | BusRefusal::EmptyKey { .. }
+            | BusRefusal::KeyTooLong { .. } => "malformed",
             BusRefusal::NotSender { .. } => "not_sender",
             BusRefusal::Replay { .. } => "replay",
             BusRefusal::Store(_) => "store",
@@ -309,13 +334,21 @@ pub fn open(
     }
     let message =
         v1::BusMessage::decode(signed.body.as_slice()).map_err(|_| BusRefusal::Malformed)?;
-    let (node, at_ms) = match &message.kind {
-        Some(v1::bus_message::Kind::Claim(claim)) => (claim.node, Some(claim.at_ms)),
-        Some(v1::bus_message::Kind::Release(release)) => {
-            (release.node, (release.at_ms != 0).then_some(release.at_ms))
+    let (kind, key, node, at_ms) = match &message.kind {
+        Some(v1::bus_message::Kind::Claim(claim)) => {
+            ("claim", &claim.key, claim.node, Some(claim.at_ms))
         }
-        None => return Err(BusRefusal::Malformed),
+        Some(v1::bus_message::Kind::Release(release)) => {
+            ("release", &release.key, release.node, (release.at_ms != 0).then_some(release.at_ms))
+        }
+        None => return Err(BusRefusal::NoKind),
     };
+    if key.is_empty() {
+        return Err(BusRefusal::EmptyKey { kind });
+    }
+    if key.len() > MAX_KEY_BYTES {
+        return Err(BusRefusal::KeyTooLong { kind, bytes: key.len() });
+    }
     if node != sender.node {
         return Err(BusRefusal::NotSender { claimed: node, sender: sender.node });
     }
@@ -429,6 +462,37 @@ mod tests {
         };
         let signed = seal(&key, &legacy_release);
         assert!(open(&key, &signed, node_one, later).is_ok(), "an untimed release is taken");
+        Ok(())
+    }
+
+    #[test]
+    fn a_message_must_be_a_claim_or_a_release_of_a_bounded_key()
+    -> Result<(), leasehold_security::secret::SecretError> {
+        let key = ClusterSecret::from_text("the cluster secret of the test")?;
+        let now_ms = 100 * REPLAY_WINDOW_MS;
+        let node_one = Sender { node: 1, by_certificate: false };
+        let claim_of = |name: &str| v1::BusMessage {
+            kind: Some(v1::bus_message::Kind::Claim(claim(name, 1, now_ms))),
+        };
+        let release_of = |name: &str| v1::BusMessage {
+            kind: Some(v1::bus_message::Kind::Release(v1::BusRelease {
+                key: name.into(),
+                node: 1,
+                at_ms: now_ms,
+            })),
+        };
+        let open_of = |message: &v1::BusMessage| open(&key, &seal(&key, message), node_one, now_ms);
+        assert!(matches!(open_of(&v1::BusMessage { kind: None }), Err(BusRefusal::NoKind)));
+        assert!(matches!(open_of(&claim_of("")), Err(BusRefusal::EmptyKey { kind: "claim" })));
+        assert!(matches!(open_of(&release_of("")), Err(BusRefusal::EmptyKey { kind: "release" })));
+        let long = "k".repeat(MAX_KEY_BYTES + 1);
+        assert!(matches!(
+            open_of(&claim_of(&long)),
+            Err(BusRefusal::KeyTooLong { kind: "claim", bytes }) if bytes == MAX_KEY_BYTES + 1
+        ));
+        assert!(open_of(&claim_of(&"k".repeat(MAX_KEY_BYTES))).is_ok(), "a key at the limit");
+        let garbage = v1::Signed { body: vec![0xff; 4], mac: key.sign(BUS_DOMAIN, &[0xff; 4]) };
+        assert!(matches!(open(&key, &garbage, node_one, now_ms), Err(BusRefusal::Malformed)));
         Ok(())
     }
 }

@@ -106,6 +106,56 @@ impl ClusterService {
     }
 }
 
+/// Node ids start at 1: 0 names no node, so it is malformed input rather
+/// than an unknown member.
+fn check_id(id: u64) -> Result<(), Status> {
+    if id == 0 {
+        return Err(Status::invalid_argument("id: must be at least 1"));
+    }
+    Ok(())
+}
+
+/// Longest address a node may join with (bytes): a DNS name is at most
+/// 253, plus a scheme and a port.
+pub const MAX_ADDR_BYTES: usize = 300;
+
+/// Checks a joining node's address, which every member will dial:
+/// `HOST:PORT`, or an `http://` or `https://` URL of one with nothing
+/// after the port but an optional `/` (as `leasehold_raft::network::endpoint`
+/// reads it). Answers the problem, for the message.
+pub fn check_addr(addr: &str) -> Result<(), String> {
+    if addr.trim().is_empty() {
+        return Err("must not be empty".into());
+    }
+    if addr.len() > MAX_ADDR_BYTES {
+        return Err(format!("is {} bytes, limit {MAX_ADDR_BYTES}", addr.len()));
+    }
+    let host_port = match addr.split_once("://") {
+        Some(("http" | "https", rest)) => rest,
+        Some((scheme, _)) => return Err(format!("scheme {scheme:?} is not http or https")),
+        None => addr,
+    };
+    let host_port = host_port.strip_suffix('/').unwrap_or(host_port);
+    let malformed = || "must be HOST:PORT, or an http:// or https:// URL of one".to_string();
+    let authority: http::uri::Authority = host_port.parse().map_err(|_| malformed())?;
+    if authority.as_str() != host_port || host_port.contains('@') || authority.host().is_empty() {
+        return Err(malformed());
+    }
+    match authority.port_u16() {
+        Some(port) if port > 0 => Ok(()),
+        Some(_) => Err("port 0 cannot be dialled".into()),
+        None => Err(format!("has no port; {}", malformed())),
+    }
+}
+
+/// The start of a long value, for a message.
+fn short(text: &str) -> String {
+    match text.char_indices().nth(64) {
+        Some((at, _)) => format!("{}…", &text[..at]),
+        None => text.to_string(),
+    }
+}
+
 /// The role name `cluster status` prints.
 pub fn role_name(state: ServerState) -> &'static str {
     match state {
@@ -188,9 +238,7 @@ impl Cluster for ClusterService {
     ) -> Result<Response<v1::JoinResponse>, Status> {
         let (caller, _) = Caller::node_of(&request)?;
         let request = request.into_inner();
-        if request.id == 0 {
-            return Err(Status::invalid_argument("id: must be at least 1"));
-        }
+        check_id(request.id)?;
         // A node joins as itself; only a voter passes a join on for
         // another (a member forwarding to the leader).
         if caller != request.id && !self.voters().contains(&caller) {
@@ -199,9 +247,9 @@ impl Cluster for ClusterService {
                 request.id
             )));
         }
-        if request.addr.trim().is_empty() {
-            return Err(Status::invalid_argument("addr: must not be empty"));
-        }
+        check_addr(&request.addr).map_err(|problem| {
+            Status::invalid_argument(format!("addr: {problem}, got {:?}", short(&request.addr)))
+        })?;
         if let Some(mut leader) = self.leader_client()? {
             return leader.join(Request::new(request)).await;
         }
@@ -259,6 +307,7 @@ impl Cluster for ClusterService {
         request: Request<v1::RemoveRequest>,
     ) -> Result<Response<v1::RemoveResponse>, Status> {
         let request = request.into_inner();
+        check_id(request.id)?;
         if let Some(mut leader) = self.leader_client()? {
             return leader.remove(Request::new(request)).await;
         }
@@ -289,6 +338,7 @@ impl Cluster for ClusterService {
         request: Request<v1::DrainRequest>,
     ) -> Result<Response<v1::DrainResponse>, Status> {
         let request = request.into_inner();
+        check_id(request.id)?;
         if request.id == self.journal.node_id() {
             tracing::info!(event = "drain.step", step = "requested", "drain requested over gRPC");
             self.journal.request_drain();
@@ -302,9 +352,7 @@ impl Cluster for ClusterService {
         request: Request<v1::SetFlagsRequest>,
     ) -> Result<Response<v1::SetFlagsResponse>, Status> {
         let request = request.into_inner();
-        if request.id == 0 {
-            return Err(Status::invalid_argument("id: must be at least 1"));
-        }
+        check_id(request.id)?;
         if request.id == self.journal.node_id() {
             let flags = self.gate.set_flags(request.journal_lease, request.dry_run);
             return Ok(Response::new(v1::SetFlagsResponse {
@@ -313,5 +361,47 @@ impl Cluster for ClusterService {
             }));
         }
         self.member_client(request.id)?.set_flags(Request::new(request)).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn addresses_peers_can_dial_are_accepted() {
+        for addr in [
+            "127.0.0.1:7070",
+            "http://127.0.0.1:7070",
+            "https://node-2.example:7070",
+            "http://node-2.example:7070/",
+            "[::1]:7070",
+            "localhost:1",
+        ] {
+            assert_eq!(check_addr(addr), Ok(()), "{addr}");
+        }
+    }
+
+    #[test]
+    fn anything_else_is_refused_with_its_problem() {
+        let long = format!("{}:7070", "h".repeat(MAX_ADDR_BYTES));
+        for (addr, problem) in [
+            ("", "must not be empty"),
+            ("   ", "must not be empty"),
+            ("not an address", "must be HOST:PORT"),
+            ("127.0.0.1", "has no port"),
+            ("127.0.0.1:0", "port 0"),
+            ("127.0.0.1:99999", "must be HOST:PORT"),
+            ("http://127.0.0.1:7070/path", "must be HOST:PORT"),
+            ("ftp://127.0.0.1:7070", "scheme \"ftp\""),
+            ("user@127.0.0.1:7070", "must be HOST:PORT"),
+            (":7070", "must be HOST:PORT"),
+            (long.as_str(), "limit 300"),
+        ] {
+            match check_addr(addr) {
+                Ok(()) => panic!("{addr:?} was accepted"),
+                Err(message) => assert!(message.contains(problem), "{addr:?}: {message}"),
+            }
+        }
     }
 }

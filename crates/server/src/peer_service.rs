@@ -7,7 +7,7 @@ use leasehold_proto::v1;
 use leasehold_proto::v1::peer_server::Peer;
 use tonic::{Request, Response, Status};
 
-use crate::adverts::{Rejection, Sender};
+use crate::adverts::{MAX_TEXT_BYTES, Rejection, Sender};
 use crate::auth::Caller;
 use crate::bus::BusRefusal;
 use crate::gate::Gate;
@@ -38,7 +38,12 @@ impl Peer for PeerService {
             Err(Rejection::BadMac) => {
                 Err(Status::unauthenticated("mac: advert is not signed with the cluster secret"))
             }
-            Err(Rejection::Malformed) => Err(Status::invalid_argument("body: not a valid advert")),
+            Err(Rejection::Malformed { field, problem }) => {
+                Err(Status::invalid_argument(format!("{field}: {problem}")))
+            }
+            Err(Rejection::TooLong { field }) => Err(Status::resource_exhausted(format!(
+                "{field}: longer than {MAX_TEXT_BYTES} bytes"
+            ))),
             Err(Rejection::FromSelf) => {
                 Err(Status::invalid_argument("body.node_id: an advert from this node itself"))
             }
@@ -60,8 +65,14 @@ impl Peer for PeerService {
             Err(refusal @ BusRefusal::NotSender { .. }) => {
                 Err(Status::permission_denied(refusal.to_string()))
             }
-            Err(refusal @ (BusRefusal::Malformed | BusRefusal::Replay { .. })) => {
-                Err(Status::invalid_argument(refusal.to_string()))
+            Err(
+                refusal @ (BusRefusal::Malformed
+                | BusRefusal::NoKind
+                | BusRefusal::EmptyKey { .. }
+                | BusRefusal::Replay { .. }),
+            ) => Err(Status::invalid_argument(refusal.to_string())),
+            Err(refusal @ BusRefusal::KeyTooLong { .. }) => {
+                Err(Status::resource_exhausted(refusal.to_string()))
             }
             Err(BusRefusal::Store(error)) => Err(Status::internal(error.to_string())),
         }

@@ -5,6 +5,7 @@
 //! must come from the node it names as candidate or leader: a node cannot
 //! speak for another.
 
+use leasehold_core::{Command, Limits, ValidationError, validate_command};
 use leasehold_proto::v1::RaftEnvelope;
 use leasehold_proto::v1::raft_server::Raft as RaftRpc;
 use leasehold_raft::envelope;
@@ -13,6 +14,7 @@ use serde::de::DeserializeOwned;
 use tonic::{Request, Response, Status};
 
 use crate::auth::Caller;
+use crate::error::Error;
 use crate::forward::ForwardRequest;
 use crate::journal::Journal;
 
@@ -29,9 +31,43 @@ impl RaftService {
     }
 }
 
+/// The message in an envelope, or INVALID_ARGUMENT naming the field of
+/// `data` it fails at (`data.vote.leader_id.term: invalid type: …`).
 fn open<T: DeserializeOwned>(request: Request<RaftEnvelope>) -> Result<T, Status> {
-    envelope::decode(&request.into_inner().data)
-        .map_err(|e| Status::invalid_argument(format!("data: {e}")))
+    let data = request.into_inner().data;
+    if data.is_empty() {
+        return Err(Status::invalid_argument(
+            "data: must not be empty (an openraft message as JSON)",
+        ));
+    }
+    envelope::decode(&data).map_err(|error| {
+        let field = match error.path() {
+            "" => "data".to_string(),
+            path => format!("data.{path}"),
+        };
+        Status::invalid_argument(format!("{field}: {}", error.cause()))
+    })
+}
+
+/// Checks a forwarded write as `apply` will (against the default limits),
+/// so a command the journal would refuse is refused here, before it is
+/// proposed, with the field it fails at. A batch is checked command by
+/// command (`commands[2].jobs[0].queue`): a follower's journal only
+/// batches commands its services validated, so one that fails here came
+/// from no healthy follower, and it must not sink the leader's batch it
+/// would join.
+pub fn check_forwarded(command: &Command) -> Result<(), ValidationError> {
+    let limits = Limits::default();
+    validate_command(command, &limits)?;
+    if let Command::Batch { commands } = command {
+        for (index, inner) in commands.iter().enumerate() {
+            validate_command(inner, &limits).map_err(|error| ValidationError {
+                field: format!("commands[{index}].{}", error.field),
+                ..error
+            })?;
+        }
+    }
+    Ok(())
 }
 
 /// PERMISSION_DENIED unless the message's vote names `caller`.
@@ -86,6 +122,57 @@ impl RaftRpc for RaftService {
     ) -> Result<Response<RaftEnvelope>, Status> {
         Caller::node_of(&request)?;
         let forwarded: ForwardRequest = open(request)?;
+        if let ForwardRequest::Write(proposal) = &forwarded {
+            check_forwarded(&proposal.command).map_err(|error| {
+                Status::from(Error::Invalid(ValidationError {
+                    problem: format!("{} (in the forwarded command)", error.problem),
+                    ..error
+                }))
+            })?;
+        }
         seal(&self.journal.serve_forwarded(forwarded).await)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use leasehold_core::JobSpec;
+
+    use super::*;
+
+    fn enqueue(queue: &str) -> Command {
+        let spec = JobSpec {
+            queue: queue.to_string(),
+            payload: Vec::new(),
+            priority: 0,
+            not_before_ms: None,
+            max_attempts: None,
+            backoff: None,
+            lease_ttl_ms: None,
+            idempotency_key: None,
+            tags: Vec::new(),
+        };
+        Command::Enqueue { jobs: vec![spec] }
+    }
+
+    fn field(command: &Command) -> Option<String> {
+        check_forwarded(command).err().map(|error| error.field)
+    }
+
+    #[test]
+    fn forwarded_writes_the_journal_would_take_pass() {
+        assert_eq!(check_forwarded(&enqueue("emails")), Ok(()));
+        let batch = Command::Batch { commands: vec![Command::Sweep, enqueue("emails")] };
+        assert_eq!(check_forwarded(&batch), Ok(()));
+    }
+
+    #[test]
+    fn a_forwarded_write_it_would_refuse_names_its_field() {
+        assert_eq!(field(&enqueue("")), Some("jobs[0].queue".into()));
+        assert_eq!(field(&Command::Batch { commands: vec![] }), Some("commands".into()));
+        let nested = Command::Batch { commands: vec![Command::Batch { commands: vec![] }] };
+        assert_eq!(field(&nested), Some("commands[0]".into()));
+        let inner = Command::Batch { commands: vec![Command::Sweep, enqueue("Bad Name")] };
+        assert_eq!(field(&inner), Some("commands[1].jobs[0].queue".into()));
     }
 }
