@@ -9,14 +9,16 @@
 #   scripts/chaos.sh check RUN_DIR      re-check a finished run's history
 #
 # FLAGS go to `leasehold-chaos run`: --mode safety-liveness|safety-only,
-# --seed N, --bin PATH, --runs-dir DIR, --ip-base N. The last line printed is
-# "N passed, N failed" over the checkers; the exit status is 0 only if none
-# failed. Runs land in target/chaos/<profile>-<seed>-<time>/.
+# --seed N, --bin PATH, --runs-dir DIR, --ip-base N, --plaintext (no TLS or
+# tokens; by default nodes and clients use mutual TLS and role tokens from
+# `leasehold dev-certs`). The last line printed is "N passed, N failed" over
+# the checkers; the exit status is 0 only if none failed. Runs land in
+# target/chaos/<profile>-<seed>-<time>/.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 usage() {
-  sed -n '2,15p' "$0" | sed 's/^# \{0,1\}//' >&2
+  sed -n '2,17p' "$0" | sed 's/^# \{0,1\}//' >&2
 }
 
 what=${1:-}

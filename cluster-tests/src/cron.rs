@@ -4,6 +4,9 @@
 //! seconds (the node keeps only the newest 100 records per schedule, so one
 //! read at the end would not see them all). At the end the schedules are
 //! paused, their last runs allowed to finish, and read once more.
+//!
+//! The schedules carry commands, so putting and pausing them needs the
+//! `admin` role; the reads use a `reader` token.
 
 use std::path::Path;
 use std::time::Duration;
@@ -15,6 +18,7 @@ use tokio::time::Instant;
 
 use crate::history::{History, OpFunction, OpType, OpValue, TickRecord};
 use crate::plan::CronPlan;
+use crate::security::{Role, Security};
 use crate::workload::Phase;
 
 /// The process name of the poller in the history.
@@ -61,14 +65,17 @@ fn spec(schedule: &crate::plan::CronSchedulePlan, log: &Path) -> v1::ScheduleSpe
     }
 }
 
-/// Puts every schedule of the plan (retrying for up to `limit`).
+/// Puts every schedule of the plan as `admin` (retrying for up to `limit`).
 pub async fn put_schedules(
+    security: &Security,
     addrs: &[String],
     plan: &CronPlan,
     log: &Path,
     limit: Duration,
 ) -> anyhow::Result<()> {
-    let client = Client::connect(&addrs.join(","))?;
+    let client = security
+        .client(&addrs.join(","), Role::Admin)
+        .map_err(|e| anyhow::anyhow!("admin client: {e}"))?;
     let deadline = Instant::now() + limit;
     for schedule in &plan.schedules {
         loop {
@@ -140,6 +147,7 @@ pub async fn read_schedule(history: &History, client: &Client, name: &str) -> bo
 /// blind it.
 pub async fn poller(
     history: History,
+    security: Security,
     addrs: Vec<String>,
     names: Vec<String>,
     interval: Duration,
@@ -149,7 +157,7 @@ pub async fn poller(
     loop {
         let rotated: Vec<String> =
             (0..addrs.len()).map(|i| addrs[(round + i) % addrs.len()].clone()).collect();
-        if let Ok(client) = Client::connect(&rotated.join(",")) {
+        if let Ok(client) = security.client(&rotated.join(","), Role::Reader) {
             for name in &names {
                 if !read_schedule(&history, &client, name).await {
                     break;
@@ -163,15 +171,31 @@ pub async fn poller(
     }
 }
 
-/// Pauses every schedule (bounded retries), waits until the command queue
-/// holds no ready or claimed job (or `limit` passes), and reads every
-/// schedule once more.
-pub async fn finish(history: &History, addrs: &[String], names: &[String], limit: Duration) {
+/// Pauses every schedule as `admin` (bounded retries), waits until the
+/// command queue holds no ready or claimed job (or `limit` passes), and
+/// reads every schedule once more.
+pub async fn finish(
+    history: &History,
+    security: &Security,
+    addrs: &[String],
+    names: &[String],
+    limit: Duration,
+) {
     let deadline = Instant::now() + limit;
-    let Ok(client) = Client::connect(&addrs.join(",")) else { return };
+    let clients = (
+        security.client(&addrs.join(","), Role::Admin),
+        security.client(&addrs.join(","), Role::Reader),
+    );
+    let (admin, client): (Client, Client) = match clients {
+        (Ok(admin), Ok(reader)) => (admin, reader),
+        (Err(error), _) | (_, Err(error)) => {
+            tracing::warn!(%error, "no client to finish the cron workload");
+            return;
+        }
+    };
     for name in names {
         while Instant::now() < deadline {
-            let mut stub = client.schedules_stub();
+            let mut stub = admin.schedules_stub();
             let request = v1::PauseScheduleRequest { name: name.clone() };
             if matches!(tokio::time::timeout(CALL_LIMIT, stub.pause(request)).await, Ok(Ok(_))) {
                 break;

@@ -2,7 +2,9 @@
 //! through the [`Supervisor`] (SIGKILL, SIGSTOP/SIGCONT, SIGTERM, restart);
 //! network faults through the per-node [`Proxy`]s (see `proxy.rs` for how a
 //! proxy tells links apart); clock and store faults through the node's
-//! `leasehold.v1.Faults` service, which exists only with `--fault-injection`.
+//! `leasehold.v1.Faults` service, which exists only with `--fault-injection`
+//! and needs the `admin` role (so do gate flips, `Cluster.SetFlags`); the
+//! drainer's lease reads use a `reader` token.
 //!
 //! Every injection and heal is recorded in the history as an operation of
 //! the process `nemesis`, with the nodes it actually hit.
@@ -18,6 +20,7 @@ use crate::disk::Disks;
 use crate::history::{History, LeaseRecord, OpFunction, OpType, OpValue};
 use crate::plan::{ClientLinkMode, Fault, Target};
 use crate::proxy::{LinkRule, Mode, Proxy, Source};
+use crate::security::{Role, Security};
 use crate::supervisor::{ProcessState, Supervisor};
 
 /// The proxies, one per node, and the link-level faults built from them.
@@ -154,6 +157,8 @@ pub struct Extras {
     pub ttl_read_after: Duration,
     /// The tmpfs data dirs (disk-full mode), if any.
     pub disks: Option<Disks>,
+    /// The run's credentials (the lease reads call as `reader`).
+    pub security: Security,
 }
 
 /// Injects and heals faults.
@@ -179,57 +184,28 @@ const GATE: &str = "gate";
 /// How long a restarted node may take to serve again in a rolling drain.
 const RESTART_LIMIT: Duration = Duration::from_secs(30);
 
-impl Nemesis {
-    /// A nemesis over a started cluster. `rng` makes the run-time choices
-    /// (which follower) deterministic for a given cluster state.
-    pub fn new(supervisor: Supervisor, network: Network, history: History, rng: StdRng) -> Nemesis {
-        Nemesis {
-            supervisor,
-            network,
-            history,
-            rng,
-            extras: None,
-            later: tokio::task::JoinSet::new(),
-            heal_note: None,
-        }
-    }
+/// Reads the leases a drained node holds, as `reader`.
+#[derive(Clone)]
+struct LeaseReader {
+    history: History,
+    security: Security,
+    /// The client addresses, comma-separated.
+    addrs: String,
+    /// The command queue.
+    queue: String,
+}
 
-    /// Adds what drains and disk-full rounds need.
-    pub fn with_extras(mut self, extras: Extras) -> Nemesis {
-        self.extras = Some(extras);
-        self
-    }
-
-    /// Waits (bounded) for the lease reads still pending after drains.
-    pub async fn finish(&mut self) {
-        let limit = self.extras.as_ref().map(|e| e.ttl_read_after).unwrap_or_default()
-            + Duration::from_secs(30);
-        if tokio::time::timeout(limit, async { while self.later.join_next().await.is_some() {} })
-            .await
-            .is_err()
-        {
-            self.later.abort_all();
-        }
-    }
-
-    /// Gives the tmpfs mounts back (after the nodes stopped).
-    pub fn release_disks(&mut self) {
-        if let Some(extras) = self.extras.as_mut() {
-            extras.disks = None;
-        }
-    }
-
-    /// The leases of `queue` held by node `id`'s executor, read
+impl LeaseReader {
+    /// The leases of the command queue held by node `id`'s executor, read
     /// linearizably, recorded as a `lease_read` of the drainer.
-    async fn read_leases(
-        history: History,
-        addrs: Vec<String>,
-        queue: String,
+    async fn read(
+        &self,
         round: usize,
         id: u64,
         phase: &'static str,
         exit_code: Option<i32>,
     ) -> usize {
+        let history = &self.history;
         let base = OpValue {
             round: Some(round),
             nodes: vec![id],
@@ -240,9 +216,9 @@ impl Nemesis {
         history.invoke(DRAINER, OpFunction::LeaseRead, base.clone());
         let holder = format!("node-{id}");
         let read = async {
-            let client = leasehold_client::Client::connect(&addrs.join(","))?;
+            let client = self.security.client(&self.addrs, Role::Reader)?;
             let request = v1::ListJobsRequest {
-                queue: Some(queue.clone()),
+                queue: Some(self.queue.clone()),
                 state: v1::JobState::Claimed as i32,
                 page_size: 1_000,
                 page_token: String::new(),
@@ -300,35 +276,76 @@ impl Nemesis {
             }
         }
     }
+}
+
+impl Nemesis {
+    /// A nemesis over a started cluster. `rng` makes the run-time choices
+    /// (which follower) deterministic for a given cluster state.
+    pub fn new(supervisor: Supervisor, network: Network, history: History, rng: StdRng) -> Nemesis {
+        Nemesis {
+            supervisor,
+            network,
+            history,
+            rng,
+            extras: None,
+            later: tokio::task::JoinSet::new(),
+            heal_note: None,
+        }
+    }
+
+    /// Adds what drains and disk-full rounds need.
+    pub fn with_extras(mut self, extras: Extras) -> Nemesis {
+        self.extras = Some(extras);
+        self
+    }
+
+    /// Waits (bounded) for the lease reads still pending after drains.
+    pub async fn finish(&mut self) {
+        let limit = self.extras.as_ref().map(|e| e.ttl_read_after).unwrap_or_default()
+            + Duration::from_secs(30);
+        if tokio::time::timeout(limit, async { while self.later.join_next().await.is_some() {} })
+            .await
+            .is_err()
+        {
+            self.later.abort_all();
+        }
+    }
+
+    /// Gives the tmpfs mounts back (after the nodes stopped).
+    pub fn release_disks(&mut self) {
+        if let Some(extras) = self.extras.as_mut() {
+            extras.disks = None;
+        }
+    }
+
+    /// What the drainer's lease reads need (a clone travels to the read a
+    /// TTL after the exit).
+    fn lease_reader(&self) -> anyhow::Result<LeaseReader> {
+        let Some(extras) = self.extras.as_ref() else {
+            anyhow::bail!("drain faults need the workload's addresses");
+        };
+        Ok(LeaseReader {
+            history: self.history.clone(),
+            security: extras.security.clone(),
+            addrs: extras.addrs.join(","),
+            queue: extras.command_queue.clone(),
+        })
+    }
 
     /// Drains node `id`: reads its leases, SIGTERMs it, waits for the exit,
     /// reads its leases again (and once more a TTL later, in the
     /// background), and restarts it; with `wait`, until it serves again.
     async fn drain_node(&mut self, round: usize, id: u64, wait: bool) -> anyhow::Result<()> {
-        let Some(extras) = self.extras.as_ref() else {
-            anyhow::bail!("drain faults need the workload's addresses");
-        };
-        let (addrs, queue, after) =
-            (extras.addrs.clone(), extras.command_queue.clone(), extras.ttl_read_after);
+        let reader = self.lease_reader()?;
+        let after = self.extras.as_ref().map(|e| e.ttl_read_after).unwrap_or_default();
         if self.supervisor.state(id) == ProcessState::Down {
             self.supervisor.restart(id)?;
             return Ok(());
         }
         // Drain a node while it holds a lease when that comes soon (the
         // release step is what is under test): read up to ~4 s for one.
-        let history = self.history.clone();
         for _ in 0..10 {
-            let held = Self::read_leases(
-                history.clone(),
-                addrs.clone(),
-                queue.clone(),
-                round,
-                id,
-                "before",
-                None,
-            )
-            .await;
-            if held > 0 {
+            if reader.read(round, id, "before", None).await > 0 {
                 break;
             }
             tokio::time::sleep(Duration::from_millis(400)).await;
@@ -336,19 +353,10 @@ impl Nemesis {
         self.supervisor.terminate(id).await?;
         let code = self.supervisor.last_exit_code(id);
         tracing::info!(node = id, ?code, "drained node exited");
-        let _ = Self::read_leases(
-            history.clone(),
-            addrs.clone(),
-            queue.clone(),
-            round,
-            id,
-            "exit",
-            code,
-        )
-        .await;
+        let _ = reader.read(round, id, "exit", code).await;
         self.later.spawn(async move {
             tokio::time::sleep(after).await;
-            let _ = Self::read_leases(history, addrs, queue, round, id, "ttl", None).await;
+            let _ = reader.read(round, id, "ttl", None).await;
         });
         self.supervisor.restart(id)?;
         if wait {
@@ -367,7 +375,7 @@ impl Nemesis {
             ..OpValue::default()
         };
         self.history.invoke(GATE, OpFunction::GateFlip, base.clone());
-        let mut client = self.supervisor.cluster(id)?;
+        let mut client = self.supervisor.cluster(id, Role::Admin)?;
         let mut request = tonic::Request::new(v1::SetFlagsRequest {
             id,
             journal_lease: Some(journal_lease),

@@ -2,7 +2,7 @@
 //! checks the recorded histories.
 //!
 //! ```text
-//! leasehold-chaos run --profile quick [--mode safety-liveness] [--seed N] [--regressions]
+//! leasehold-chaos run --profile quick [--mode safety-liveness] [--seed N] [--regressions] [--plaintext]
 //! leasehold-chaos run --replay plan.json
 //! leasehold-chaos check RUN_DIR
 //! ```
@@ -74,6 +74,12 @@ struct RunArgs {
     /// Node N listens on 127.0.0.(ip-base + N).
     #[arg(long, default_value_t = 10)]
     ip_base: u8,
+    /// Run the nodes without TLS and tokens (every node gets one shared
+    /// cluster secret). By default every run uses mutual TLS and a token
+    /// per client role, from certificates `leasehold dev-certs` writes into
+    /// the run directory.
+    #[arg(long)]
+    plaintext: bool,
 }
 
 fn init_logging() {
@@ -123,6 +129,11 @@ async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
         runs_root: args.runs_dir.clone().unwrap_or_else(|| root.join("target/chaos")),
         ip_base: args.ip_base,
         regressions_dir: Some(regressions_dir.clone()),
+        transport: if args.plaintext {
+            leasehold_cluster_tests::security::Transport::Plaintext
+        } else {
+            leasehold_cluster_tests::security::Transport::Tls
+        },
     };
     let plans = plans(&args, &regressions_dir)?;
     let mut summaries: Vec<Summary> = Vec::new();

@@ -1,7 +1,10 @@
 //! One run of a plan, in phases:
 //!
-//! 1. write the plan, start a proxy per node and the nodes behind them
-//!    (node 1 bootstraps, the others join), wait for every voter;
+//! 1. write the plan, write the run's credentials (certificates and tokens
+//!    from `leasehold dev-certs`, or a shared cluster secret with
+//!    `--plaintext`), start a proxy per node and the nodes behind them
+//!    (node 1 bootstraps, the others join), wait for every voter, check
+//!    that the nodes enforce the client roles;
 //! 2. start producers and workers; warm up;
 //! 3. fault rounds: inject, hold, heal, time the first write that succeeds,
 //!    settle — within the plan's wall-clock budget;
@@ -34,6 +37,7 @@ use crate::faults::{Extras, Nemesis, Network};
 use crate::history::History;
 use crate::plan::Plan;
 use crate::proxy::Proxy;
+use crate::security::{Role, Security, Transport};
 use crate::sink::FencedSink;
 use crate::summary::{Recovery, RunFacts, Summary};
 use crate::supervisor::{NodeSpec, Supervisor, free_port};
@@ -50,6 +54,8 @@ pub struct Options {
     pub ip_base: u8,
     /// Where failing plans are kept (None: nowhere).
     pub regressions_dir: Option<PathBuf>,
+    /// Mutual TLS and tokens (the default), or plaintext.
+    pub transport: Transport,
 }
 
 /// How long the cluster may take to form.
@@ -87,12 +93,14 @@ pub async fn run(plan: &Plan, options: &Options) -> anyhow::Result<Summary> {
     let mut proxies = BTreeMap::new();
     let mut listeners = Vec::new();
     let mut ips = BTreeMap::new();
+    let mut node_ips = Vec::new();
     for id in 1..=plan.nodes {
         let last = u8::try_from(u64::from(options.ip_base) + id).map_err(|_| {
             anyhow::anyhow!("--ip-base {} too large for {} nodes", options.ip_base, plan.nodes)
         })?;
         let ip = Ipv4Addr::new(127, 0, 0, last);
         ips.insert(IpAddr::V4(ip), id);
+        node_ips.push(ip);
         let listener = TcpListener::bind((ip, 0))
             .await
             .map_err(|e| anyhow::anyhow!("binding a proxy on {ip}: {e}"))?;
@@ -136,7 +144,13 @@ pub async fn run(plan: &Plan, options: &Options) -> anyhow::Result<Summary> {
     let network = Network::new(proxies);
     let addrs = network.client_addrs();
     let bin = pin_binary(&options.bin, &run_dir);
-    let mut supervisor = Supervisor::new(&bin, specs)?;
+    // Peers dial each other at their proxies' addresses and clients at the
+    // proxies too, all on the nodes' IPs: the node certificates name every
+    // one of them.
+    let security =
+        Security::prepare(options.transport, &bin, &run_dir, plan.nodes, &node_ips).await?;
+    println!("security: {}", security.describe());
+    let mut supervisor = Supervisor::new(&bin, specs, security.clone())?;
     supervisor.start(1, None)?;
     supervisor.wait_for_leader(FORM_LIMIT).await?;
     let first = supervisor.spec(1)?.grpc;
@@ -144,6 +158,8 @@ pub async fn run(plan: &Plan, options: &Options) -> anyhow::Result<Summary> {
         supervisor.start(id, Some(first))?;
     }
     supervisor.wait_for_voters(plan.nodes as usize, FORM_LIMIT).await?;
+    let roles = security.preflight(&addrs).await?;
+    println!("security: {roles}");
     let ttl_read_after = Duration::from_millis(
         plan.cron.iter().flat_map(|c| &c.schedules).map(|s| s.lease_ttl_ms).max().unwrap_or(0)
             + 2 * 1_000
@@ -154,6 +170,7 @@ pub async fn run(plan: &Plan, options: &Options) -> anyhow::Result<Summary> {
         command_queue: crate::cron::COMMAND_QUEUE.to_string(),
         ttl_read_after,
         disks,
+        security: security.clone(),
     };
     let mut nemesis =
         Nemesis::new(supervisor, network, history.clone(), StdRng::seed_from_u64(plan.seed))
@@ -163,7 +180,7 @@ pub async fn run(plan: &Plan, options: &Options) -> anyhow::Result<Summary> {
         plan.cron.iter().flat_map(|c| &c.schedules).map(|s| s.name.clone()).collect();
     if let Some(cron) = &plan.cron {
         tracing::info!("--- put {} cron schedules", cron.schedules.len());
-        crate::cron::put_schedules(&addrs, cron, &exec_log, FORM_LIMIT).await?;
+        crate::cron::put_schedules(&security, &addrs, cron, &exec_log, FORM_LIMIT).await?;
     }
 
     // Phase 2: workload.
@@ -173,6 +190,7 @@ pub async fn run(plan: &Plan, options: &Options) -> anyhow::Result<Summary> {
         history: history.clone(),
         sink: sink.clone(),
         addrs: addrs.clone(),
+        security: security.clone(),
         plan: Arc::new(plan.workload.clone()),
         queue: plan.queue.clone(),
         seed: plan.seed,
@@ -189,6 +207,7 @@ pub async fn run(plan: &Plan, options: &Options) -> anyhow::Result<Summary> {
     if let Some(cron) = &plan.cron {
         workers.spawn(crate::cron::poller(
             history.clone(),
+            security.clone(),
             addrs.clone(),
             cron_names.clone(),
             Duration::from_millis(cron.poll_interval_ms.max(500)),
@@ -220,7 +239,8 @@ pub async fn run(plan: &Plan, options: &Options) -> anyhow::Result<Summary> {
             tracing::warn!(round, %error, "heal reported an error");
         }
         let key = format!("probe-{}-{round}", plan.seed);
-        let recovered = workload::probe_write(&history, &addrs, &key, round, recovery_limit).await;
+        let recovered =
+            workload::probe_write(&history, &security, &addrs, &key, round, recovery_limit).await;
         recoveries.push(Recovery {
             round,
             fault: planned.fault.kind().to_string(),
@@ -233,9 +253,16 @@ pub async fn run(plan: &Plan, options: &Options) -> anyhow::Result<Summary> {
     // Phase 4: drain.
     tracing::info!("--- drain");
     let _ = phase_tx.send(Phase::Drain);
-    drain(&addrs, &plan.queue, &mut producers, Duration::from_millis(plan.drain_timeout_ms)).await;
+    drain(
+        &security,
+        &addrs,
+        &plan.queue,
+        &mut producers,
+        Duration::from_millis(plan.drain_timeout_ms),
+    )
+    .await;
     if !cron_names.is_empty() {
-        crate::cron::finish(&history, &addrs, &cron_names, CRON_FINISH_LIMIT).await;
+        crate::cron::finish(&history, &security, &addrs, &cron_names, CRON_FINISH_LIMIT).await;
     }
     nemesis.finish().await;
     let _ = phase_tx.send(Phase::Stop);
@@ -244,11 +271,11 @@ pub async fn run(plan: &Plan, options: &Options) -> anyhow::Result<Summary> {
 
     // Phase 5: final state and convergence.
     tracing::info!("--- final read and convergence");
-    let final_jobs = read_final(&addrs, &plan.queue).await;
+    let final_jobs = read_final(&security, &addrs, &plan.queue).await;
     let final_exec_jobs = if cron_names.is_empty() {
         None
     } else {
-        read_final(&addrs, crate::cron::COMMAND_QUEUE).await
+        read_final(&security, &addrs, crate::cron::COMMAND_QUEUE).await
     };
     let samples = sample_statuses(&nemesis.supervisor, &history).await;
     let network_stats: BTreeMap<String, u64> =
@@ -297,6 +324,7 @@ pub async fn run(plan: &Plan, options: &Options) -> anyhow::Result<Summary> {
         network: network_stats,
         node_starts,
         recovery_timeout_ms: plan.recovery_timeout_ms,
+        security: format!("{}; {roles}", security.describe()),
     };
     let summary = Summary::build(&record, verdicts, facts);
     write_json(&run_dir.join("summary.json"), &summary)?;
@@ -304,8 +332,11 @@ pub async fn run(plan: &Plan, options: &Options) -> anyhow::Result<Summary> {
     if summary.failed > 0 {
         keep_regression(plan, &summary, options.regressions_dir.as_deref())?;
     } else {
-        // The data dirs and the pinned binary only matter when something failed.
+        // The data dirs, the credentials and the pinned binary only matter
+        // when something failed.
         let _ = std::fs::remove_dir_all(run_dir.join("data"));
+        let _ = std::fs::remove_dir_all(run_dir.join("certs"));
+        let _ = std::fs::remove_file(run_dir.join("cluster-secret"));
         if bin != options.bin {
             let _ = std::fs::remove_file(&bin);
         }
@@ -353,15 +384,22 @@ fn last_fault_nodes(history: &History, round: usize) -> Vec<u64> {
 }
 
 /// Waits until producers are done and the queue holds no ready, delayed or
-/// claimed job, or `limit` passes.
+/// claimed job, or `limit` passes (reading as `reader`).
 async fn drain(
+    security: &Security,
     addrs: &[String],
     queue: &str,
     producers: &mut JoinSet<anyhow::Result<()>>,
     limit: Duration,
 ) {
     let deadline = Instant::now() + limit;
-    let Ok(client) = Client::connect(&addrs.join(",")) else { return };
+    let client = match security.client(&addrs.join(","), Role::Reader) {
+        Ok(client) => client,
+        Err(error) => {
+            tracing::warn!(%error, "no client to watch the drain");
+            return;
+        }
+    };
     while Instant::now() < deadline {
         while let Some(done) = producers.try_join_next() {
             if let Ok(Err(error)) = done {
@@ -416,10 +454,16 @@ fn state_name(state: i32) -> String {
     .to_string()
 }
 
-/// Every job of `queue`, read linearizably, page by page; `None` if the
-/// cluster would not answer within the limit.
-async fn read_final(addrs: &[String], queue: &str) -> Option<Vec<FinalJob>> {
-    let client = Client::connect(&addrs.join(",")).ok()?;
+/// Every job of `queue`, read linearizably as `reader`, page by page;
+/// `None` if the cluster would not answer within the limit.
+async fn read_final(security: &Security, addrs: &[String], queue: &str) -> Option<Vec<FinalJob>> {
+    let client: Client = match security.client(&addrs.join(","), Role::Reader) {
+        Ok(client) => client,
+        Err(error) => {
+            tracing::warn!(%error, "no client for the final read");
+            return None;
+        }
+    };
     let deadline = Instant::now() + FINAL_READ_LIMIT;
     'attempt: while Instant::now() < deadline {
         let mut jobs = Vec::new();
@@ -578,6 +622,7 @@ pub fn check_dir(run_dir: &Path) -> anyhow::Result<Summary> {
         network: previous.as_ref().map(|s| s.network.clone()).unwrap_or_default(),
         node_starts: previous.as_ref().map(|s| s.node_starts.clone()).unwrap_or_default(),
         recovery_timeout_ms: plan.recovery_timeout_ms,
+        security: previous.as_ref().map(|s| s.security.clone()).unwrap_or_default(),
     };
     Ok(Summary::build(&record, verdicts, facts))
 }

@@ -56,6 +56,11 @@ pub struct Counters {
     /// The disk-full rounds' paths.
     #[serde(default)]
     pub disk: crate::checkers::durable_acks::DiskCounters,
+    /// Harness calls a node refused as unauthenticated or not permitted:
+    /// the harness gives each client the role its calls need, so anything
+    /// but zero is a harness (or auth) bug to look at.
+    #[serde(default)]
+    pub auth_refused: u64,
 }
 
 /// Computes the counters from the record.
@@ -90,6 +95,11 @@ pub fn count(run: &RunRecord) -> Counters {
                 }
             }
             _ => {}
+        }
+        if let Some(done) = completion
+            && matches!(done.value.code.as_deref(), Some("PermissionDenied" | "Unauthenticated"))
+        {
+            counters.auth_refused += 1;
         }
         if matches!(
             pair.invoke.f,
@@ -265,6 +275,10 @@ pub struct Summary {
     pub network: BTreeMap<String, u64>,
     /// Node starts (restarts included).
     pub node_starts: BTreeMap<u64, u32>,
+    /// How the nodes and the harness's clients authenticated, and the role
+    /// checks made before the workload.
+    #[serde(default)]
+    pub security: String,
     /// Per checker.
     pub checkers: Vec<CheckerResult>,
     /// Checkers passed.
@@ -297,6 +311,8 @@ pub struct RunFacts {
     pub node_starts: BTreeMap<u64, u32>,
     /// The recovery limit, for the message when a heal never recovered.
     pub recovery_timeout_ms: u64,
+    /// How the nodes and clients authenticated (empty when not known).
+    pub security: String,
 }
 
 impl Summary {
@@ -379,6 +395,7 @@ impl Summary {
             counters,
             network: facts.network,
             node_starts: facts.node_starts,
+            security: facts.security,
             checkers,
             passed,
             failed,
@@ -471,6 +488,12 @@ impl Summary {
         let _ = writeln!(out, "node starts: {}", starts.join(" "));
         let _ = writeln!(
             out,
+            "security: {}; harness calls refused by auth {}",
+            if self.security.is_empty() { "not recorded" } else { self.security.as_str() },
+            c.auth_refused
+        );
+        let _ = writeln!(
+            out,
             "{:<18} {:<6} {:>8} {:>7} {:>9}  note",
             "checker", "result", "checked", "safety", "liveness"
         );
@@ -524,6 +547,7 @@ mod tests {
             network: BTreeMap::new(),
             node_starts: BTreeMap::new(),
             recovery_timeout_ms: 1,
+            security: String::new(),
         }
     }
 

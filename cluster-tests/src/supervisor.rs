@@ -2,8 +2,11 @@
 //! own loopback IP, data directory and log file, and kills, pauses,
 //! terminates and restarts them on demand. It finds the leader by asking
 //! every node for its own status directly (not through the proxies, so a
-//! partition never blinds the harness). Dropping it SIGKILLs every process
-//! it started, by pid, and nothing else.
+//! partition never blinds the harness). Every node gets the run's
+//! credentials ([`Security::node_args`]: TLS and tokens, or the shared
+//! cluster secret), and the supervisor's own calls carry a token of the role
+//! they need: `reader` for status, `admin` for flags and faults. Dropping it
+//! SIGKILLs every process it started, by pid, and nothing else.
 
 use std::collections::BTreeMap;
 use std::fs::OpenOptions;
@@ -18,7 +21,9 @@ use leasehold_proto::v1::faults_client::FaultsClient;
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 use tokio::time::Instant;
-use tonic::transport::{Channel, Endpoint};
+use tonic::transport::Channel;
+
+use crate::security::{AuthChannel, Role, Security};
 
 /// Where one node lives.
 #[derive(Clone, Debug)]
@@ -69,6 +74,7 @@ const NODE_CALL_TIMEOUT: Duration = Duration::from_secs(2);
 /// Starts and signals node processes.
 pub struct Supervisor {
     bin: PathBuf,
+    security: Security,
     nodes: BTreeMap<u64, NodeProcess>,
 }
 
@@ -81,8 +87,9 @@ pub fn free_port(ip: Ipv4Addr) -> anyhow::Result<SocketAddr> {
 }
 
 impl Supervisor {
-    /// A supervisor for `specs`, running `bin`. Starts nothing yet.
-    pub fn new(bin: &Path, specs: Vec<NodeSpec>) -> anyhow::Result<Supervisor> {
+    /// A supervisor for `specs`, running `bin` with `security`'s
+    /// credentials. Starts nothing yet.
+    pub fn new(bin: &Path, specs: Vec<NodeSpec>, security: Security) -> anyhow::Result<Supervisor> {
         if !bin.is_file() {
             anyhow::bail!(
                 "node binary {} not found (build it: cargo build -p leasehold-cli)",
@@ -91,10 +98,7 @@ impl Supervisor {
         }
         let mut nodes = BTreeMap::new();
         for spec in specs {
-            let channel = Endpoint::from_shared(format!("http://{}", spec.grpc))?
-                .connect_timeout(Duration::from_secs(1))
-                .tcp_nodelay(true)
-                .connect_lazy();
+            let channel = security.channel(spec.grpc)?;
             nodes.insert(
                 spec.id,
                 NodeProcess {
@@ -107,7 +111,7 @@ impl Supervisor {
                 },
             );
         }
-        Ok(Supervisor { bin: bin.to_path_buf(), nodes })
+        Ok(Supervisor { bin: bin.to_path_buf(), security, nodes })
     }
 
     /// The node ids, ascending.
@@ -133,6 +137,7 @@ impl Supervisor {
     /// start (a restarted node finds its membership in its data dir).
     pub fn start(&mut self, id: u64, join: Option<SocketAddr>) -> anyhow::Result<()> {
         let bin = self.bin.clone();
+        let credentials = self.security.node_args(id);
         let node = self.node_mut(id)?;
         if node.child.is_some() {
             anyhow::bail!("node {id} is already running");
@@ -158,6 +163,7 @@ impl Supervisor {
             .arg("--advertise")
             .arg(spec.advertise.to_string())
             .arg("--fault-injection")
+            .args(&credentials)
             .env("LEASEHOLD_LOG", "info,openraft=warn")
             // The cron workload's commands report which node ran them.
             .env("CHAOS_NODE_ID", spec.id.to_string())
@@ -274,8 +280,7 @@ impl Supervisor {
 
     /// A node's own status (asked directly, local only).
     pub async fn local_status(&self, id: u64) -> anyhow::Result<v1::NodeStatus> {
-        let node = self.nodes.get(&id).ok_or_else(|| anyhow::anyhow!("no node {id}"))?;
-        let mut client = ClusterClient::new(node.channel.clone());
+        let mut client = self.cluster(id, Role::Reader)?;
         let mut request = tonic::Request::new(v1::StatusRequest { local_only: true });
         request.set_timeout(NODE_CALL_TIMEOUT);
         let reply = tokio::time::timeout(NODE_CALL_TIMEOUT, client.status(request))
@@ -345,16 +350,18 @@ impl Supervisor {
         }
     }
 
-    /// A Cluster client for node `id` (direct, not through its proxy).
-    pub fn cluster(&self, id: u64) -> anyhow::Result<ClusterClient<Channel>> {
+    /// A Cluster client for node `id` (direct, not through its proxy),
+    /// calling as `role`.
+    pub fn cluster(&self, id: u64, role: Role) -> anyhow::Result<ClusterClient<AuthChannel>> {
         let node = self.nodes.get(&id).ok_or_else(|| anyhow::anyhow!("no node {id}"))?;
-        Ok(ClusterClient::new(node.channel.clone()))
+        Ok(ClusterClient::new(self.security.intercept(node.channel.clone(), role)))
     }
 
-    /// A Faults client for node `id` (direct, not through its proxy).
-    pub fn faults(&self, id: u64) -> anyhow::Result<FaultsClient<Channel>> {
+    /// A Faults client for node `id` (direct, not through its proxy); the
+    /// Faults service needs `admin`.
+    pub fn faults(&self, id: u64) -> anyhow::Result<FaultsClient<AuthChannel>> {
         let node = self.nodes.get(&id).ok_or_else(|| anyhow::anyhow!("no node {id}"))?;
-        Ok(FaultsClient::new(node.channel.clone()))
+        Ok(FaultsClient::new(self.security.intercept(node.channel.clone(), Role::Admin)))
     }
 
     /// Stops every node: SIGCONT the paused, SIGTERM all, SIGKILL stragglers.

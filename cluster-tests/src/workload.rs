@@ -11,7 +11,9 @@
 //! Workers and producers are tasks of the harness process rather than
 //! separate processes: each has its own client (its own connections, through
 //! the proxies, from 127.0.0.1), and the history only needs each to be
-//! sequential. A worker crash is modelled by the zombie (a holder that stops
+//! sequential. In a TLS run producers (and the probe) call with a
+//! `producer` token and workers and zombies with a `worker` token, so the
+//! roles are exercised under every fault too. A worker crash is modelled by the zombie (a holder that stops
 //! talking), which exercises the same server paths without losing the
 //! record of what the dead worker did.
 //!
@@ -31,6 +33,7 @@ use tokio::time::Instant;
 
 use crate::history::{History, LeaseRecord, OpFunction, OpType, OpValue};
 use crate::plan::WorkloadPlan;
+use crate::security::{Role, Security};
 use crate::sink::FencedSink;
 
 /// Longest any single client call may take before it counts as `info`.
@@ -58,6 +61,8 @@ pub struct Context {
     pub sink: FencedSink,
     /// Client addresses (the proxies).
     pub addrs: Vec<String>,
+    /// The run's credentials.
+    pub security: Security,
     /// The workload's shape.
     pub plan: Arc<WorkloadPlan>,
     /// The queue.
@@ -77,17 +82,37 @@ struct Rotating {
     addrs: Vec<String>,
     offset: usize,
     follow_hints: bool,
+    security: Security,
+    role: Role,
     client: Client,
 }
 
 impl Rotating {
-    fn new(addrs: &[String], offset: usize) -> anyhow::Result<Rotating> {
+    fn new(
+        addrs: &[String],
+        offset: usize,
+        security: &Security,
+        role: Role,
+    ) -> anyhow::Result<Rotating> {
         let follow_hints = offset.is_multiple_of(2);
-        let client = Self::build(addrs, offset, follow_hints)?;
-        Ok(Rotating { addrs: addrs.to_vec(), offset, follow_hints, client })
+        let client = Self::build(addrs, offset, follow_hints, security, role)?;
+        Ok(Rotating {
+            addrs: addrs.to_vec(),
+            offset,
+            follow_hints,
+            security: security.clone(),
+            role,
+            client,
+        })
     }
 
-    fn build(addrs: &[String], offset: usize, follow_hints: bool) -> anyhow::Result<Client> {
+    fn build(
+        addrs: &[String],
+        offset: usize,
+        follow_hints: bool,
+        security: &Security,
+        role: Role,
+    ) -> anyhow::Result<Client> {
         if addrs.is_empty() {
             anyhow::bail!("no client address");
         }
@@ -99,13 +124,17 @@ impl Rotating {
             first_delay: Duration::from_millis(100),
             max_delay: Duration::from_secs(1),
         };
-        Ok(Client::connect(&ordered.join(","))?.with_retry(retry).follow_leader_hints(follow_hints))
+        let client = security
+            .client(&ordered.join(","), role)
+            .map_err(|e| anyhow::anyhow!("{} client: {e}", role.name()))?;
+        Ok(client.with_retry(retry).follow_leader_hints(follow_hints))
     }
 
     fn rotate(&mut self) {
         self.offset = (self.offset + 1) % self.addrs.len().max(1);
-        if let Ok(client) = Self::build(&self.addrs, self.offset, self.follow_hints) {
-            self.client = client;
+        match Self::build(&self.addrs, self.offset, self.follow_hints, &self.security, self.role) {
+            Ok(client) => self.client = client,
+            Err(error) => tracing::warn!(%error, "could not rebuild a workload client"),
         }
     }
 }
@@ -215,7 +244,7 @@ async fn nap(ctx: &Context, duration: Duration) {
 pub async fn producer(ctx: Context, index: u32) -> anyhow::Result<()> {
     let process = format!("producer-{index}");
     let mut rng = StdRng::seed_from_u64(ctx.seed ^ (0x7072_6f64 + u64::from(index)));
-    let mut client = Rotating::new(&ctx.addrs, index as usize)?;
+    let mut client = Rotating::new(&ctx.addrs, index as usize, &ctx.security, Role::Producer)?;
     let mut unknown: Vec<(String, bool)> = Vec::new();
     for n in 0..ctx.plan.jobs_per_producer {
         if phase(&ctx) != Phase::Chaos {
@@ -293,7 +322,7 @@ enum Action {
 pub async fn worker(ctx: Context, index: u32) -> anyhow::Result<()> {
     let process = format!("worker-{index}");
     let mut rng = StdRng::seed_from_u64(ctx.seed ^ (0x776f_726b + u64::from(index)));
-    let mut client = Rotating::new(&ctx.addrs, index as usize)?;
+    let mut client = Rotating::new(&ctx.addrs, index as usize, &ctx.security, Role::Worker)?;
     let mut zombies: JoinSet<()> = JoinSet::new();
     let mut zombie_count = 0u64;
     let plan = ctx.plan.clone();
@@ -521,7 +550,7 @@ async fn zombie(
     seed: u64,
 ) -> anyhow::Result<()> {
     let mut rng = StdRng::seed_from_u64(seed);
-    let mut client = Rotating::new(&ctx.addrs, offset)?;
+    let mut client = Rotating::new(&ctx.addrs, offset, &ctx.security, Role::Worker)?;
     // Past the TTL and the next sweep.
     let sleep_ms = ctx.plan.lease_ttl_ms + 1_500 + rng.gen_range(0..1_000);
     nap(&ctx, Duration::from_millis(sleep_ms)).await;
@@ -542,17 +571,24 @@ async fn zombie(
     Ok(())
 }
 
-/// Enqueues a probe job (queue `probe`, never claimed) until one write
-/// succeeds or `limit` passes; answers how long that took.
+/// Enqueues a probe job (queue `probe`, never claimed) as `producer` until
+/// one write succeeds or `limit` passes; answers how long that took.
 pub async fn probe_write(
     history: &History,
+    security: &Security,
     addrs: &[String],
     key: &str,
     round: usize,
     limit: Duration,
 ) -> Option<Duration> {
     let started = Instant::now();
-    let mut client = Rotating::new(addrs, round).ok()?;
+    let mut client = match Rotating::new(addrs, round, security, Role::Producer) {
+        Ok(client) => client,
+        Err(error) => {
+            tracing::warn!(%error, "no probe client");
+            return None;
+        }
+    };
     let process = "probe";
     while started.elapsed() < limit {
         let spec = v1::JobSpec {
