@@ -130,6 +130,10 @@ pub struct ClientTls {
     pub cert_pem: Vec<u8>,
     /// This client's private key.
     pub key_pem: Vec<u8>,
+    /// The name the server's certificate must carry, when it is not the
+    /// host of the address dialled (a node dialling its own listener on
+    /// loopback checks its advertised name).
+    pub domain: Option<String>,
 }
 
 impl std::fmt::Debug for ClientTls {
@@ -153,13 +157,18 @@ impl ClientTls {
             ca_pem: read("--tls-ca", ca)?,
             cert_pem: read("--tls-cert", cert)?,
             key_pem: read("--tls-key", key)?,
+            domain: None,
         })
     }
 
     fn config(&self) -> ClientTlsConfig {
-        ClientTlsConfig::new()
+        let config = ClientTlsConfig::new()
             .ca_certificate(Certificate::from_pem(&self.ca_pem))
-            .identity(Identity::from_pem(&self.cert_pem, &self.key_pem))
+            .identity(Identity::from_pem(&self.cert_pem, &self.key_pem));
+        match &self.domain {
+            Some(domain) => config.domain_name(domain.clone()),
+            None => config,
+        }
     }
 }
 

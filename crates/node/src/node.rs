@@ -175,13 +175,15 @@ impl Credentials {
     }
 
     /// A client of this node's own gRPC port at `addr`, as this node: its
-    /// certificate with TLS, its node proof without.
-    fn own_client(&self, addr: &str) -> Result<Client, NodeError> {
+    /// certificate with TLS (the server's checked as `advertise`'s host),
+    /// its node proof without.
+    fn own_client(&self, addr: &str, advertise: &str) -> Result<Client, NodeError> {
         let builder = match &self.tls {
             Some(material) => Client::builder(addr).tls(ClientTls {
                 ca_pem: material.ca_pem().to_vec(),
                 cert_pem: material.cert_pem().to_vec(),
                 key_pem: material.key_pem().to_vec(),
+                domain: Some(host_of(advertise)),
             }),
             None => {
                 Client::builder(addr).header(NODE_PROOF_HEADER, self.secret.node_proof(self.id))
@@ -380,11 +382,15 @@ fn cluster_secret(config: &Config) -> Result<ClusterSecret, NodeError> {
         if let Err(error) = keep_dev_secret(&config.data, &secret.secret) {
             tracing::warn!(%error, "could not keep the generated cluster secret in the data dir");
         }
-        tracing::warn!(
-            file = %crate::gate::dev_secret_path(&config.data).display(),
-            "no cluster secret configured: generated one and kept it in the data dir; nodes \
-             that join this one need it (cluster_secret_file), or use TLS"
-        );
+        // With TLS the node certificates prove the nodes and vouch for
+        // their messages: nobody else needs this secret.
+        if config.tls_files().is_none() {
+            tracing::warn!(
+                file = %crate::gate::dev_secret_path(&config.data).display(),
+                "no cluster secret configured: generated one and kept it in the data dir; nodes \
+                 that join this one need it (cluster_secret_file), or use TLS"
+            );
+        }
     }
     Ok(secret.secret)
 }
@@ -496,13 +502,14 @@ fn start_intake(
 ) -> Result<Vec<JoinHandle<()>>, NodeError> {
     let mut tasks = Vec::new();
     if config.executor {
-        // With TLS the executor dials the advertised address, which its
-        // node certificate names; without, the bound one.
-        let own =
-            if credentials.tls.is_some() { advertise.to_string() } else { grpc_addr.to_string() };
+        // The executor dials this node's own listener, never the advertised
+        // address (which may be a proxy or a load balancer in front of it);
+        // with TLS it checks the certificate against the advertised host,
+        // which the node certificate names.
+        let own = own_address(grpc_addr);
         // Retries outlast a failover (an ack forwarded to a leader that just
         // died must reach the next one, or the job runs twice): about 20 s.
-        let client = credentials.own_client(&own)?.with_retry(RetryPolicy {
+        let client = credentials.own_client(&own, advertise)?.with_retry(RetryPolicy {
             attempts: 12,
             first_delay: Duration::from_millis(200),
             max_delay: Duration::from_secs(2),
@@ -528,6 +535,28 @@ fn start_intake(
     };
     tasks.push(tokio::spawn(driver::run(journal.clone(), gate.clone(), driver_config, stop)));
     Ok(tasks)
+}
+
+/// The address a node's own clients dial: its listener, on loopback when
+/// it listens on every address.
+fn own_address(grpc_addr: SocketAddr) -> String {
+    let ip = match grpc_addr.ip() {
+        std::net::IpAddr::V4(ip) if ip.is_unspecified() => std::net::Ipv4Addr::LOCALHOST.into(),
+        std::net::IpAddr::V6(ip) if ip.is_unspecified() => std::net::Ipv6Addr::LOCALHOST.into(),
+        ip => ip,
+    };
+    SocketAddr::new(ip, grpc_addr.port()).to_string()
+}
+
+/// The host of `host:port` or `scheme://host:port` (brackets of an IPv6
+/// literal removed), for TLS name checks.
+fn host_of(addr: &str) -> String {
+    let rest = addr.split_once("://").map_or(addr, |(_, rest)| rest).trim_end_matches('/');
+    let host = match rest.rsplit_once(':') {
+        Some((host, port)) if port.chars().all(|c| c.is_ascii_digit()) => host,
+        _ => rest,
+    };
+    host.trim_start_matches('[').trim_end_matches(']').to_string()
 }
 
 /// How often a node listening beyond loopback without TLS and tokens says so.
@@ -885,5 +914,21 @@ impl NodeHandle {
             Some(e) => Err(NodeError::Serve(e)),
             None => Ok(()),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn own_clients_dial_the_listener_and_check_the_advertised_host() {
+        assert_eq!(own_address("0.0.0.0:7070".parse().expect("addr")), "127.0.0.1:7070");
+        assert_eq!(own_address("[::]:7070".parse().expect("addr")), "[::1]:7070");
+        assert_eq!(own_address("127.0.0.12:7071".parse().expect("addr")), "127.0.0.12:7071");
+        assert_eq!(host_of("127.0.0.21:9001"), "127.0.0.21");
+        assert_eq!(host_of("https://node1.example:7070/"), "node1.example");
+        assert_eq!(host_of("[::1]:7070"), "::1");
+        assert_eq!(host_of("node1.example"), "node1.example");
     }
 }

@@ -329,7 +329,33 @@ where
                 // The service that was made ready is the one that serves.
                 let ready = self.inner.clone();
                 let mut inner = std::mem::replace(&mut self.inner, ready);
-                Box::pin(inner.call(request))
+                let future = inner.call(request);
+                let refused = self.layer.refused.clone();
+                Box::pin(async move {
+                    let response = future.await?;
+                    // A service's own role check (a command queue needs
+                    // admin) is counted and logged like the layer's.
+                    if let Some(status) = tonic::Status::from_header_map(response.headers())
+                        && status.code() == tonic::Code::PermissionDenied
+                    {
+                        let service =
+                            path.trim_start_matches('/').split('/').next().unwrap_or_default();
+                        refused
+                            .get_or_create(&AuthLabels {
+                                service: service.to_string(),
+                                reason: "role".to_string(),
+                            })
+                            .inc();
+                        tracing::info!(
+                            event = "auth.refuse",
+                            method = %path,
+                            reason = "role",
+                            message = %status.message(),
+                            "call refused"
+                        );
+                    }
+                    Ok(response)
+                })
             }
             Err(refusal) => {
                 let service = path.trim_start_matches('/').split('/').next().unwrap_or_default();

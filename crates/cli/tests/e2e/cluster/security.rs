@@ -39,8 +39,8 @@ use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint};
 use leasehold_security::secret::NODE_PROOF_HEADER;
 
 use super::super::support::{
-    CLUSTER_SECRET, Cluster, ClusterOptions, RPC_TIMEOUT, Sandbox, StatsSnapshot, dev_certs, job,
-    phase, stats_snapshot, tls_config,
+    CLUSTER_SECRET, Cluster, ClusterOptions, RPC_TIMEOUT, Sandbox, StatsSnapshot, dev_certs,
+    http_get, job, phase, stats_snapshot, tls_config,
 };
 use super::cluster_slot;
 
@@ -316,6 +316,14 @@ async fn roles_story(sandbox: &Sandbox) -> Result<()> {
         producer.schedules().put(command_schedule("p")),
     )
     .await?;
+    let metrics = http_get(cluster.node(1)?.http, "/metrics").await?.body;
+    let counted = metrics.lines().any(|line| {
+        line.starts_with("leasehold_auth_refused_total{")
+            && line.contains("service=\"leasehold.v1.Queue\"")
+            && line.contains("reason=\"role\"")
+            && !line.ends_with(" 0")
+    });
+    ensure!(counted, "the service's own role refusals are not counted: {metrics}");
     let reader = Caller::new(&https, Some(client_tls()?), Some(token(&certs, "reader")?))?;
     refused(&cluster, "reader enqueues", denied, reader.queue().enqueue(enqueue("emails"))).await?;
     reader.queue().stats(v1::StatsRequest::default()).await.context("reader stats")?;
