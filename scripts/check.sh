@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# The read-only gate: formatting, lints, tests, docs, core purity, and the
-# chaos harness's quick profile.
+# The read-only gate: formatting, lints, tests, docs, core purity, the fuzz
+# targets (corpus replay and a short run of each), and the chaos harness's
+# quick profile.
 # This is the README's test command and what CI runs. It changes no file.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -38,6 +39,27 @@ cargo test --workspace --locked
 
 step "cargo doc (warnings are errors)"
 RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --locked
+
+step "fuzz targets: lints, and a replay of the committed corpus and regression inputs"
+# fuzz/ is a workspace of its own (see docs/fuzzing.md); the replay needs no fuzzer.
+(cd fuzz && cargo fmt -- --check \
+  && cargo clippy --locked --all-targets --features afl -- -D warnings \
+  && cargo test --locked)
+
+step "fuzz targets: a short coverage-guided run of each (AFL++)"
+fuzz_seconds=${LEASEHOLD_FUZZ_SECONDS:-20}
+if [ "$fuzz_seconds" = 0 ]; then
+  echo "skipped: LEASEHOLD_FUZZ_SECONDS=0"
+elif cargo afl --version >/dev/null 2>&1; then
+  for target in $(scripts/fuzz.sh --list); do
+    scripts/fuzz.sh "$target" "$fuzz_seconds"
+  done
+elif [ -n "${CI:-}" ]; then
+  echo "cargo-afl is missing (.ci/run installs it)" >&2
+  exit 1
+else
+  echo "skipped: cargo-afl is not installed (cargo install cargo-afl --locked)"
+fi
 
 step "chaos harness, quick profile (real nodes, injected faults, every checker)"
 scripts/chaos.sh quick

@@ -234,10 +234,16 @@ impl Schedule {
     }
 
     /// Appends a record, dropping the oldest beyond [`HISTORY_LEN`].
+    ///
+    /// The counters saturate: a `Skip` may stand for any number of ticks
+    /// (`u64::MAX` among them), and an overflow here would panic inside
+    /// `apply` in a debug build and wrap the count in a release one.
     pub fn record(&mut self, record: TickRecord) {
         match &record.outcome {
-            TickOutcome::Fired { .. } => self.fired_count += 1,
-            TickOutcome::Skipped { ticks, .. } => self.skipped_count += *ticks,
+            TickOutcome::Fired { .. } => self.fired_count = self.fired_count.saturating_add(1),
+            TickOutcome::Skipped { ticks, .. } => {
+                self.skipped_count = self.skipped_count.saturating_add(*ticks);
+            }
         }
         self.history.push_back(record);
         while self.history.len() > HISTORY_LEN {
@@ -532,6 +538,35 @@ mod tests {
         let fires = plan.iter().filter(|p| matches!(p, TickPlan::Fire(_))).count();
         assert_eq!(fires, 1, "{plan:?}");
         assert!(plan.len() <= 2, "{plan:?}");
+    }
+
+    /// Planning at the edges of time neither panics nor plans a bucket at
+    /// or below the mark: a mark of `u64::MAX` (its instant saturates),
+    /// a clock at `u64::MAX` (past the last tick, year 9999), and the
+    /// widest tolerance and catch-up bound.
+    #[test]
+    fn planning_at_the_edges_of_time_saturates() {
+        for catchup in [Catchup::Coalesce, Catchup::Skip, Catchup::All] {
+            let (mut schedule, cron) = every_minute(catchup);
+            schedule.spec.catchup_max = u32::MAX;
+            schedule.spec.catchup_window_ms = u64::MAX;
+            for (mark, created_at_ms, now_ms, tolerance_ms) in [
+                (u64::MAX, 0, u64::MAX, u64::MAX),
+                (0, 0, u64::MAX, u64::MAX),
+                (0, u64::MAX, u64::MAX, 0),
+                (u64::MAX - 1, 0, T0_MS, 2_000),
+                (0, 0, T0_MS, u64::MAX),
+            ] {
+                schedule.last_fired_bucket = mark;
+                schedule.created_at_ms = created_at_ms;
+                for step in plan_ticks(&schedule, &cron, now_ms, tolerance_ms) {
+                    let bucket = match step {
+                        TickPlan::Fire(bucket) | TickPlan::Skip { bucket, .. } => bucket,
+                    };
+                    assert!(bucket > mark || mark == 0, "{catchup:?}: {step:?} after {mark}");
+                }
+            }
+        }
     }
 
     #[test]

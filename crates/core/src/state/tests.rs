@@ -1146,3 +1146,181 @@ mod snapshot {
         }
     }
 }
+
+/// Item by item, every sum `apply` computes, fed the largest values a
+/// command or a clock can carry: each must saturate (or be refused as a
+/// value), never panic in a debug build or wrap in a release one.
+mod extremes {
+    use super::*;
+    use crate::schedule::{JobTemplate, Overlap, ScheduleSpec, SkipReason, TickOutcome};
+
+    const MAX_TTL_MS: u64 = 12 * 60 * 60 * 1_000;
+
+    fn schedule(state: &mut State, now_ms: u64) {
+        let spec = ScheduleSpec {
+            name: "s".into(),
+            cron: "* * * * * *".into(),
+            template: JobTemplate { command: Some("true".into()), ..JobTemplate::default() },
+            overlap: Overlap::Allow,
+            ..ScheduleSpec::default()
+        };
+        assert_eq!(apply(state, now_ms, Command::PutSchedule { spec }), Response::ScheduleChanged);
+    }
+
+    fn skip(bucket: u64, ticks: u64) -> Command {
+        Command::Skip { schedule: "s".into(), bucket, reason: SkipReason::Catchup, ticks }
+    }
+
+    /// The sum the issue names: `Skip.ticks` added to `skipped_count`.
+    /// Two skips of `u64::MAX` ticks each leave the counter at `u64::MAX`.
+    #[test]
+    fn skipped_ticks_saturate_the_counter() {
+        let mut state = State::new();
+        schedule(&mut state, 1_000);
+        for bucket in [1, 2, 3] {
+            let answer = apply(&mut state, 1_000, skip(bucket, u64::MAX));
+            let expected = TickOutcome::Skipped { reason: SkipReason::Catchup, ticks: u64::MAX };
+            assert_eq!(answer, Response::Tick(Some(expected)));
+        }
+        let counted = state.schedule("s").map(|s| s.skipped_count);
+        assert_eq!(counted, Some(u64::MAX));
+    }
+
+    /// Fires saturate their counter too; no run of fires reaches 2^64, so
+    /// the counter starts at the edge.
+    #[test]
+    fn fired_ticks_saturate_the_counter() {
+        let mut state = State::new();
+        schedule(&mut state, 1_000);
+        if let Some(schedule) = state.schedules.get_mut("s") {
+            schedule.fired_count = u64::MAX;
+        }
+        let fire = Command::Fire { schedule: "s".into(), bucket: 5, targets: vec![] };
+        let answer = apply(&mut state, 10_000, fire);
+        assert!(matches!(answer, Response::Tick(Some(TickOutcome::Fired { .. }))), "{answer:?}");
+        assert_eq!(state.schedule("s").map(|s| s.fired_count), Some(u64::MAX));
+    }
+
+    /// A bucket of `u64::MAX` seconds is far past any clock: its instant
+    /// (`bucket * 1000`) saturates, the lag is 0, and the bucket still
+    /// fires once. A trigger at the end of time names its manual run
+    /// without overflowing either.
+    #[test]
+    fn the_largest_bucket_fires_once_and_triggers_still_work_at_the_end_of_time() {
+        let mut state = State::new();
+        schedule(&mut state, 1_000);
+        let fire = Command::Fire { schedule: "s".into(), bucket: u64::MAX, targets: vec![] };
+        let answer = apply(&mut state, u64::MAX, fire.clone());
+        let Response::Tick(Some(TickOutcome::Fired { lag_ms, .. })) = answer else {
+            panic!("expected a fire, got {answer:?}")
+        };
+        assert_eq!(lag_ms, 0);
+        assert_eq!(apply(&mut state, u64::MAX, fire), Response::Tick(None));
+        assert_eq!(apply(&mut state, u64::MAX, skip(u64::MAX, u64::MAX)), Response::Tick(None));
+        let trigger = Command::Trigger { schedule: "s".into(), force: true, targets: vec![] };
+        let answer = apply(&mut state, u64::MAX, trigger);
+        assert!(matches!(answer, Response::Tick(Some(TickOutcome::Fired { .. }))), "{answer:?}");
+    }
+
+    /// Leases granted or renewed at the end of time, with the longest ttl,
+    /// expire at `u64::MAX` (not before they were granted); a sweep there
+    /// takes them back.
+    #[test]
+    fn leases_at_the_end_of_time_saturate_their_expiry() {
+        let mut state = State::new();
+        let id = enqueue_one(
+            &mut state,
+            u64::MAX,
+            JobSpec { lease_ttl_ms: Some(MAX_TTL_MS), ..spec("q") },
+        );
+        let lease = claim_one(&mut state, u64::MAX, "q");
+        assert_eq!((lease.granted_at_ms, lease.expires_at_ms), (u64::MAX, u64::MAX));
+        let answer =
+            apply(&mut state, u64::MAX, refresh(vec![(id, lease.token)], Some(MAX_TTL_MS)));
+        let Response::Refreshed { renewed, lost } = answer else {
+            panic!("expected a refresh, got {answer:?}")
+        };
+        assert_eq!((renewed.len(), lost.len()), (1, 0));
+        assert_eq!(renewed[0].expires_at_ms, u64::MAX);
+        let swept = apply(&mut state, u64::MAX, Command::Sweep);
+        assert_eq!(swept, Response::Swept { requeued: vec![id], dead: vec![] });
+    }
+
+    /// A new term that starts at the end of time ends its grace there too.
+    #[test]
+    fn a_term_starting_at_the_end_of_time_saturates_its_grace() {
+        let mut state = State::new();
+        state.apply(1, &Proposal { now_ms: 1_000, command: Command::Sweep });
+        state.apply(u64::MAX, &Proposal { now_ms: u64::MAX, command: Command::Sweep });
+        assert_eq!(state.grace_end_ms(), u64::MAX);
+        assert_eq!(state.check_invariants(), Ok(()));
+    }
+
+    /// The largest retry delays, from the command or from a backoff whose
+    /// base and cap are `u64::MAX`, push `not_before_ms` to `u64::MAX`;
+    /// the largest priorities of both signs still order claims.
+    #[test]
+    fn huge_delays_and_priorities_saturate() {
+        let mut state = State::new();
+        let huge = Backoff { base_ms: u64::MAX, cap_ms: u64::MAX };
+        let slow = JobSpec {
+            backoff: Some(huge),
+            max_attempts: Some(1_000),
+            priority: i32::MAX,
+            not_before_ms: Some(u64::MAX - 1),
+            ..spec("q")
+        };
+        let low = JobSpec { priority: i32::MIN, ..spec("q") };
+        let ids: Vec<u64> =
+            enqueue(&mut state, 0, vec![slow, low]).iter().map(|o| o.job_id).collect();
+        // Not due yet: the low-priority job is granted first.
+        assert_eq!(claim_one(&mut state, u64::MAX - 2, "q").job_id, ids[1]);
+        let lease = claim_one(&mut state, u64::MAX - 1, "q");
+        assert_eq!(lease.job_id, ids[0]);
+        let answer = apply(&mut state, u64::MAX - 1, nack(ids[0], lease.token, None));
+        assert_eq!(answer, Response::Nacked { state: JobState::Ready, not_before_ms: u64::MAX });
+        let lease = claim_one(&mut state, u64::MAX, "q");
+        let answer = apply(&mut state, u64::MAX, nack(ids[0], lease.token, Some(u64::MAX)));
+        assert_eq!(answer, Response::Nacked { state: JobState::Ready, not_before_ms: u64::MAX });
+    }
+
+    /// A tombstone finished near the end of time keeps its key until the
+    /// end of time: its retention saturates to `u64::MAX` instead of
+    /// wrapping to "long ago" and being purged at once.
+    #[test]
+    fn retention_at_the_end_of_time_saturates() {
+        let mut state = State::new();
+        let id = enqueue_one(&mut state, u64::MAX - 2, spec("q"));
+        let lease = claim_one(&mut state, u64::MAX - 2, "q");
+        assert_eq!(apply(&mut state, u64::MAX - 2, ack(id, lease.token)), Response::Acked);
+        assert_eq!(apply(&mut state, u64::MAX - 1, Command::Purge), Response::Purged(0));
+        assert!(!state.has_purgeable(u64::MAX - 1));
+        assert!(state.has_purgeable(u64::MAX));
+        assert_eq!(apply(&mut state, u64::MAX, Command::Purge), Response::Purged(1));
+    }
+
+    /// When the token counter is spent a claim grants nothing rather than
+    /// wrap to a reused token; when the id counter is spent an enqueue is
+    /// refused as a value.
+    #[test]
+    fn spent_counters_refuse_instead_of_wrapping() {
+        let mut state = State::new();
+        enqueue(&mut state, 1_000, vec![spec("q"), spec("q")]);
+        state.last_token = u64::MAX - 1;
+        let grants = claim(&mut state, 1_000, "q", 2);
+        assert_eq!(grants.iter().map(|g| g.lease.token).collect::<Vec<_>>(), vec![u64::MAX]);
+        assert!(claim(&mut state, 1_000, "q", 2).is_empty());
+
+        state.last_job_id = u64::MAX - 1;
+        let before = state.clone();
+        let answer =
+            apply(&mut state, 1_000, Command::Enqueue { jobs: vec![spec("q"), spec("q")] });
+        let Response::Refused(Refusal::Invalid(error)) = answer else {
+            panic!("expected a refusal, got {answer:?}")
+        };
+        assert_eq!(error.problem, "job id space exhausted");
+        assert_eq!(state, before);
+        let last = enqueue_one(&mut state, 1_000, spec("q"));
+        assert_eq!(last, u64::MAX);
+    }
+}
