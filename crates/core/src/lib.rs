@@ -34,6 +34,7 @@
 //! after every step.
 
 pub mod batch;
+pub mod bus;
 pub mod command;
 pub mod cron;
 pub mod gate;

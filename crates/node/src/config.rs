@@ -126,7 +126,7 @@ impl Default for Config {
             election_timeout_min_ms: 300,
             election_timeout_max_ms: 600,
             snapshot_every_entries: 10_000,
-            batches_in_flight: leasehold_server::journal::DEFAULT_BATCHES_IN_FLIGHT,
+            batches_in_flight: leasehold_replica::journal::DEFAULT_BATCHES_IN_FLIGHT,
             fault_injection: false,
             clock_offset_ms: 0,
             tags: Vec::new(),

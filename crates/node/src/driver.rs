@@ -20,9 +20,8 @@ use leasehold_core::cron::{self, CronSchedule};
 use leasehold_core::gate::ClaimPath;
 use leasehold_core::schedule::{Schedule, SkipReason, Target, TickOutcome, TickPlan, plan_ticks};
 use leasehold_core::{Command, Response};
-use leasehold_server::metrics::TickLabels;
-use leasehold_server::schedules_service::each_targets;
-use leasehold_server::{Gate, Journal};
+use leasehold_replica::metrics::TickLabels;
+use leasehold_replica::{Gate, Journal};
 use tokio::sync::watch;
 use tokio::task::JoinSet;
 
@@ -349,7 +348,7 @@ async fn fire_on_journal(
         let command = match step {
             TickPlan::Fire(bucket) => {
                 let targets = match schedule.spec.target {
-                    Target::Each => each_targets(journal, schedule),
+                    Target::Each => journal.each_targets(&schedule.spec.template.tags),
                     Target::Any => Vec::new(),
                 };
                 Command::Fire { schedule: name, bucket, targets }

@@ -3,7 +3,7 @@
 //! claim, run the schedule's command on this node, release.
 //!
 //! Which path a tick takes is decided once, by the driver, with
-//! [`leasehold_server::Gate::decide_for_claim`]; this module only carries a
+//! [`leasehold_replica::Gate::decide_for_claim`]; this module only carries a
 //! bus decision out. Release goes to both stores: the bus (a no-op unless
 //! this node won the key) and the journal (a no-op unless this node holds a
 //! lease on a job with that key).
@@ -15,9 +15,9 @@ use std::time::Duration;
 use leasehold_client::exec::{self, CommandLine};
 use leasehold_core::Command;
 use leasehold_core::schedule::Schedule;
+use leasehold_replica::bus::Outcome;
+use leasehold_replica::{Gate, Journal};
 use leasehold_security::ClusterSecret;
-use leasehold_server::bus::Outcome;
-use leasehold_server::{Gate, Journal};
 
 use crate::config::{Config, ConfigError, SecretText};
 

@@ -19,13 +19,14 @@ use leasehold_proto::v1::queue_server::QueueServer;
 use leasehold_proto::v1::raft_server::RaftServer;
 use leasehold_proto::v1::schedules_server::SchedulesServer;
 use leasehold_raft::{NetworkFactory, PeerSecurity, PeerTls, Raft};
+use leasehold_replica::bus::Bus;
+use leasehold_replica::{Clock, Gate, GateConfig, Journal, JournalConfig, Readiness};
 use leasehold_security::secret::NODE_PROOF_HEADER;
 use leasehold_security::{
     ClusterSecret, Identity, NodeServerVerifier, SharedServerConfig, SharedTokens, TlsFiles,
     TlsMaterial, TokenSet,
 };
 use leasehold_server::auth::{AuthConfig, AuthLayer};
-use leasehold_server::bus::Bus;
 use leasehold_server::cluster_service::ClusterService;
 use leasehold_server::faults_service::FaultsService;
 use leasehold_server::incoming::{self, ConnectionLimits};
@@ -34,7 +35,6 @@ use leasehold_server::peer_service::PeerService;
 use leasehold_server::queue_service::QueueService;
 use leasehold_server::raft_service::RaftService;
 use leasehold_server::schedules_service::SchedulesService;
-use leasehold_server::{Clock, Gate, GateConfig, Journal, JournalConfig, Readiness};
 use openraft::{BasicNode, SnapshotPolicy};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
@@ -261,8 +261,8 @@ impl Node {
         let (log, state) = tokio::task::spawn_blocking(move || leasehold_storage::open(&data))
             .await
             .map_err(|e| NodeError::Serve(e.to_string()))??;
-        let bus_tree = log.open_local_tree(leasehold_storage::layout::BUS_TREE)?;
-        let peers_tree = log.open_local_tree(leasehold_storage::layout::PEERS_TREE)?;
+        let bus_table = log.bus_table()?;
+        let peer_store = log.peer_store()?;
         let secret = cluster_secret(&config)?;
         let credentials = Credentials::load(&config, secret.clone())?;
         let peers = credentials.peers.clone();
@@ -305,8 +305,8 @@ impl Node {
                 journal_lease_dry_run: config.journal_lease_dry_run,
             },
             secret,
-            Bus::new(config.id, bus_tree),
-            peers_tree,
+            Bus::new(config.id, bus_table),
+            peer_store,
         );
         let readiness = Readiness::new(journal.clone());
         let (shutdown, shutdown_rx) = watch::channel(false);
@@ -322,7 +322,7 @@ impl Node {
         }
         // Adverts go on through a drain (they say the node drains) until the
         // servers stop.
-        let adverts = leasehold_server::gate::run_adverts(gate.clone(), shutdown_rx.clone());
+        let adverts = leasehold_replica::gate::run_adverts(gate.clone(), shutdown_rx.clone());
         tasks.push(tokio::spawn(async move {
             adverts.await;
             Ok(())

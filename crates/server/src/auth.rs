@@ -29,7 +29,7 @@ use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 
 use crate::incoming::ConnectionInfo;
-use crate::metrics::AuthLabels;
+use leasehold_replica::metrics::AuthLabels;
 
 /// Who made a call, as established by [`AuthLayer`].
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -14,8 +14,9 @@ use tonic::{Request, Response, Status};
 
 use crate::auth::Caller;
 use crate::error::Error;
-use crate::gate::Gate;
-use crate::journal::Journal;
+use leasehold_replica::Gate;
+use leasehold_replica::Journal;
+use leasehold_replica::Unavailable;
 
 /// How long a member's local status may take before it counts as unreachable.
 const STATUS_TIMEOUT: Duration = Duration::from_secs(1);
@@ -64,7 +65,7 @@ impl ClusterService {
     fn leader_client(&self) -> Result<Option<ClusterClient<leasehold_raft::PeerChannel>>, Error> {
         let metrics = self.journal.raft().metrics().borrow().clone();
         let Some(leader) = metrics.current_leader else {
-            return Err(Error::Unavailable("no leader is known yet".into()));
+            return Err(Error::Unavailable(Unavailable::NoLeader));
         };
         if leader == self.journal.node_id() {
             return Ok(None);
@@ -74,12 +75,14 @@ impl ClusterService {
             .membership()
             .get_node(&leader)
             .map(|n| n.addr.clone())
-            .ok_or_else(|| Error::Unavailable(format!("leader {leader} has no known address")))?;
-        let channel = self
-            .journal
-            .peers()
-            .channel(&addr)
-            .map_err(|e| Error::Unavailable(format!("leader {leader} at {addr}: {e}")))?;
+            .ok_or_else(|| {
+                Error::Unavailable(Unavailable::Peer(format!(
+                    "leader {leader} has no known address"
+                )))
+            })?;
+        let channel = self.journal.peers().channel(&addr).map_err(|e| {
+            Error::Unavailable(Unavailable::Peer(format!("leader {leader} at {addr}: {e}")))
+        })?;
         Ok(Some(ClusterClient::new(channel)))
     }
 
@@ -92,11 +95,9 @@ impl ClusterService {
         else {
             return Err(Status::not_found(format!("id: node {id} is not a member")));
         };
-        let channel = self
-            .journal
-            .peers()
-            .channel(&addr)
-            .map_err(|e| Error::Unavailable(format!("node {id} at {addr}: {e}")))?;
+        let channel = self.journal.peers().channel(&addr).map_err(|e| {
+            Error::Unavailable(Unavailable::Peer(format!("node {id} at {addr}: {e}")))
+        })?;
         Ok(ClusterClient::new(channel))
     }
 
@@ -170,12 +171,12 @@ pub fn role_name(state: ServerState) -> &'static str {
 fn membership_error(error: RaftError<u64, ClientWriteError<u64, BasicNode>>) -> Error {
     match error {
         RaftError::APIError(ClientWriteError::ForwardToLeader(_)) => {
-            Error::Unavailable("leadership moved; retry".into())
+            Error::Unavailable(Unavailable::LeadershipChanging)
         }
         RaftError::APIError(ClientWriteError::ChangeMembershipError(e)) => {
-            Error::Unavailable(format!("membership change: {e}"))
+            Error::Unavailable(Unavailable::Membership(e.to_string()))
         }
-        RaftError::Fatal(e) => Error::Unavailable(format!("raft stopped: {e}")),
+        RaftError::Fatal(e) => Error::Unavailable(Unavailable::RaftStopped(e.to_string())),
     }
 }
 
@@ -281,11 +282,11 @@ impl Cluster for ClusterService {
                 Ok(Ok(_)) => {}
                 Ok(Err(e)) => return Err(membership_error(e).into()),
                 Err(_) => {
-                    return Err(Error::Unavailable(format!(
+                    return Err(Error::Unavailable(Unavailable::Peer(format!(
                         "node {} did not catch up within {} s",
                         request.id,
                         CATCH_UP_TIMEOUT.as_secs()
-                    ))
+                    )))
                     .into());
                 }
             }

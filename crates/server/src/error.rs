@@ -1,6 +1,7 @@
 //! The one mapping from service errors to gRPC status codes.
 
 use leasehold_core::{Refusal, ValidationError, ValidationKind};
+use leasehold_replica::{JournalError, Unavailable};
 
 /// What a call can fail with. Messages are lower-case and name the field or
 /// job concerned.
@@ -20,12 +21,21 @@ pub enum Error {
     /// No such job or schedule; the message names it.
     #[error("{0}")]
     NotFound(String),
-    /// Retryable: no quorum, no leader, draining.
-    #[error("{0}")]
-    Unavailable(String),
+    /// Retryable: no quorum, no leader, draining; the variant says which.
+    #[error(transparent)]
+    Unavailable(#[from] Unavailable),
     /// A bug or a storage failure.
     #[error("internal error: {0}")]
     Internal(String),
+}
+
+impl From<JournalError> for Error {
+    fn from(error: JournalError) -> Self {
+        match error {
+            JournalError::Unavailable(why) => Error::Unavailable(why),
+            JournalError::Internal(message) => Error::Internal(message),
+        }
+    }
 }
 
 impl From<Refusal> for Error {
@@ -76,7 +86,8 @@ mod tests {
             (Error::Invalid(too_large), tonic::Code::ResourceExhausted),
             (Error::StaleToken { job_id: 1, presented: 2 }, tonic::Code::FailedPrecondition),
             (Error::NotFound("job 1 not found".into()), tonic::Code::NotFound),
-            (Error::Unavailable("draining".into()), tonic::Code::Unavailable),
+            (Error::Unavailable(Unavailable::Draining), tonic::Code::Unavailable),
+            (Error::Unavailable(Unavailable::NoQuorum { timeout_ms: 5 }), tonic::Code::Unavailable),
             (Error::Internal("x".into()), tonic::Code::Internal),
         ];
         for (error, code) in cases {

@@ -5,7 +5,7 @@ use leasehold_proto::v1;
 use leasehold_proto::v1::faults_server::Faults;
 use tonic::{Request, Response, Status};
 
-use crate::journal::Journal;
+use leasehold_replica::Journal;
 
 /// Serves `leasehold.v1.Faults`.
 #[derive(Clone)]

@@ -8,7 +8,7 @@ use axum::http::StatusCode;
 use axum::routing::get;
 use tokio::net::TcpListener;
 
-use crate::readiness::Readiness;
+use leasehold_replica::Readiness;
 
 /// Serves the HTTP endpoints on `listener` until `shutdown` resolves.
 pub async fn serve(

@@ -1,30 +1,24 @@
-//! The network edge of a leasehold node: tonic services (Queue, Cluster and
-//! the internal Raft service), the HTTP health endpoints, the one mapping from
-//! [`Error`] to `tonic::Status`, and the [`Journal`] that proposes commands
-//! (forwarding to the leader when this node is not it) and serves reads.
+//! The gRPC edge of a leasehold node: the public services (Queue,
+//! Schedules, Cluster), the internal ones (Raft, Peer), health over HTTP,
+//! and what stands in front of them all — the listener that terminates TLS
+//! and bounds connections ([`incoming`]), the one layer that says who may
+//! call what ([`auth`]), the size limits ([`limits`]) — and the one mapping
+//! from errors to gRPC status ([`error`]).
+//!
+//! Services validate a request once, then hand it to the replica runtime
+//! (`leasehold-replica`); they decide nothing themselves beyond the edge's
+//! own questions (is this field well formed, may this caller ask it).
 
-pub mod adverts;
 pub mod auth;
-pub mod bus;
-pub mod clock;
 pub mod cluster_service;
 pub mod error;
 pub mod faults_service;
-pub mod forward;
-pub mod gate;
 pub mod http;
 pub mod incoming;
-pub mod journal;
 pub mod limits;
-pub mod metrics;
 pub mod peer_service;
 pub mod queue_service;
 pub mod raft_service;
-pub mod readiness;
 pub mod schedules_service;
 
-pub use clock::Clock;
 pub use error::Error;
-pub use gate::{Gate, GateConfig};
-pub use journal::{Journal, JournalConfig};
-pub use readiness::Readiness;

@@ -7,10 +7,10 @@ use leasehold_proto::v1;
 use leasehold_proto::v1::peer_server::Peer;
 use tonic::{Request, Response, Status};
 
-use crate::adverts::{MAX_TEXT_BYTES, Rejection, Sender};
 use crate::auth::Caller;
-use crate::bus::BusRefusal;
-use crate::gate::Gate;
+use leasehold_replica::Gate;
+use leasehold_replica::adverts::{MAX_TEXT_BYTES, Rejection, Sender};
+use leasehold_replica::bus::BusRefusal;
 
 /// Serves `leasehold.v1.Peer`.
 #[derive(Clone)]

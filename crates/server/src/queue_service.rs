@@ -16,7 +16,8 @@ use tonic::{Request, Response as Reply, Status};
 
 use crate::auth::Caller;
 use crate::error::Error;
-use crate::journal::Journal;
+use leasehold_replica::Journal;
+use leasehold_replica::Unavailable;
 
 /// Longest long-poll a claim may ask for.
 pub const MAX_CLAIM_WAIT: Duration = Duration::from_secs(30);
@@ -135,7 +136,7 @@ impl QueueService {
             caller.require(Role::Admin, &what)?;
         }
         if self.journal.is_draining() {
-            return Err(Error::Unavailable("draining: this node takes no new claims".into()).into());
+            return Err(Error::Unavailable(Unavailable::Draining).into());
         }
         let wait = Duration::from_millis(request.wait_ms);
         if wait > MAX_CLAIM_WAIT {
@@ -180,9 +181,7 @@ impl QueueService {
                 return Ok(Reply::new(v1::ClaimResponse { grants: Vec::new() }));
             }
             if self.journal.is_draining() {
-                return Err(
-                    Error::Unavailable("draining: this node takes no new claims".into()).into()
-                );
+                return Err(Error::Unavailable(Unavailable::Draining).into());
             }
             let next_check = (now + CLAIM_RECHECK).min(deadline);
             applied.borrow_and_update();
@@ -265,7 +264,8 @@ impl QueueService {
         let job = self
             .journal
             .read(request.stale, |state| state.job(request.job_id).map(convert::job_to_wire))
-            .await?
+            .await
+            .map_err(Error::from)?
             .ok_or_else(|| Error::NotFound(format!("job {} not found", request.job_id)))?;
         Ok(Reply::new(v1::GetJobResponse { job: Some(job) }))
     }
@@ -307,7 +307,8 @@ impl QueueService {
                 jobs.truncate(page_size as usize);
                 (jobs.into_iter().map(convert::job_to_wire).collect::<Vec<_>>(), more)
             })
-            .await?;
+            .await
+            .map_err(Error::from)?;
         let next_page_token = match (more, jobs.last()) {
             (true, Some(last)) => last.id.to_string(),
             _ => String::new(),
@@ -337,7 +338,8 @@ impl QueueService {
                 last_token: state.last_token(),
                 last_job_id: state.last_job_id(),
             })
-            .await?;
+            .await
+            .map_err(Error::from)?;
         Ok(Reply::new(reply))
     }
 

@@ -15,8 +15,8 @@ use tonic::{Request, Response, Status};
 
 use crate::auth::Caller;
 use crate::error::Error;
-use crate::forward::ForwardRequest;
-use crate::journal::Journal;
+use leasehold_replica::Journal;
+use leasehold_replica::forward::ForwardRequest;
 
 /// Serves `leasehold.v1.Raft`.
 #[derive(Clone)]

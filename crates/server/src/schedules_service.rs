@@ -11,7 +11,7 @@ use leasehold_proto::v1::schedules_server::Schedules;
 use tonic::{Request, Response as Reply, Status};
 
 use crate::error::Error;
-use crate::journal::Journal;
+use leasehold_replica::Journal;
 
 /// Serves `leasehold.v1.Schedules`.
 #[derive(Clone)]
@@ -32,16 +32,6 @@ impl SchedulesService {
             response => Ok(response),
         }
     }
-}
-
-/// The nodes a `target = each` tick of `schedule` goes to: current Raft
-/// members that registered, are not draining, and carry every tag of the
-/// schedule's template.
-pub fn each_targets(journal: &Journal, schedule: &Schedule) -> Vec<u64> {
-    let metrics = journal.raft().metrics().borrow().clone();
-    let members: Vec<u64> =
-        metrics.membership_config.membership().nodes().map(|(id, _)| *id).collect();
-    journal.read_stale(|state| state.each_targets(&members, &schedule.spec.template.tags))
 }
 
 fn unexpected(response: &Response) -> Status {
@@ -99,7 +89,8 @@ impl Schedules for SchedulesService {
                     .schedule(&request.name)
                     .map(|s| convert::schedule_to_wire(s, next_tick(s, now_ms)))
             })
-            .await?;
+            .await
+            .map_err(Error::from)?;
         found
             .map(Reply::new)
             .ok_or_else(|| Error::NotFound(format!("schedule {:?} not found", request.name)).into())
@@ -120,7 +111,8 @@ impl Schedules for SchedulesService {
                     .map(|s| convert::schedule_to_wire(s, next_tick(s, now_ms)))
                     .collect()
             })
-            .await?;
+            .await
+            .map_err(Error::from)?;
         Ok(Reply::new(v1::ListSchedulesResponse { schedules }))
     }
 
@@ -155,7 +147,7 @@ impl Schedules for SchedulesService {
         let targets = self
             .journal
             .read_stale(|state| state.schedule(&request.name).cloned())
-            .map(|schedule| each_targets(&self.journal, &schedule))
+            .map(|schedule| self.journal.each_targets(&schedule.spec.template.tags))
             .unwrap_or_default();
         let command = Command::Trigger { schedule: request.name, force: request.force, targets };
         match self.submit(command).await? {

@@ -8,8 +8,8 @@
 //! | [`META_TREE`] | [`VOTE_KEY`], [`COMMITTED_KEY`], [`LAST_PURGED_KEY`] | bincode `Vote` / `LogId` |
 //! | [`SNAPSHOT_TREE`] | [`SNAPSHOT_META_KEY`], [`SNAPSHOT_DATA_KEY`] | bincode `SnapshotMeta` / snapshot bytes |
 //! | [`PROBE_TREE`] | [`PROBE_KEY`] | the last readiness probe's nonce |
-//! | [`BUS_TREE`] | a bus claim key, e.g. `cron:NAME:BUCKET` | JSON claims of that key (local, unreplicated) |
-//! | [`PEERS_TREE`] | a peer's node id, big-endian `u64` | when its last valid advert arrived (wall ms, big-endian `u64`) then the advert's bytes (local) |
+//! | [`BUS_TREE`] | a bus claim key, e.g. `cron:NAME:BUCKET` | bincode `BusRecord` (local, unreplicated) |
+//! | [`PEERS_TREE`] | a peer's node id, big-endian `u64` | bincode `(received wall ms, advert bytes)` (local) |
 //!
 //! Log keys are big-endian so sled's byte order is index order: `last()` is
 //! the newest entry and a range scan walks the log forwards.

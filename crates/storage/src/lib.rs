@@ -5,7 +5,12 @@
 //!   purged log id, and answers the readiness [`LogStore::probe`].
 //! - [`StateMachineStore`] applies committed proposals to the in-memory
 //!   [`leasehold_core::State`], serves reads of it, and persists snapshots.
+//! - [`local`] keeps what a node keeps for itself, unreplicated: the bus
+//!   table and the peer adverts.
 //! - [`layout`] names the trees and keys on disk.
+//!
+//! Nothing else in leasehold touches sled: every tree goes through these
+//! stores and one codec (bincode, trailing bytes refused).
 //!
 //! Durability in one paragraph: appended entries are fsynced once per batch
 //! before openraft hears they are stored; the vote is fsynced before
@@ -27,6 +32,7 @@ mod codec;
 mod error;
 mod failpoint;
 pub mod layout;
+pub mod local;
 mod log_store;
 mod state_machine;
 

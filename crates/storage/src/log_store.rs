@@ -69,11 +69,14 @@ impl LogStore {
         })
     }
 
-    /// Opens (or creates) a tree of the same database that is not part of
-    /// the Raft log or state, e.g. the bus's local, unreplicated claim table
-    /// ([`crate::layout::BUS_TREE`]).
-    pub fn open_local_tree(&self, name: &str) -> Result<sled::Tree, StorageError> {
-        Ok(self.db.open_tree(name)?)
+    /// The bus's claim table, in the same database (local, unreplicated).
+    pub fn bus_table(&self) -> Result<crate::local::BusTable, StorageError> {
+        crate::local::BusTable::open(&self.db)
+    }
+
+    /// The adverts kept of peers, in the same database (local, unreplicated).
+    pub fn peer_store(&self) -> Result<crate::local::PeerStore, StorageError> {
+        crate::local::PeerStore::open(&self.db)
     }
 
     /// Makes every flush also fsync `file` (sled's data file).

@@ -1165,7 +1165,7 @@ async fn validation_story(sandbox: &Sandbox) -> Result<()> {
         let stderr = refused.stderr.to_lowercase();
         ensure!(
             !refused.status.success()
-                && stderr.contains("invalid argument")
+                && stderr.contains("(invalidargument)")
                 && named.iter().all(|word| stderr.contains(&word.to_lowercase())),
             "cron put {args:?}: {}; stderr {:?} should name INVALID_ARGUMENT and {named:?}",
             refused.status,

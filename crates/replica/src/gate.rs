@@ -23,8 +23,7 @@ use tokio::sync::{Notify, watch};
 
 use crate::adverts::{self, PeerRegistry, Rejection, Sender};
 use crate::bus::{self, Bus, BusError, BusRefusal, Outcome};
-use crate::cluster_service::role_name;
-use crate::journal::Journal;
+use crate::journal::{Journal, role_name};
 use crate::metrics::{GateLabels, OutcomeLabels, RejectLabels};
 use leasehold_security::secret::ClusterSecret;
 
@@ -89,7 +88,7 @@ impl Gate {
         flags: GateFlags,
         secret: ClusterSecret,
         bus: Bus,
-        peers: sled::Tree,
+        peers: leasehold_storage::local::PeerStore,
     ) -> Gate {
         let node_id = journal.node_id();
         let registry =

@@ -21,6 +21,7 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use leasehold_proto::v1;
+use leasehold_storage::local::{KeptAdvert, PeerStore};
 use prost::Message;
 
 use leasehold_security::secret::{ADVERT_DOMAIN, ClusterSecret};
@@ -110,7 +111,7 @@ impl Entry {
 pub struct PeerRegistry {
     node_id: u64,
     entries: Mutex<BTreeMap<u64, Entry>>,
-    store: Option<sled::Tree>,
+    store: Option<PeerStore>,
 }
 
 /// Signs `advert` with `secret`.
@@ -131,14 +132,21 @@ impl PeerRegistry {
     /// wall time each advert arrived gives its age; an advert whose age
     /// cannot be placed on the monotonic clock is left out (never heard
     /// from, as a stale one would count anyway).
-    pub fn with_store(node_id: u64, store: sled::Tree, now: Instant, now_ms: u64) -> PeerRegistry {
+    pub fn with_store(node_id: u64, store: PeerStore, now: Instant, now_ms: u64) -> PeerRegistry {
         let mut entries = BTreeMap::new();
-        for item in store.iter() {
-            let Ok((key, value)) = item else { continue };
-            let Some(entry) = decode_kept(&key, &value, now, now_ms) else { continue };
-            if entry.advert.node_id != node_id {
-                entries.insert(entry.advert.node_id, entry);
+        match store.kept() {
+            Ok((kept, skipped)) => {
+                if skipped > 0 {
+                    tracing::info!(skipped, "kept peer adverts that do not decode were left out");
+                }
+                for kept in kept {
+                    let Some(entry) = entry_of(&kept, now, now_ms) else { continue };
+                    if entry.advert.node_id != node_id {
+                        entries.insert(entry.advert.node_id, entry);
+                    }
+                }
             }
+            Err(error) => tracing::warn!(%error, "could not read the kept peer adverts"),
         }
         PeerRegistry { node_id, entries: Mutex::new(entries), store: Some(store) }
     }
@@ -178,11 +186,10 @@ impl PeerRegistry {
         let node = advert.node_id;
         entries.insert(node, Entry { advert, received: now, order_ms });
         if let Some(store) = &self.store {
-            let mut value = now_ms.to_be_bytes().to_vec();
-            value.extend_from_slice(&signed.body);
+            let kept = KeptAdvert { node, received_ms: now_ms, body: signed.body.clone() };
             // Best effort: a lost write only makes a restart forget this
             // peer until its next advert.
-            if let Err(error) = store.insert(node.to_be_bytes(), value) {
+            if let Err(error) = store.keep(&kept) {
                 tracing::warn!(%error, node, "could not keep a peer advert on disk");
             }
         }
@@ -229,17 +236,14 @@ pub fn check_advert(advert: &v1::Advert) -> Result<(), Rejection> {
 }
 
 /// One kept advert back from the store, aged by wall time.
-fn decode_kept(key: &[u8], value: &[u8], now: Instant, now_ms: u64) -> Option<Entry> {
-    let node = u64::from_be_bytes(key.try_into().ok()?);
-    let (at, body) = value.split_at_checked(8)?;
-    let received_ms = u64::from_be_bytes(at.try_into().ok()?);
-    let advert = v1::Advert::decode(body).ok()?;
-    if advert.node_id != node {
+fn entry_of(kept: &KeptAdvert, now: Instant, now_ms: u64) -> Option<Entry> {
+    let advert = v1::Advert::decode(kept.body.as_slice()).ok()?;
+    if advert.node_id != kept.node {
         return None;
     }
-    let age = Duration::from_millis(now_ms.saturating_sub(received_ms));
+    let age = Duration::from_millis(now_ms.saturating_sub(kept.received_ms));
     let received = now.checked_sub(age)?;
-    let order_ms = advert.sent_at_ms.min(received_ms.saturating_add(FUTURE_SLACK_MS));
+    let order_ms = advert.sent_at_ms.min(kept.received_ms.saturating_add(FUTURE_SLACK_MS));
     Some(Entry { advert, received, order_ms })
 }
 
@@ -391,8 +395,9 @@ mod tests {
     #[test]
     fn a_restarted_registry_reads_kept_adverts_back_with_their_age() {
         let key = secret("the cluster secret of the test");
-        let db = sled::Config::new().temporary(true).open().expect("temporary sled");
-        let tree = db.open_tree("peers").expect("tree");
+        let dir = tempfile::tempdir().expect("a temporary directory");
+        let (log, _) = leasehold_storage::open(dir.path()).expect("a temporary store");
+        let tree = log.peer_store().expect("the peer store");
         let t0 = Instant::now();
         let registry = PeerRegistry::with_store(1, tree.clone(), t0, 100_000);
         assert_eq!(

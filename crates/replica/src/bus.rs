@@ -4,8 +4,9 @@
 //! A claimant records `BusClaim{key, node, at}` in its own table and sends
 //! it to every online peer; each peer records it and answers with every
 //! claim it holds for the key (its own included). After a short collection
-//! window the lowest `(at, node)` in the claimant's table wins. The table is
-//! a local, unreplicated sled tree. A winner that has run the work releases
+//! window the lowest `(at, node)` in the claimant's table wins
+//! ([`BusRecord`], in core). The table is local and unreplicated
+//! ([`BusTable`], in storage). A winner that has run the work releases
 //! the key by broadcast; a released key is kept as a tombstone (until
 //! [`Bus::prune`]) so a late claimant cannot win it again.
 //!
@@ -17,55 +18,23 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
+use leasehold_core::bus::BusRecord;
 use leasehold_proto::v1;
+use leasehold_storage::local::BusTable;
 use prost::Message;
-use serde::{Deserialize, Serialize};
 
 use leasehold_security::secret::{BUS_DOMAIN, ClusterSecret};
 
 use crate::adverts::Sender;
 
-/// Why a bus operation failed locally.
+/// Why a bus operation failed locally: the table failed, or holds a
+/// record that does not decode (a damaged or foreign value).
 #[derive(Debug, thiserror::Error)]
-pub enum BusError {
-    /// The sled tree failed.
-    #[error("bus table: {0}")]
-    Store(#[from] sled::Error),
-    /// A stored record does not decode (a damaged or foreign value).
-    #[error("bus table: record {key:?} does not decode: {source}")]
-    Corrupt {
-        /// The key.
-        key: String,
-        /// The decode error.
-        source: serde_json::Error,
-    },
-}
+#[error("bus table: {0}")]
+pub struct BusError(#[from] leasehold_storage::StorageError);
 
 /// What the table holds for one key.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Record {
-    /// Every claim heard, as `(at_ms, node)`, sorted: the first one wins.
-    pub claims: Vec<(u64, u64)>,
-    /// The winner ran and released the key.
-    pub released: bool,
-    /// When this node last changed the record (its clock, Unix ms).
-    pub touched_ms: u64,
-}
-
-impl Record {
-    /// The winning node, if any claim was heard.
-    pub fn winner(&self) -> Option<u64> {
-        self.claims.first().map(|(_, node)| *node)
-    }
-
-    fn add(&mut self, at_ms: u64, node: u64) {
-        // One claim per node: a node that claims again keeps its first.
-        if self.claims.iter().all(|(_, held)| *held != node) {
-            self.claims.push((at_ms, node));
-            self.claims.sort_unstable();
-        }
-    }
-}
+pub type Record = BusRecord;
 
 /// The outcome of one claim.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -83,22 +52,18 @@ pub enum Outcome {
 #[derive(Clone)]
 pub struct Bus {
     node_id: u64,
-    tree: sled::Tree,
+    table: BusTable,
 }
 
 impl Bus {
-    /// The bus of node `node_id` over `tree`.
-    pub fn new(node_id: u64, tree: sled::Tree) -> Bus {
-        Bus { node_id, tree }
+    /// The bus of node `node_id` over `table`.
+    pub fn new(node_id: u64, table: BusTable) -> Bus {
+        Bus { node_id, table }
     }
 
     /// The record of `key`.
     pub fn record(&self, key: &str) -> Result<Record, BusError> {
-        match self.tree.get(key.as_bytes())? {
-            Some(bytes) => serde_json::from_slice(&bytes)
-                .map_err(|source| BusError::Corrupt { key: key.to_string(), source }),
-            None => Ok(Record::default()),
-        }
+        Ok(self.table.get(key)?)
     }
 
     fn update(
@@ -107,23 +72,11 @@ impl Bus {
         now_ms: u64,
         change: impl Fn(&mut Record),
     ) -> Result<Record, BusError> {
-        // Compare-and-swap loop: the service and the ticker may touch one key
-        // at once.
-        loop {
-            let old = self.tree.get(key.as_bytes())?;
-            let mut record = match &old {
-                Some(bytes) => serde_json::from_slice(bytes)
-                    .map_err(|source| BusError::Corrupt { key: key.to_string(), source })?,
-                None => Record::default(),
-            };
-            change(&mut record);
+        // Atomic per key: the service and the ticker may touch one at once.
+        Ok(self.table.update(key, |record| {
+            change(record);
             record.touched_ms = now_ms;
-            let new = serde_json::to_vec(&record)
-                .map_err(|source| BusError::Corrupt { key: key.to_string(), source })?;
-            if self.tree.compare_and_swap(key.as_bytes(), old, Some(new))?.is_ok() {
-                return Ok(record);
-            }
-        }
+        })?)
     }
 
     /// Records a claim (this node's or a peer's) and answers the key's record.
@@ -134,11 +87,7 @@ impl Bus {
     /// Marks `key` released by `node` when `node` won it (a release from a
     /// node that did not win changes nothing).
     pub fn record_release(&self, key: &str, node: u64, now_ms: u64) -> Result<Record, BusError> {
-        self.update(key, now_ms, |record| {
-            if record.winner() == Some(node) {
-                record.released = true;
-            }
-        })
+        self.update(key, now_ms, |record| record.release_by(node))
     }
 
     /// Answers a peer's signed bus message, or why it was refused.
@@ -186,43 +135,23 @@ impl Bus {
     pub fn high_water(&self, name: &str) -> Result<Option<u64>, BusError> {
         let prefix = format!("cron:{name}:");
         let mut high = None;
-        for entry in self.tree.scan_prefix(prefix.as_bytes()) {
-            let (key, _) = entry?;
-            let bucket = std::str::from_utf8(&key[prefix.len()..])
-                .ok()
-                .and_then(|rest| rest.split(':').next())
-                .and_then(|bucket| bucket.parse::<u64>().ok());
+        for key in self.table.keys_with_prefix(&prefix)? {
+            let bucket =
+                key[prefix.len()..].split(':').next().and_then(|bucket| bucket.parse::<u64>().ok());
             high = high.max(bucket);
         }
         Ok(high)
     }
 
-    /// Drops records untouched since `before_ms`.
+    /// Drops records untouched since `before_ms` (and any that does not
+    /// decode: it is only a local cache of claims long decided).
     pub fn prune(&self, before_ms: u64) -> Result<usize, BusError> {
-        let mut dropped = 0;
-        for entry in self.tree.iter() {
-            let (key, value) = entry?;
-            let touched = serde_json::from_slice::<Record>(&value).map(|r| r.touched_ms);
-            // A record that does not decode is dropped too: it is only a
-            // local cache of claims that have long been decided.
-            if touched.map_or(true, |touched| touched < before_ms) {
-                self.tree.remove(key)?;
-                dropped += 1;
-            }
-        }
-        Ok(dropped)
+        Ok(self.table.retain(|record| record.touched_ms >= before_ms)?)
     }
 
     /// The records held, for tests and debugging.
     pub fn records(&self) -> Result<BTreeMap<String, Record>, BusError> {
-        let mut records = BTreeMap::new();
-        for entry in self.tree.iter() {
-            let (key, _) = entry?;
-            let key = String::from_utf8_lossy(&key).into_owned();
-            let record = self.record(&key)?;
-            records.insert(key, record);
-        }
-        Ok(records)
+        Ok(self.table.records()?.into_iter().collect())
     }
 }
 
@@ -368,9 +297,14 @@ mod tests {
     use super::*;
 
     fn bus(node: u64) -> Result<(tempfile::TempDir, Bus), BusError> {
-        let dir = tempfile::tempdir().map_err(|e| BusError::Store(sled::Error::Io(e)))?;
-        let db = sled::Config::new().temporary(true).path(dir.path()).open()?;
-        Ok((dir, Bus::new(node, db.open_tree("bus")?)))
+        let dir = tempfile::tempdir().map_err(|source| {
+            BusError(leasehold_storage::StorageError::CreateDir {
+                path: Default::default(),
+                source,
+            })
+        })?;
+        let (log, _) = leasehold_storage::open(dir.path())?;
+        Ok((dir, Bus::new(node, log.bus_table()?)))
     }
 
     fn claim(key: &str, node: u64, at_ms: u64) -> v1::BusClaim {

@@ -15,7 +15,7 @@ use openraft::error::{CheckIsLeaderError, ClientWriteError, RaftError};
 use openraft::storage::RaftLogStorage;
 
 use crate::clock::Clock;
-use crate::error::Error;
+use crate::error::{JournalError as Error, Unavailable};
 use crate::forward::{ForwardRequest, ForwardResponse};
 use crate::metrics::{Metrics, QueueLabels};
 
@@ -258,6 +258,15 @@ impl Journal {
         metrics.membership_config.membership().get_node(&leader).map(|node| node.addr.clone())
     }
 
+    /// The members a `target = each` tick whose job carries `tags` goes to,
+    /// judged by core from the Raft membership and the registered nodes.
+    pub fn each_targets(&self, tags: &[String]) -> Vec<u64> {
+        let metrics = self.inner.raft.metrics().borrow().clone();
+        let members: Vec<u64> =
+            metrics.membership_config.membership().nodes().map(|(id, _)| *id).collect();
+        self.read_stale(|state| state.each_targets(&members, tags))
+    }
+
     /// Reads the local state machine as it is now (possibly behind the leader).
     pub fn read_stale<T>(&self, f: impl FnOnce(&State) -> T) -> T {
         self.inner.state.read(f)
@@ -301,11 +310,9 @@ impl Journal {
                 }
             }
             Err(RaftError::APIError(CheckIsLeaderError::QuorumNotEnough(e))) => {
-                Err(Error::Unavailable(format!("no quorum: {e}")))
+                Err(Unavailable::QuorumLost(e.to_string()).into())
             }
-            Err(RaftError::Fatal(fatal)) => {
-                Err(Error::Unavailable(format!("raft stopped: {fatal}")))
-            }
+            Err(RaftError::Fatal(fatal)) => Err(Unavailable::RaftStopped(fatal.to_string()).into()),
         }
     }
 
@@ -314,11 +321,12 @@ impl Journal {
         let wait = applied.wait_for(|applied| *applied >= index);
         match tokio::time::timeout(timeout, wait).await {
             Ok(Ok(_)) => Ok(()),
-            Ok(Err(_)) => Err(Error::Unavailable("state machine closed".into())),
-            Err(_) => Err(Error::Unavailable(format!(
-                "this node has not applied index {index} within {} ms",
-                timeout.as_millis()
-            ))),
+            Ok(Err(_)) => Err(Unavailable::ShuttingDown.into()),
+            Err(_) => Err(Unavailable::NotApplied {
+                index,
+                timeout_ms: u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX),
+            }
+            .into()),
         }
     }
 
@@ -348,14 +356,14 @@ impl Journal {
         let queued = tokio::time::timeout(timeout, self.inner.batches.send(pending));
         match queued.await {
             Ok(Ok(())) => {}
-            Ok(Err(_)) => return Err(Error::Unavailable("the journal is shutting down".into())),
+            Ok(Err(_)) => return Err(Unavailable::ShuttingDown.into()),
             Err(_) => return Err(no_quorum(timeout)),
         }
         // The batcher bounds its own write by the quorum timeout; this bound
         // covers the wait in the queue.
         match tokio::time::timeout(timeout.saturating_mul(2), answer).await {
             Ok(Ok(result)) => result,
-            Ok(Err(_)) => Err(Error::Unavailable("the journal is shutting down".into())),
+            Ok(Err(_)) => Err(Unavailable::ShuttingDown.into()),
             Err(_) => Err(no_quorum(timeout)),
         }
     }
@@ -377,7 +385,7 @@ impl Journal {
         match self.inner.raft.client_write(proposal.clone()).await {
             Ok(written) => Ok(written.data),
             Err(RaftError::APIError(ClientWriteError::ForwardToLeader(_))) if !may_forward => {
-                Err(Error::Unavailable("not the leader any more".into()))
+                Err(Unavailable::LeadershipChanging.into())
             }
             Err(RaftError::APIError(ClientWriteError::ForwardToLeader(forward))) => {
                 let addr = forward.leader_node.map(|n| n.addr);
@@ -392,9 +400,7 @@ impl Journal {
             Err(RaftError::APIError(ClientWriteError::ChangeMembershipError(e))) => {
                 Err(Error::Internal(e.to_string()))
             }
-            Err(RaftError::Fatal(fatal)) => {
-                Err(Error::Unavailable(format!("raft stopped: {fatal}")))
-            }
+            Err(RaftError::Fatal(fatal)) => Err(Unavailable::RaftStopped(fatal.to_string()).into()),
         }
     }
 
@@ -405,16 +411,16 @@ impl Journal {
         request: ForwardRequest,
     ) -> Result<ForwardResponse, Error> {
         let (Some(leader_id), Some(addr)) = (leader_id, leader_addr) else {
-            return Err(Error::Unavailable("no leader is known yet".into()));
+            return Err(Unavailable::NoLeader.into());
         };
         if leader_id == self.inner.config.node_id {
-            return Err(Error::Unavailable("leadership is changing".into()));
+            return Err(Unavailable::LeadershipChanging.into());
         }
         let channel = self
             .inner
             .peers
             .channel(&addr)
-            .map_err(|e| Error::Unavailable(format!("leader {leader_id} at {addr}: {e}")))?;
+            .map_err(|e| Unavailable::Peer(format!("leader {leader_id} at {addr}: {e}")))?;
         let data = envelope::encode(&request).map_err(|e| Error::Internal(e.to_string()))?;
         let mut grpc = tonic::Request::new(RaftEnvelope { data });
         grpc.set_timeout(self.inner.config.quorum_timeout);
@@ -424,16 +430,22 @@ impl Journal {
             .forward(grpc)
             .await
             .map_err(|status| {
-                Error::Unavailable(format!(
-                    "forwarding to leader {leader_id}: {}",
-                    status.message()
-                ))
+                let message = format!("forwarding to leader {leader_id}: {}", status.message());
+                match status.code() {
+                    // The leader is gone, slow or unreachable: retry.
+                    tonic::Code::Unavailable
+                    | tonic::Code::DeadlineExceeded
+                    | tonic::Code::Cancelled
+                    | tonic::Code::Unknown => Error::Unavailable(Unavailable::Peer(message)),
+                    // The leader refused what this node sent: a bug here.
+                    code => Error::Internal(format!("{message} ({code:?})")),
+                }
             })?;
         let answer: ForwardResponse = envelope::decode(&reply.into_inner().data)
             .map_err(|e| Error::Internal(e.to_string()))?;
         match answer {
             ForwardResponse::Failed { retryable: true, message } => {
-                Err(Error::Unavailable(message))
+                Err(Unavailable::Peer(message).into())
             }
             ForwardResponse::Failed { retryable: false, message } => Err(Error::Internal(message)),
             answer => Ok(answer),
@@ -451,7 +463,7 @@ impl Journal {
             }
             ForwardRequest::Campaign => match self.inner.raft.trigger().elect().await {
                 Ok(()) => Ok(ForwardResponse::Campaigning),
-                Err(fatal) => Err(Error::Unavailable(format!("raft stopped: {fatal}"))),
+                Err(fatal) => Err(Unavailable::RaftStopped(fatal.to_string()).into()),
             },
             ForwardRequest::ReadIndex => {
                 let timeout = self.inner.config.quorum_timeout;
@@ -459,7 +471,7 @@ impl Journal {
                     Ok(Ok(log_id)) => {
                         Ok(ForwardResponse::ReadIndex(log_id.map(|id| id.index).unwrap_or(0)))
                     }
-                    Ok(Err(e)) => Err(Error::Unavailable(format!("read index: {e}"))),
+                    Ok(Err(e)) => Err(Unavailable::Peer(format!("read index: {e}")).into()),
                     Err(_) => Err(no_quorum(timeout)),
                 }
             }
@@ -474,8 +486,20 @@ impl Journal {
     }
 }
 
+/// The role name `cluster status` prints and adverts carry.
+pub fn role_name(state: openraft::ServerState) -> &'static str {
+    match state {
+        openraft::ServerState::Leader => "leader",
+        openraft::ServerState::Follower => "follower",
+        openraft::ServerState::Candidate => "candidate",
+        openraft::ServerState::Learner => "learner",
+        openraft::ServerState::Shutdown => "shutdown",
+    }
+}
+
 fn no_quorum(timeout: Duration) -> Error {
-    Error::Unavailable(format!("no quorum: not committed within {} ms", timeout.as_millis()))
+    Unavailable::NoQuorum { timeout_ms: u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX) }
+        .into()
 }
 
 /// Takes every proposal waiting (up to the bounds), writes them as one log
