@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# The read-only gate: formatting, lints, tests, docs, core purity, the fuzz
-# targets (corpus replay and a short run of each), and the chaos harness's
-# quick profile.
+# The read-only gate: formatting, lints, tests (the fuzz targets' corpus
+# replay among them), docs, core purity, a short fuzzing run of each
+# target, and the chaos harness's quick profile.
 # This is the README's test command and what CI runs. It changes no file.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -39,12 +39,6 @@ cargo test --workspace --locked
 
 step "cargo doc (warnings are errors)"
 RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --locked
-
-step "fuzz targets: lints, and a replay of the committed corpus and regression inputs"
-# fuzz/ is a workspace of its own (see docs/fuzzing.md); the replay needs no fuzzer.
-(cd fuzz && cargo fmt -- --check \
-  && cargo clippy --locked --all-targets --features afl -- -D warnings \
-  && cargo test --locked)
 
 step "fuzz targets: a short coverage-guided run of each (AFL++)"
 fuzz_seconds=${LEASEHOLD_FUZZ_SECONDS:-20}

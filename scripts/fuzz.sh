@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Coverage-guided fuzzing with AFL++ (through cargo-afl, on the stable
-# toolchain). The targets live in fuzz/, a workspace of their own; see
+# toolchain). The targets live in fuzz/ (package leasehold-fuzz); see
 # docs/fuzzing.md for what each checks and how findings become regression
 # inputs.
 #
@@ -13,7 +13,7 @@
 # a summary (execs, corpus paths, coverage, findings) and exits non-zero,
 # naming each input's path, when it found a crash or a hang.
 # Environment: LEASEHOLD_FUZZ_TIMEOUT_MS (per-input hang limit, default 1000),
-# LEASEHOLD_FUZZ_OUT (output directory, default fuzz/target/afl/TARGET).
+# LEASEHOLD_FUZZ_OUT (output directory, default target/afl/TARGET).
 set -euo pipefail
 cd "$(dirname "$0")/../fuzz"
 
@@ -30,7 +30,7 @@ list() {
 
 case "${1:-}" in
   --list) list; exit 0 ;;
-  --replay) exec cargo test --locked ;;
+  --replay) exec cargo test --locked -p leasehold-fuzz ;;
   ""|-*) usage ;;
 esac
 [ $# -eq 2 ] || usage
@@ -43,9 +43,9 @@ if ! cargo afl --version >/dev/null 2>&1; then
   exit 2
 fi
 
-cargo afl build --locked --quiet --profile fuzz --features afl --bin "$target"
+cargo afl build --locked --quiet --profile fuzz -p leasehold-fuzz --features afl --bin "$target"
 
-out=${LEASEHOLD_FUZZ_OUT:-target/afl/$target}
+out=${LEASEHOLD_FUZZ_OUT:-../target/afl/$target}
 rm -rf "$out"
 mkdir -p "$(dirname "$out")"
 # No UI (logs instead), no CPU binding (the machine is shared), and no
@@ -53,9 +53,9 @@ mkdir -p "$(dirname "$out")"
 # panics, which AFL++ sees as a crash whatever the kernel does with it.
 export AFL_NO_UI=1 AFL_NO_AFFINITY=1 AFL_SKIP_CPUFREQ=1 AFL_I_DONT_CARE_ABOUT_MISSING_CRASHES=1
 cargo afl fuzz -V "$seconds" -t "${LEASEHOLD_FUZZ_TIMEOUT_MS:-1000}" \
-  -i "corpus/$target" -o "$out" -- "target/fuzz/$target" >"$out.log" 2>&1 || {
+  -i "corpus/$target" -o "$out" -- "../target/fuzz/$target" >"$out.log" 2>&1 || {
   tail -n 40 "$out.log" >&2
-  echo "afl-fuzz failed; its log: fuzz/$out.log" >&2
+  echo "afl-fuzz failed; its log: $out.log (from fuzz/)" >&2
   exit 1
 }
 
@@ -67,7 +67,7 @@ printf '%s: %s s, %s execs (%s/s), %s corpus paths, %s of the map covered, %s cr
 
 findings=$(find "$out/default/crashes" "$out/default/hangs" -type f -name 'id:*' 2>/dev/null | sort)
 if [ -n "$findings" ]; then
-  echo "findings (replay one with: fuzz/target/fuzz/$target < FILE):" >&2
-  sed 's|^|  fuzz/|' <<<"$findings" >&2
+  echo "findings (replay one with: target/fuzz/$target < FILE):" >&2
+  sed 's|^\.\./||; s|^|  |' <<<"$findings" >&2
   exit 1
 fi

@@ -319,6 +319,7 @@ fn proto_seeds() -> Vec<Seed> {
         kind: Some(v1::bus_message::Kind::Release(v1::BusRelease {
             key: "cron:backup:1767225900".into(),
             node: 2,
+            at_ms: 1_767_225_901_000,
         })),
     };
     vec![
