@@ -245,11 +245,6 @@ fn cluster(out: &mut String, by_key: &Runs, nodes: usize, targets: &Targets) {
         "\n*elections*: Raft elections during the run (largest term after minus \
          before, warm-up included); no node is stopped, so each one is spurious.\n",
     );
-    if client_counts.iter().any(|&c| get_tls(nodes, c, System::Leasehold, true).is_some()) {
-        tls_cost(out, nodes, &client_counts, |clients, tls| {
-            get_tls(nodes, clients, System::Leasehold, tls)
-        });
-    }
     let _ = writeln!(
         out,
         "\nRatios: leasehold ×{nodes} ÷ etcd ×{nodes}, and leasehold ×{nodes} ÷ leasehold ×1, \
@@ -287,6 +282,11 @@ fn cluster(out: &mut String, by_key: &Runs, nodes: usize, targets: &Targets) {
         out,
         "\n{nodes}-node goal, at least {goal:.0}× the {nodes}-member etcd's cycles/s at {at} clients: {verdict}"
     );
+    if client_counts.iter().any(|&c| get_tls(nodes, c, System::Leasehold, true).is_some()) {
+        tls_cost(out, nodes, &client_counts, |clients, tls| {
+            get_tls(nodes, clients, System::Leasehold, tls)
+        });
+    }
 }
 
 /// The TLS cluster against the plaintext one, client count by client count.
