@@ -1,14 +1,15 @@
 //! A three-node leasehold cluster as the script started it: node ids are
 //! 1..=n in the order of `--addrs`, and `--pids` (when given) lists their
 //! process ids in the same order. This module waits for the cluster to be
-//! whole, and finds its leader.
+//! whole, and finds its leader, over plaintext or TLS as [`Access`] says.
 
 use std::time::Duration;
 
-use leasehold_client::Client;
 use leasehold_proto::v1;
 use leasehold_proto::v1::cluster_client::ClusterClient;
-use tonic::transport::{Channel, Endpoint};
+use tonic::transport::Channel;
+
+use crate::access::Access;
 
 /// Deadline of one status call.
 const STATUS_TIMEOUT: Duration = Duration::from_secs(2);
@@ -18,21 +19,13 @@ pub fn split_addrs(addrs: &str) -> Vec<String> {
     addrs.split(',').map(str::trim).filter(|a| !a.is_empty()).map(str::to_string).collect()
 }
 
-/// A lazily connected channel to one node, Nagle off (as the client sets it).
-pub fn channel(addr: &str) -> anyhow::Result<Channel> {
-    let uri = if addr.contains("://") { addr.to_string() } else { format!("http://{addr}") };
-    Ok(Endpoint::from_shared(uri)?
-        .connect_timeout(Duration::from_secs(1))
-        .tcp_nodelay(true)
-        .connect_lazy())
-}
-
 /// What node `addr` itself knows (its own status, and the leader it follows).
 pub async fn local_status(
     stub: &mut ClusterClient<Channel>,
+    access: &Access,
     timeout: Duration,
 ) -> anyhow::Result<v1::StatusResponse> {
-    let mut request = tonic::Request::new(v1::StatusRequest { local_only: true });
+    let mut request = access.request(v1::StatusRequest { local_only: true });
     request.set_timeout(timeout);
     match tokio::time::timeout(timeout, stub.status(request)).await {
         Ok(reply) => Ok(reply?.into_inner()),
@@ -42,11 +35,11 @@ pub async fn local_status(
 
 /// The largest Raft term any node of `addrs` reports (each asked for its
 /// own status); an error when a node does not answer.
-pub async fn max_term(addrs: &[String]) -> anyhow::Result<u64> {
+pub async fn max_term(addrs: &[String], access: &Access) -> anyhow::Result<u64> {
     let mut term = 0;
     for addr in addrs {
-        let mut stub = ClusterClient::new(channel(addr)?);
-        let status = local_status(&mut stub, STATUS_TIMEOUT).await?;
+        let mut stub = ClusterClient::new(access.channel(addr)?);
+        let status = local_status(&mut stub, access, STATUS_TIMEOUT).await?;
         term = status.nodes.iter().map(|node| node.term).fold(term, u64::max);
     }
     Ok(term)
@@ -54,11 +47,11 @@ pub async fn max_term(addrs: &[String]) -> anyhow::Result<u64> {
 
 /// The leader's id, as every node in `addrs` agrees; an error when a node
 /// does not answer or they disagree.
-pub async fn agreed_leader(addrs: &[String]) -> anyhow::Result<u64> {
+pub async fn agreed_leader(addrs: &[String], access: &Access) -> anyhow::Result<u64> {
     let mut leaders = Vec::new();
     for addr in addrs {
-        let mut stub = ClusterClient::new(channel(addr)?);
-        let status = local_status(&mut stub, STATUS_TIMEOUT).await?;
+        let mut stub = ClusterClient::new(access.channel(addr)?);
+        let status = local_status(&mut stub, access, STATUS_TIMEOUT).await?;
         leaders.push(status.leader);
     }
     let first = leaders.first().copied().unwrap_or(0);
@@ -78,12 +71,12 @@ pub async fn agreed_leader(addrs: &[String]) -> anyhow::Result<u64> {
 /// Whether the cluster at `addrs` is whole: one leader all nodes agree on,
 /// every node a reachable voter, applied indexes within `max_lag` entries of
 /// each other, and every node serving a linearizable read.
-pub async fn whole(addrs: &[String], max_lag: u64) -> anyhow::Result<()> {
-    let leader = agreed_leader(addrs).await?;
+pub async fn whole(addrs: &[String], access: &Access, max_lag: u64) -> anyhow::Result<()> {
+    let leader = agreed_leader(addrs, access).await?;
     let leader_addr = &addrs[usize::try_from(leader)? - 1];
     let status = tokio::time::timeout(
         Duration::from_secs(5),
-        Client::connect(leader_addr)?.with_retry(no_retry()).status(),
+        access.client(leader_addr)?.with_retry(no_retry()).status(),
     )
     .await
     .map_err(|_| anyhow::anyhow!("cluster status: no answer within 5 s"))??;
@@ -107,7 +100,7 @@ pub async fn whole(addrs: &[String], max_lag: u64) -> anyhow::Result<()> {
     let (low, high) = applied.fold((u64::MAX, 0), |(lo, hi), a| (lo.min(a), hi.max(a)));
     anyhow::ensure!(high - low <= max_lag, "applied indexes {low}..{high} still apart");
     for addr in addrs {
-        Client::connect(addr)?.with_retry(no_retry()).stats(None, false).await?;
+        access.client(addr)?.with_retry(no_retry()).stats(None, false).await?;
     }
     Ok(())
 }
@@ -122,11 +115,15 @@ pub fn no_retry() -> leasehold_client::RetryPolicy {
 }
 
 /// Waits (bounded) until [`whole`] holds.
-pub async fn wait_whole(addrs: &[String], timeout: Duration) -> anyhow::Result<()> {
+pub async fn wait_whole(
+    addrs: &[String],
+    access: &Access,
+    timeout: Duration,
+) -> anyhow::Result<()> {
     let deadline = tokio::time::Instant::now() + timeout;
     let mut last = String::from("never asked");
     while tokio::time::Instant::now() < deadline {
-        match tokio::time::timeout(Duration::from_secs(10), whole(addrs, 2)).await {
+        match tokio::time::timeout(Duration::from_secs(10), whole(addrs, access, 2)).await {
             Ok(Ok(())) => return Ok(()),
             Ok(Err(error)) => last = format!("{error:#}"),
             Err(_) => last = "status round timed out".to_string(),

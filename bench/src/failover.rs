@@ -28,6 +28,7 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
 use tokio::time::Instant;
 
+use crate::access::Access;
 use crate::cluster;
 
 /// Queue the probe's enqueues go to (never claimed).
@@ -110,7 +111,10 @@ fn spec(queue: &str) -> v1::JobSpec {
 pub async fn trial(config: &FailoverConfig) -> anyhow::Result<FailoverTrial> {
     anyhow::ensure!(config.addrs.len() >= 3, "a failover needs at least three nodes");
     anyhow::ensure!(config.pids.len() == config.addrs.len(), "one pid per address");
-    let leader = cluster::agreed_leader(&config.addrs).await?;
+    // The failover cluster is a plaintext one (the TLS cost is measured by
+    // the throughput part).
+    let access = Access::plaintext();
+    let leader = cluster::agreed_leader(&config.addrs, &access).await?;
     let index = usize::try_from(leader)? - 1;
     let pid = config.pids[index];
     let survivors = survivors(&config.addrs, leader);
@@ -148,8 +152,8 @@ pub async fn trial(config: &FailoverConfig) -> anyhow::Result<FailoverTrial> {
     }
     let mut watchers = Vec::new();
     for addr in &survivors {
-        let mut stub = ClusterClient::new(cluster::channel(addr)?);
-        cluster::local_status(&mut stub, Duration::from_secs(2)).await?;
+        let mut stub = ClusterClient::new(access.channel(addr)?);
+        cluster::local_status(&mut stub, &access, Duration::from_secs(2)).await?;
         watchers.push(stub);
     }
 
@@ -167,12 +171,13 @@ pub async fn trial(config: &FailoverConfig) -> anyhow::Result<FailoverTrial> {
     for mut stub in watchers {
         let seen_tx = seen_tx.clone();
         let interval = config.probe_interval;
+        let plaintext = access.clone();
         watch_tasks.spawn(async move {
             let mut ticker = tokio::time::interval(interval);
             loop {
                 ticker.tick().await;
                 if let Ok(status) =
-                    cluster::local_status(&mut stub, Duration::from_millis(500)).await
+                    cluster::local_status(&mut stub, &plaintext, Duration::from_millis(500)).await
                     && status.leader != 0
                     && status.leader != leader
                 {

@@ -6,10 +6,15 @@
 //! to start at node `i mod n`: the client talks to its first address until
 //! that node fails, so the clients spread evenly over the nodes, and the
 //! followers forward writes to the leader as they would for any user.
+//!
+//! With TLS ([`Access`]) each client is a secured one: mutual TLS with the
+//! client certificate, and a token whose roles cover the whole cycle
+//! (producer and worker).
 
 use leasehold_client::Client;
 use leasehold_proto::v1;
 
+use crate::access::Access;
 use crate::measure::{Claimed, Connection, Target};
 
 /// The queue every benchmark job goes to.
@@ -22,13 +27,15 @@ const CLAIM_WAIT_MS: u64 = 1_000;
 /// A leasehold node, or a cluster, at one or more gRPC addresses.
 pub struct Leasehold {
     addrs: Vec<String>,
+    access: Access,
 }
 
 impl Leasehold {
-    /// The node(s) at `addr`: `host:port`, or several separated by commas.
-    pub fn new(addr: &str) -> Leasehold {
+    /// The node(s) at `addr`: `host:port`, or several separated by commas,
+    /// reached as `access` says.
+    pub fn new(addr: &str, access: Access) -> Leasehold {
         let addrs = addr.split(',').map(str::trim).filter(|a| !a.is_empty());
-        Leasehold { addrs: addrs.map(str::to_string).collect() }
+        Leasehold { addrs: addrs.map(str::to_string).collect(), access }
     }
 
     /// The address list for client `index`: every address, starting at
@@ -44,7 +51,7 @@ impl Leasehold {
     /// leader to forward to).
     pub async fn probe(&self) -> anyhow::Result<()> {
         for addr in &self.addrs {
-            let client = Client::connect(addr)?;
+            let client = self.access.client(addr)?;
             client.stats(None, false).await?;
         }
         Ok(())
@@ -61,7 +68,7 @@ impl Target for Leasehold {
     type Conn = LeaseholdConn;
 
     async fn connect(&self, index: usize) -> anyhow::Result<LeaseholdConn> {
-        let client = Client::connect(&self.addrs_from(index))?;
+        let client = self.access.client(&self.addrs_from(index))?;
         // Connect now rather than lazily inside the measured window.
         client.stats(Some(QUEUE.to_string()), true).await?;
         Ok(LeaseholdConn { client, worker: format!("bench-{index}") })

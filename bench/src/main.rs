@@ -16,6 +16,7 @@
 //! - `fire-lag` measures every-second cron schedules on a leasehold cluster;
 //! - `free-port` prints a loopback port that was free a moment ago.
 
+mod access;
 mod cluster;
 mod etcd;
 mod failover;
@@ -32,6 +33,7 @@ use std::time::Duration;
 use anyhow::Context;
 use clap::{Parser, Subcommand, ValueEnum};
 
+use crate::access::{Access, AccessArgs};
 use crate::measure::{RunConfig, RunSummary};
 
 #[derive(Parser, Debug)]
@@ -118,6 +120,9 @@ struct RunArgs {
     /// Worker threads of the load generator's runtime.
     #[arg(long, default_value_t = 2)]
     threads: usize,
+    /// TLS and token (leasehold only).
+    #[command(flatten)]
+    access: AccessArgs,
 }
 
 #[derive(clap::Args, Debug)]
@@ -131,6 +136,9 @@ struct WaitArgs {
     timeout: f64,
     #[arg(long, default_value = "bench")]
     pg_user: String,
+    /// TLS and token (leasehold only).
+    #[command(flatten)]
+    access: AccessArgs,
 }
 
 #[derive(clap::Args, Debug)]
@@ -141,6 +149,9 @@ struct WaitClusterArgs {
     /// Give up after this many seconds.
     #[arg(long, default_value_t = 60.0)]
     timeout: f64,
+    /// TLS and token.
+    #[command(flatten)]
+    access: AccessArgs,
 }
 
 #[derive(clap::Args, Debug)]
@@ -235,7 +246,8 @@ fn main() -> anyhow::Result<()> {
         Command::WaitCluster(args) => {
             let addrs = cluster::split_addrs(&args.addrs);
             let timeout = Duration::from_secs_f64(args.timeout);
-            single_thread_runtime()?.block_on(cluster::wait_whole(&addrs, timeout))
+            let access = Access::from_args(&args.access)?;
+            single_thread_runtime()?.block_on(cluster::wait_whole(&addrs, &access, timeout))
         }
         Command::Failover(args) => failover(args),
         Command::FireLag(args) => fire_lag(args),
@@ -365,6 +377,12 @@ fn run(args: RunArgs) -> anyhow::Result<()> {
         .build()?;
     let nodes = args.addr.split(',').filter(|a| !a.trim().is_empty()).count();
     anyhow::ensure!(nodes >= 1, "--addr names no server");
+    let access = Access::from_args(&args.access)?;
+    anyhow::ensure!(
+        args.system == System::Leasehold || !access.is_tls(),
+        "--tls-* is for leasehold runs only"
+    );
+    let tls = access.is_tls();
     let config = RunConfig {
         nodes,
         clients: args.clients,
@@ -375,13 +393,14 @@ fn run(args: RunArgs) -> anyhow::Result<()> {
     let mut summary = runtime.block_on(async {
         match args.system {
             System::Leasehold => {
-                let system = leasehold::Leasehold::new(&args.addr);
                 let addrs = cluster::split_addrs(&args.addr);
-                let before = if nodes > 1 { Some(cluster::max_term(&addrs).await?) } else { None };
+                let before =
+                    if nodes > 1 { Some(cluster::max_term(&addrs, &access).await?) } else { None };
+                let system = leasehold::Leasehold::new(&args.addr, access.clone());
                 let mut summary =
                     measure::drive(&system, System::Leasehold, &config, &args.server_pid).await?;
                 if let Some(before) = before {
-                    let after = cluster::max_term(&addrs).await?;
+                    let after = cluster::max_term(&addrs, &access).await?;
                     summary.elections = Some(after.saturating_sub(before));
                 }
                 Ok(summary)
@@ -397,6 +416,7 @@ fn run(args: RunArgs) -> anyhow::Result<()> {
             }
         }
     })?;
+    summary.tls = tls;
     summary.server_peak_rss_kib =
         args.server_pid.iter().filter_map(|pid| measure::peak_rss_kib(*pid)).max();
     let line = serde_json::to_string(&summary)?;
@@ -409,12 +429,15 @@ fn run(args: RunArgs) -> anyhow::Result<()> {
 }
 
 async fn wait(args: WaitArgs) -> anyhow::Result<()> {
+    let access = Access::from_args(&args.access)?;
     let deadline = tokio::time::Instant::now() + Duration::from_secs_f64(args.timeout);
     let mut last_error = String::from("never tried");
     while tokio::time::Instant::now() < deadline {
         let attempt = async {
             match args.system {
-                System::Leasehold => leasehold::Leasehold::new(&args.addr).probe().await,
+                System::Leasehold => {
+                    leasehold::Leasehold::new(&args.addr, access.clone()).probe().await
+                }
                 System::Etcd => etcd::Etcd::new(&args.addr, 1).probe().await,
                 System::Postgres => {
                     postgres::Postgres::new(&args.addr, &args.pg_user).probe().await

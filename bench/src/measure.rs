@@ -147,6 +147,10 @@ pub struct RunSummary {
     /// largest before it. Every one is spurious, since no node is stopped.
     #[serde(default)]
     pub elections: Option<u64>,
+    /// Whether the clients (and so the nodes, which then also speak TLS to
+    /// each other) used mutual TLS and tokens; lines from before TLS lack it.
+    #[serde(default)]
+    pub tls: bool,
 }
 
 fn one() -> usize {
@@ -157,8 +161,9 @@ impl RunSummary {
     /// A short human-readable line for the log.
     pub fn one_line(&self) -> String {
         format!(
-            "{} nodes={} clients={} cycles/s={:.0} claim p50/p99={}/{} µs cycle p50/p99={}/{} µs errors={} retries={}",
+            "{}{} nodes={} clients={} cycles/s={:.0} claim p50/p99={}/{} µs cycle p50/p99={}/{} µs errors={} retries={}",
             self.system.name(),
+            if self.tls { " tls" } else { "" },
             self.nodes,
             self.clients,
             self.cycles_per_s,
@@ -270,6 +275,7 @@ pub async fn drive<T: Target>(
         server_peak_rss_kib: None,
         server_cpu_s: cpu.await.ok().flatten(),
         elections: None,
+        tls: false,
     })
 }
 

@@ -1,8 +1,9 @@
 //! Markdown tables from the result lines: for one node, absolute numbers per
 //! system and client count, leasehold's ratios against each peer measured in
 //! the same invocation, peak memory and the throughput goal; for three nodes,
-//! leasehold against a three-member etcd and the cluster goal; then the
-//! failover trials and the cron fire lag, each against its goal.
+//! leasehold against a three-member etcd and the cluster goal, and the cost
+//! of mutual TLS and tokens (the TLS cluster against the plaintext one);
+//! then the failover trials and the cron fire lag, each against its goal.
 
 use std::collections::BTreeMap;
 use std::fmt::Write;
@@ -43,15 +44,21 @@ fn ratio(ours: Option<f64>, theirs: Option<f64>) -> String {
     }
 }
 
-/// Server CPU milliseconds per cycle (all nodes), or a dash.
-fn cpu_per_cycle(run: &RunSummary) -> String {
+/// Server CPU milliseconds per cycle (all nodes), when measured.
+fn cpu_ms_per_cycle(run: &RunSummary) -> Option<f64> {
     match run.server_cpu_s {
-        Some(cpu) if run.cycles > 0 => format!("{:.2}", cpu * 1000.0 / run.cycles as f64),
-        _ => "–".to_string(),
+        Some(cpu) if run.cycles > 0 => Some(cpu * 1000.0 / run.cycles as f64),
+        _ => None,
     }
 }
 
-type Runs<'a> = BTreeMap<(usize, usize, u8), &'a RunSummary>;
+/// Server CPU milliseconds per cycle (all nodes), or a dash.
+fn cpu_per_cycle(run: &RunSummary) -> String {
+    cpu_ms_per_cycle(run).map_or_else(|| "–".to_string(), |ms| format!("{ms:.2}"))
+}
+
+/// Runs by (nodes, clients, system, TLS).
+type Runs<'a> = BTreeMap<(usize, usize, u8, bool), &'a RunSummary>;
 
 /// Renders every section there are results for (later lines win for the
 /// same system, size and client count).
@@ -63,7 +70,7 @@ pub fn render(
 ) -> String {
     let mut by_key: Runs = BTreeMap::new();
     for run in runs {
-        by_key.insert((run.nodes, run.clients, run.system as u8), run);
+        by_key.insert((run.nodes, run.clients, run.system as u8, run.tls), run);
     }
     let mut out = String::new();
     if let Some(run) = runs.first() {
@@ -101,13 +108,14 @@ pub fn render(
 
 fn client_counts(by_key: &Runs, nodes: usize) -> Vec<usize> {
     let mut counts: Vec<usize> =
-        by_key.keys().filter(|(n, _, _)| *n == nodes).map(|(_, c, _)| *c).collect();
+        by_key.keys().filter(|(n, _, _, _)| *n == nodes).map(|(_, c, _, _)| *c).collect();
     counts.dedup();
     counts
 }
 
 fn single(out: &mut String, by_key: &Runs, targets: &Targets) {
-    let get = |clients: usize, system: System| by_key.get(&(1, clients, system as u8)).copied();
+    let get =
+        |clients: usize, system: System| by_key.get(&(1, clients, system as u8, false)).copied();
     let client_counts = client_counts(by_key, 1);
     out.push_str(
         "| clients | system | cycles/s | server CPU ms/cycle | claim p50 | claim p99 | cycle p50 | cycle p99 | errors | claim retries |\n",
@@ -197,20 +205,25 @@ fn single(out: &mut String, by_key: &Runs, targets: &Targets) {
 }
 
 fn cluster(out: &mut String, by_key: &Runs, nodes: usize, targets: &Targets) {
-    let get =
-        |n: usize, clients: usize, system: System| by_key.get(&(n, clients, system as u8)).copied();
+    let get_tls = |n: usize, clients: usize, system: System, tls: bool| {
+        by_key.get(&(n, clients, system as u8, tls)).copied()
+    };
+    let get = |n: usize, clients: usize, system: System| get_tls(n, clients, system, false);
     let client_counts = client_counts(by_key, nodes);
     out.push_str(
         "| clients | system | cycles/s | server CPU ms/cycle | enqueue p50 | enqueue p99 | claim p50 | claim p99 | ack p50 | ack p99 | cycle p50 | cycle p99 | errors | claim retries | elections |\n",
     );
     out.push_str("| ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n");
     for &clients in &client_counts {
-        for system in [System::Leasehold, System::Etcd] {
-            if let Some(run) = get(nodes, clients, system) {
+        for (system, tls) in
+            [(System::Leasehold, false), (System::Leasehold, true), (System::Etcd, false)]
+        {
+            if let Some(run) = get_tls(nodes, clients, system, tls) {
                 let _ = writeln!(
                     out,
-                    "| {clients} | {} ×{nodes} | {:.0} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
+                    "| {clients} | {} ×{nodes}{} | {:.0} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
                     system.name(),
+                    if tls { " TLS" } else { "" },
                     run.cycles_per_s,
                     cpu_per_cycle(run),
                     ms(run.enqueue.p50_us),
@@ -269,6 +282,54 @@ fn cluster(out: &mut String, by_key: &Runs, nodes: usize, targets: &Targets) {
         out,
         "\n{nodes}-node goal, at least {goal:.0}× the {nodes}-member etcd's cycles/s at {at} clients: {verdict}"
     );
+    if client_counts.iter().any(|&c| get_tls(nodes, c, System::Leasehold, true).is_some()) {
+        tls_cost(out, nodes, &client_counts, |clients, tls| {
+            get_tls(nodes, clients, System::Leasehold, tls)
+        });
+    }
+}
+
+/// The TLS cluster against the plaintext one, client count by client count.
+fn tls_cost<'a>(
+    out: &mut String,
+    nodes: usize,
+    client_counts: &[usize],
+    get: impl Fn(usize, bool) -> Option<&'a RunSummary>,
+) {
+    let _ = writeln!(
+        out,
+        "\nCost of TLS: leasehold ×{nodes} with mutual TLS between all parties and a token on \
+         every client call (*TLS*), against the same cluster in plaintext, same invocation \
+         (the two alternate at each client count). Throughput below 1× and p99 or CPU above \
+         1× is what TLS costs.\n"
+    );
+    out.push_str(
+        "| clients | cycles/s plaintext | cycles/s TLS | TLS ÷ plaintext | cycle p99 plaintext | cycle p99 TLS | TLS ÷ plaintext | server CPU ms/cycle plaintext | server CPU ms/cycle TLS | TLS ÷ plaintext |\n",
+    );
+    out.push_str("| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n");
+    let dash = || "–".to_string();
+    for &clients in client_counts {
+        let (plain, tls) = (get(clients, false), get(clients, true));
+        if tls.is_none() {
+            continue;
+        }
+        let cycles = |run: Option<&RunSummary>| run.map(|r| r.cycles_per_s);
+        let p99 = |run: Option<&RunSummary>| run.map(|r| r.cycle.p99_us as f64);
+        let cpu = |run: Option<&RunSummary>| run.and_then(cpu_ms_per_cycle);
+        let _ = writeln!(
+            out,
+            "| {clients} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
+            cycles(plain).map_or_else(dash, |c| format!("{c:.0}")),
+            cycles(tls).map_or_else(dash, |c| format!("{c:.0}")),
+            ratio(cycles(tls), cycles(plain)),
+            plain.map_or_else(dash, |r| ms(r.cycle.p99_us)),
+            tls.map_or_else(dash, |r| ms(r.cycle.p99_us)),
+            ratio(p99(tls), p99(plain)),
+            cpu(plain).map_or_else(dash, |c| format!("{c:.2}")),
+            cpu(tls).map_or_else(dash, |c| format!("{c:.2}")),
+            ratio(cpu(tls), cpu(plain)),
+        );
+    }
 }
 
 /// The median of `values` (mean of the middle two for an even count).
@@ -402,4 +463,69 @@ fn fire_lag(out: &mut String, lag: &FireLagSummary, targets: &Targets) {
         format!("**not met**: p99 {:.1} ms.", lag.to_enqueue.p99_ms)
     };
     let _ = writeln!(out, "\nFire-lag goal, p99 tick → enqueue below {goal:.0} ms: {verdict}");
+}
+
+#[cfg(test)]
+mod tests {
+    //! The report's arithmetic on hand-made result lines: the TLS cost
+    //! table pairs each TLS run with the plaintext run of the same cluster
+    //! and client count, and a plaintext-only invocation prints no such table.
+
+    use super::*;
+    use crate::measure::Latency;
+
+    fn run(tls: bool, clients: usize, cycles: u64, p99_us: u64, cpu_s: f64) -> RunSummary {
+        let latency = Latency { count: cycles, p50_us: p99_us / 2, p99_us, ..Latency::default() };
+        RunSummary {
+            system: System::Leasehold,
+            nodes: 3,
+            clients,
+            duration_s: 10.0,
+            warmup_s: 1.0,
+            payload_bytes: 64,
+            cycles,
+            cycles_per_s: cycles as f64 / 10.0,
+            errors: 0,
+            claim_retries: 0,
+            enqueue: latency.clone(),
+            claim: latency.clone(),
+            ack: latency.clone(),
+            cycle: latency,
+            server_peak_rss_kib: None,
+            server_cpu_s: Some(cpu_s),
+            elections: Some(0),
+            tls,
+        }
+    }
+
+    fn targets() -> Targets {
+        Targets {
+            cycles_per_s: 3000.0,
+            clients: 32,
+            cluster_ratio: 5.0,
+            failover_ms: 1500.0,
+            fire_lag_ms: 100.0,
+        }
+    }
+
+    #[test]
+    fn tls_runs_are_set_beside_the_plaintext_ones() {
+        // 32 clients: 10,000 plaintext cycles on 10 s of CPU (1.00 ms a
+        // cycle), 8,000 TLS cycles on 12 s (1.50 ms), p99 40 → 50 ms.
+        let runs = [run(false, 32, 10_000, 40_000, 10.0), run(true, 32, 8_000, 50_000, 12.0)];
+        let text = render(&runs, &[], &[], &targets());
+        assert!(text.contains("| 32 | leasehold ×3 | 1000 |"), "{text}");
+        assert!(text.contains("| 32 | leasehold ×3 TLS | 800 |"), "{text}");
+        let row = "| 32 | 1000 | 800 | 0.80× | 40.00 | 50.00 | 1.25× | 1.00 | 1.50 | 1.50× |";
+        assert!(text.contains(row), "{text}");
+        // The goal stays a plaintext one: no etcd run, so not measured.
+        assert!(text.contains("not measured"), "{text}");
+    }
+
+    #[test]
+    fn a_plaintext_invocation_has_no_tls_table() {
+        let text = render(&[run(false, 1, 100, 9_000, 1.0)], &[], &[], &targets());
+        assert!(!text.contains("Cost of TLS"), "{text}");
+        assert!(!text.contains("TLS ÷ plaintext"), "{text}");
+    }
 }
