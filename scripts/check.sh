@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The read-only gate: formatting, lints, tests (the fuzz targets' corpus
-# replay among them), docs, core purity, a short fuzzing run of each
-# target, and the chaos harness's quick profile.
+# replay among them), docs, core purity, and the chaos harness's quick
+# profile; a short fuzzing run of each target when LEASEHOLD_FUZZ_SECONDS
+# is set.
 # This is the README's test command and what CI runs. It changes no file.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -40,19 +41,21 @@ cargo test --workspace --locked
 step "cargo doc (warnings are errors)"
 RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --locked
 
-step "fuzz targets: a short coverage-guided run of each (AFL++)"
-fuzz_seconds=${LEASEHOLD_FUZZ_SECONDS:-20}
+step "fuzz targets: a short coverage-guided run of each (AFL++), when asked"
+# The corpus replay ran with cargo test above. A coverage-guided run needs
+# every dependency built again with AFL++'s instrumentation (7.5 minutes on
+# two cores, measured), which does not fit CI's budget beside the rest; it
+# runs when LEASEHOLD_FUZZ_SECONDS is set (see docs/fuzzing.md).
+fuzz_seconds=${LEASEHOLD_FUZZ_SECONDS:-0}
 if [ "$fuzz_seconds" = 0 ]; then
-  echo "skipped: LEASEHOLD_FUZZ_SECONDS=0"
+  echo "skipped (set LEASEHOLD_FUZZ_SECONDS=20 to run each target that long)"
 elif cargo afl --version >/dev/null 2>&1; then
   for target in $(scripts/fuzz.sh --list); do
     scripts/fuzz.sh "$target" "$fuzz_seconds"
   done
-elif [ -n "${CI:-}" ]; then
-  echo "cargo-afl is missing (.ci/run installs it)" >&2
-  exit 1
 else
-  echo "skipped: cargo-afl is not installed (cargo install cargo-afl --locked)"
+  echo "cargo-afl is missing: cargo install cargo-afl --locked (and Debian's afl++ for its C toolchain)" >&2
+  exit 1
 fi
 
 step "chaos harness, quick profile (real nodes, injected faults, every checker)"
