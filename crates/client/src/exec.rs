@@ -143,29 +143,35 @@ pub async fn run(command: &CommandLine, payload: Vec<u8>) -> Run {
         }
     };
     let group = GroupGuard { pgid: child.id().and_then(|id| i32::try_from(id).ok()) };
-    if let Some(mut stdin) = child.stdin.take() {
-        tokio::spawn(async move {
+    let stdin = child.stdin.take();
+    let (stdout, stderr) = (child.stdout.take(), child.stderr.take());
+    let feed = async move {
+        if let Some(mut stdin) = stdin {
             // A command that ignores stdin closes the pipe; that is not an error.
             let _ = stdin.write_all(&payload).await;
-        });
-    }
-    let stdout = tokio::spawn(tail_of(child.stdout.take()));
-    let stderr = tokio::spawn(tail_of(child.stderr.take()));
-    let status = match command.timeout {
-        Some(limit) => match tokio::time::timeout(limit, child.wait()).await {
-            Ok(status) => Some(status),
-            Err(_) => {
-                group.kill();
-                let _ = child.wait().await;
-                None
-            }
-        },
-        None => Some(child.wait().await),
+        }
     };
-    // Whatever the command left running in its group goes with it.
-    group.kill();
-    let stdout = stdout.await.unwrap_or_default();
-    let stderr = stderr.await.unwrap_or_default();
+    let wait = async {
+        let status = match command.timeout {
+            Some(limit) => match tokio::time::timeout(limit, child.wait()).await {
+                Ok(status) => Some(status),
+                Err(_) => {
+                    group.kill();
+                    let _ = child.wait().await;
+                    None
+                }
+            },
+            None => Some(child.wait().await),
+        };
+        // Whatever the command left running in its group goes with it, and
+        // with it the last writers of its pipes.
+        group.kill();
+        status
+    };
+    // One task: feeding stdin, reading both pipes and waiting run together
+    // and end together (or are dropped together, with a lost lease).
+    let (status, stdout, stderr, ()) =
+        tokio::join!(wait, tail_of(stdout), tail_of(stderr), feed);
     let outcome = match status {
         Some(Ok(status)) if status.success() => {
             Outcome::Ack { result: stdout.clone().into_bytes() }

@@ -3,7 +3,9 @@
 //! or releases them.
 //!
 //! Any node serves any call (followers forward writes to the leader), so the
-//! client needs one address.
+//! client needs one address; given several, it moves on when one is down
+//! and follows leader hints. [`Client::builder`] adds TLS and a token. It
+//! depends on the wire types only, never on the node's crates.
 
 pub mod client;
 pub mod exec;

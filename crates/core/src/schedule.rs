@@ -260,15 +260,6 @@ impl Schedule {
     }
 }
 
-/// What the journal knows of a node: its tags and whether it drains.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct NodeInfo {
-    /// Tags from the node's configuration (sorted).
-    pub tags: Vec<String>,
-    /// Draining nodes get no new `target = each` jobs.
-    pub draining: bool,
-}
-
 /// One step the ticker proposes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum TickPlan {

@@ -18,7 +18,8 @@ use crate::job::{Job, JobSpec, JobState};
 use crate::lease::Lease;
 use crate::limits::Limits;
 use crate::response::{EnqueueOutcome, Grant, QueueStats, Refusal, Response};
-use crate::schedule::{NodeInfo, Schedule};
+use crate::node_info::NodeInfo;
+use crate::schedule::Schedule;
 use crate::validate::{ValidationError, truncate_text, validate_command};
 
 /// Error text recorded on a job whose lease lapsed before it was acked.
@@ -788,6 +789,6 @@ fn check_job(job_id: u64, job: &Job, last_job_id: u64, last_token: u64) -> Resul
 }
 
 mod queries;
-mod schedules;
+mod schedule_commands;
 #[cfg(test)]
 mod tests;

@@ -7,7 +7,7 @@
 //! - **journal**: the leader proposes `Fire`/`Skip` (exactly once per tick
 //!   through the journal's `last_fired_bucket`); the other nodes do nothing;
 //! - **bus**: every node claims `(schedule, bucket)` on the bus and the
-//!   winner runs the schedule's command itself ([`crate::gate`]).
+//!   winner runs the schedule's command itself ([`crate::bus_tick`]).
 //!
 //! When the pool comes back from the bus to the journal, the leader first
 //! records the ticks the bus ran as skipped (`SkipReason::Bus`), so the
@@ -17,7 +17,7 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use leasehold_core::cron::{self, CronSchedule};
-use leasehold_core::gate::ClaimPath;
+use leasehold_core::claim_path::ClaimPath;
 use leasehold_core::schedule::{Schedule, SkipReason, Target, TickOutcome, TickPlan, plan_ticks};
 use leasehold_core::{Command, Response};
 use leasehold_replica::metrics::TickLabels;
@@ -25,7 +25,7 @@ use leasehold_replica::{Gate, Journal};
 use tokio::sync::watch;
 use tokio::task::JoinSet;
 
-use crate::gate::{BusRunner, run_bus_tick};
+use crate::bus_tick::{BusRunner, run_bus_tick};
 
 /// How often the leader looks for due ticks (the fire lag of a healthy
 /// cluster is about half of this plus one commit).

@@ -1,6 +1,11 @@
 //! The composition root of a leasehold node: configuration, wiring of
-//! storage, Raft, services and HTTP, the leader-side driver (lease sweeps,
-//! tombstone purges), and orderly shutdown.
+//! storage, Raft, the replica runtime, the services and HTTP, the driver
+//! (lease sweeps, tombstone purges, cron ticks), the built-in executor, the
+//! bus tick, the cluster secret, and orderly shutdown (drain).
+//!
+//! Nothing depends on it but the `leasehold` binary; it decides nothing
+//! core could decide, and, like every library here, it never prints: it
+//! logs through `tracing`.
 //!
 //! [`Node::start`] takes the listeners it serves on ([`Transport`]), so tests
 //! bind port 0 and a simulation can pass its own.
@@ -8,8 +13,9 @@
 pub mod config;
 pub mod driver;
 pub mod executor;
-pub mod gate;
+pub mod bus_tick;
 pub mod node;
+pub mod secret;
 
 pub use config::Config;
 pub use node::{Node, NodeError, NodeHandle, Transport};

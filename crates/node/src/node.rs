@@ -43,7 +43,7 @@ use tokio::task::JoinHandle;
 use crate::config::{Config, ConfigError};
 use crate::driver::{self, DriverConfig};
 use crate::executor::{self, ExecutorConfig};
-use crate::gate::{keep_dev_secret, resolve_secret};
+use crate::secret::{keep_dev_secret, resolve_secret};
 
 /// The listeners a node serves on. Tests bind port 0 and pass them in.
 pub struct Transport {
@@ -86,9 +86,15 @@ pub enum NodeError {
     /// TLS material or the tokens file could not be used.
     #[error("{0}")]
     Security(String),
-    /// openraft refused to start or bootstrap.
+    /// TLS material could not be read or used.
+    #[error(transparent)]
+    Tls(#[from] leasehold_security::TlsError),
+    /// The tokens file could not be read or used.
+    #[error(transparent)]
+    Tokens(#[from] leasehold_security::tokens::TokensError),
+    /// openraft refused to start, bootstrap or stop.
     #[error("raft: {0}")]
-    Raft(String),
+    Raft(#[source] Box<dyn std::error::Error + Send + Sync>),
     /// The cluster refused to add this node, or could not be reached in time.
     #[error("join: {0}")]
     Join(String),
@@ -135,14 +141,12 @@ impl Credentials {
         let server_tls = tls
             .as_ref()
             .map(|tls| tls.server_config().map(SharedServerConfig::new))
-            .transpose()
-            .map_err(|e| NodeError::Security(e.to_string()))?;
+            .transpose()?;
         let tokens = config
             .tokens_file
             .as_ref()
             .map(|path| TokenSet::from_file(path).map(SharedTokens::new))
-            .transpose()
-            .map_err(|e| NodeError::Security(e.to_string()))?;
+            .transpose()?;
         let mut credentials = Credentials {
             id: config.id,
             tls_files,
@@ -166,8 +170,7 @@ impl Credentials {
                 config: tonic::transport::ClientTlsConfig::new().identity(
                     tonic::transport::Identity::from_pem(material.cert_pem(), material.key_pem()),
                 ),
-                verifier: NodeServerVerifier::new(material)
-                    .map_err(|e| NodeError::Security(e.to_string()))?,
+                verifier: NodeServerVerifier::new(material)?,
             }),
             None => None,
         };
@@ -198,7 +201,7 @@ impl Credentials {
     fn reload(&self) -> Result<(), NodeError> {
         let tokens = match &self.tokens_file {
             Some(path) => {
-                Some(TokenSet::from_file(path).map_err(|e| NodeError::Security(e.to_string()))?)
+                Some(TokenSet::from_file(path)?)
             }
             None => None,
         };
@@ -206,8 +209,7 @@ impl Credentials {
         let server = tls
             .as_ref()
             .map(TlsMaterial::server_config)
-            .transpose()
-            .map_err(|e| NodeError::Security(e.to_string()))?;
+            .transpose()?;
         let reloaded = Credentials { tls, ..self.clone() };
         let peer_security = reloaded.peer_security()?;
         if let (Some(shared), Some(tokens)) = (&self.tokens, tokens) {
@@ -221,9 +223,14 @@ impl Credentials {
     }
 }
 
+/// An openraft error, kept as the source.
+fn raft_error(error: impl std::error::Error + Send + Sync + 'static) -> NodeError {
+    NodeError::Raft(Box::new(error))
+}
+
 /// Loads TLS files for node `id`; the certificate must name that node.
 fn node_tls(files: &TlsFiles, id: u64) -> Result<TlsMaterial, NodeError> {
-    let material = files.load().map_err(|e| NodeError::Security(e.to_string()))?;
+    let material = files.load()?;
     match material.identity() {
         Identity::Node(named) if *named == id => Ok(material),
         other => Err(NodeError::Security(format!(
@@ -270,12 +277,12 @@ impl Node {
         let raft =
             Raft::new(config.id, raft_config(&config)?, peers.clone(), log.clone(), state.clone())
                 .await
-                .map_err(|e| NodeError::Raft(e.to_string()))?;
+                .map_err(raft_error)?;
         if config.join.is_none()
-            && !raft.is_initialized().await.map_err(|e| NodeError::Raft(e.to_string()))?
+            && !raft.is_initialized().await.map_err(raft_error)?
         {
             let members = BTreeMap::from([(config.id, BasicNode { addr: advertise.clone() })]);
-            raft.initialize(members).await.map_err(|e| NodeError::Raft(e.to_string()))?;
+            raft.initialize(members).await.map_err(raft_error)?;
             tracing::info!(node = config.id, addr = %advertise, "bootstrapped a single-node cluster");
         }
 
@@ -300,7 +307,7 @@ impl Node {
                 bus_window: Duration::from_millis(config.bus_window_ms),
                 version: env!("CARGO_PKG_VERSION").to_string(),
             },
-            leasehold_core::gate::GateFlags {
+            leasehold_core::claim_path::GateFlags {
                 journal_lease: config.journal_lease,
                 journal_lease_dry_run: config.journal_lease_dry_run,
             },
@@ -350,7 +357,7 @@ impl Node {
         };
         if let Some(member) = &config.join {
             let initialized =
-                raft.is_initialized().await.map_err(|e| NodeError::Raft(e.to_string()))?;
+                raft.is_initialized().await.map_err(raft_error)?;
             if initialized {
                 tracing::info!(node = config.id, "data dir holds a membership; not joining again");
             } else if let Err(error) =
@@ -386,7 +393,7 @@ fn cluster_secret(config: &Config) -> Result<ClusterSecret, NodeError> {
         // their messages: nobody else needs this secret.
         if config.tls_files().is_none() {
             tracing::warn!(
-                file = %crate::gate::dev_secret_path(&config.data).display(),
+                file = %crate::secret::dev_secret_path(&config.data).display(),
                 "no cluster secret configured: generated one and kept it in the data dir; nodes \
                  that join this one need it (cluster_secret_file), or use TLS"
             );
@@ -718,7 +725,7 @@ fn raft_config(config: &Config) -> Result<Arc<openraft::Config>, NodeError> {
         max_in_snapshot_log_to_keep: 1_000,
         ..Default::default()
     };
-    raft.validate().map(Arc::new).map_err(|e| NodeError::Raft(e.to_string()))
+    raft.validate().map(Arc::new).map_err(raft_error)
 }
 
 impl NodeHandle {
@@ -893,10 +900,14 @@ impl NodeHandle {
     pub async fn shutdown(self, grace: Duration) -> Result<(), NodeError> {
         let _ = self.intake.send(true);
         let _ = self.shutdown.send(true);
-        for task in self.intake_tasks {
+        for task in &self.intake_tasks {
             task.abort();
         }
+        for task in self.intake_tasks {
+            let _ = task.await;
+        }
         let mut failure = None;
+        let aborts: Vec<_> = self.tasks.iter().map(JoinHandle::abort_handle).collect();
         let wait_tasks = async {
             for task in self.tasks {
                 match task.await {
@@ -907,9 +918,13 @@ impl NodeHandle {
             }
         };
         if tokio::time::timeout(grace, wait_tasks).await.is_err() {
-            tracing::warn!("serving tasks did not stop within {} ms", grace.as_millis());
+            tracing::warn!("serving tasks did not stop within {} ms; ending them", grace.as_millis());
+            for abort in aborts {
+                abort.abort();
+            }
         }
-        self.journal.raft().shutdown().await.map_err(|e| NodeError::Raft(e.to_string()))?;
+        self.journal.shutdown().await;
+        self.journal.raft().shutdown().await.map_err(raft_error)?;
         match failure {
             Some(e) => Err(NodeError::Serve(e)),
             None => Ok(()),

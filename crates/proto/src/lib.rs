@@ -2,7 +2,8 @@
 //! wire messages and `leasehold-core` types.
 //!
 //! Domain types never derive prost; everything crossing the wire goes through
-//! [`convert`].
+//! [`convert`]. It decides nothing: a conversion that fails names the field,
+//! and validation is core's.
 
 #[allow(missing_docs, clippy::all)]
 pub mod v1 {

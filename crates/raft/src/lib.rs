@@ -1,5 +1,12 @@
 //! openraft wiring for leasehold: the type configuration shared by storage,
-//! server and node, the serde envelope, and the tonic network between peers.
+//! the replica runtime and the node, the serde envelope, and the tonic
+//! network between peers — one channel per peer address, each carrying this
+//! node's credentials (its node certificate with TLS, its node proof
+//! without).
+//!
+//! It dials peers and serves nothing: the Raft service that receives their
+//! calls is the edge's (`leasehold-server`), and what a replica does with
+//! its log is the replica runtime's (`leasehold-replica`).
 
 pub mod envelope;
 pub mod network;

@@ -7,14 +7,14 @@
 //! paths in one evaluation. The decision for a cron tick is made *as of the
 //! tick's instant*: flag changes (ours and our peers') count from their
 //! `since` plus the settle time of three heartbeat intervals
-//! ([`leasehold_core::gate::value_at`]), so every node decides one tick the
+//! ([`leasehold_core::claim_path::value_at`]), so every node decides one tick the
 //! same way and the pool switches paths at one tick.
 
 use std::collections::BTreeSet;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use leasehold_core::gate::{
+use leasehold_core::claim_path::{
     Advert, ClaimPath, Decision, GateFlags, GateInput, Member, decide_claim_path, value_at,
 };
 use leasehold_proto::v1;

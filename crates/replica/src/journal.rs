@@ -46,6 +46,7 @@ struct Inner {
     metrics: Metrics,
     drain_request: tokio::sync::watch::Sender<bool>,
     batches: tokio::sync::mpsc::Sender<Pending>,
+    batcher: std::sync::Mutex<Option<tokio::task::JoinHandle<()>>>,
 }
 
 /// A proposal waiting for the batcher, and where its answer goes.
@@ -100,14 +101,31 @@ impl Journal {
                 probe_fault: AtomicBool::new(false),
                 drain_request: tokio::sync::watch::channel(false).0,
                 batches,
+                batcher: std::sync::Mutex::new(None),
                 metrics: Metrics::new(),
             }),
         };
         // The batcher holds only a weak handle, so dropping every Journal
-        // closes the queue and ends it.
+        // closes the queue and ends it; the journal owns the task, and
+        // `shutdown` ends it at once.
         let in_flight = journal.inner.config.batches_in_flight.max(1);
-        tokio::spawn(batch_proposals(Arc::downgrade(&journal.inner), queue, in_flight));
+        let batcher =
+            tokio::spawn(batch_proposals(Arc::downgrade(&journal.inner), queue, in_flight));
+        if let Ok(mut slot) = journal.inner.batcher.lock() {
+            *slot = Some(batcher);
+        }
         journal
+    }
+
+    /// Stops the batcher and every write it has in flight; proposals after
+    /// this fail UNAVAILABLE (shutting down). Called when the node stops,
+    /// before Raft does.
+    pub async fn shutdown(&self) {
+        let batcher = self.inner.batcher.lock().ok().and_then(|mut slot| slot.take());
+        if let Some(batcher) = batcher {
+            batcher.abort();
+            let _ = batcher.await;
+        }
     }
 
     /// This node's id.
@@ -513,6 +531,9 @@ async fn batch_proposals(
     in_flight: usize,
 ) {
     let in_flight = Arc::new(tokio::sync::Semaphore::new(in_flight));
+    // The writes in flight: owned here, so ending the batcher (shutdown)
+    // ends them too, and their proposers hear that the journal stopped.
+    let mut writes = tokio::task::JoinSet::new();
     let mut carried: Option<Pending> = None;
     loop {
         let first = match carried.take() {
@@ -545,7 +566,8 @@ async fn batch_proposals(
             }
         }
         let Some(inner) = journal.upgrade() else { return };
-        tokio::spawn(async move {
+        while writes.try_join_next().is_some() {}
+        writes.spawn(async move {
             write_batch(&Journal { inner }, batch).await;
             drop(permit);
         });

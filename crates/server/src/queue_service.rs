@@ -39,16 +39,26 @@ impl QueueService {
         QueueService { journal }
     }
 
+    /// Validates `command` (once: the edge's one check before proposing;
+    /// apply checks again, as every replica must) and proposes it.
     async fn submit(&self, command: Command) -> Result<Response, Error> {
         validate_command(&command, self.journal.limits())?;
+        self.propose_valid(command).await
+    }
+
+    /// Proposes a command the caller has validated; a refusal becomes its
+    /// status.
+    async fn propose_valid(&self, command: Command) -> Result<Response, Error> {
         match self.journal.propose(command).await? {
             Response::Refused(refusal) => Err(refusal.into()),
             response => Ok(response),
         }
     }
 
+    /// One claim round of a long-poll; `command` was validated when the
+    /// call came in.
     async fn claim_once(&self, command: &Command) -> Result<Vec<v1::Grant>, Error> {
-        match self.submit(command.clone()).await? {
+        match self.propose_valid(command.clone()).await? {
             Response::Claimed(grants) => Ok(grants.iter().map(convert::grant_to_wire).collect()),
             other => Err(unexpected(&other)),
         }

@@ -93,7 +93,7 @@
 mod calendar;
 mod error;
 mod every;
-mod schedule;
+mod expression;
 mod zone;
 
 #[cfg(test)]
@@ -101,7 +101,7 @@ mod tests;
 
 pub use error::{CronError, EveryProblem, FieldName, FieldProblem};
 pub use every::{MAX_PERIOD_S, MIN_PERIOD_S};
-pub use schedule::{CronSchedule, MAX_TICK_S, parse};
+pub use expression::{CronSchedule, MAX_TICK_S, parse};
 
 /// The bucket of a tick: its instant in whole Unix seconds. `Fire` and
 /// `Skip` carry buckets, and idempotency keys are `cron:{name}:{bucket}`.

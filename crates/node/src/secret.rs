@@ -1,22 +1,10 @@
-//! The node's side of the cutover gate: where the cluster secret comes
-//! from, and the claim seam of a cron tick on the broadcast (bus) path —
-//! claim, run the schedule's command on this node, release.
-//!
-//! Which path a tick takes is decided once, by the driver, with
-//! [`leasehold_replica::Gate::decide_for_claim`]; this module only carries a
-//! bus decision out. Release goes to both stores: the bus (a no-op unless
-//! this node won the key) and the journal (a no-op unless this node holds a
-//! lease on a job with that key).
+//! Where the cluster secret comes from: the configuration, a file, or one
+//! generated at the first start and kept in the data dir. It is never sent
+//! over the network (see docs/security.md).
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::time::Duration;
 
-use leasehold_client::exec::{self, CommandLine};
-use leasehold_core::Command;
-use leasehold_core::schedule::Schedule;
-use leasehold_replica::bus::Outcome;
-use leasehold_replica::{Gate, Journal};
 use leasehold_security::ClusterSecret;
 
 use crate::config::{Config, ConfigError, SecretText};
@@ -78,100 +66,6 @@ pub fn keep_dev_secret(data: &Path, secret: &ClusterSecret) -> std::io::Result<(
         .open(&path)?;
     file.write_all(secret.as_bytes())?;
     file.sync_all()
-}
-
-/// What a bus tick needs from the node.
-#[derive(Clone, Debug)]
-pub struct BusRunner {
-    /// A command running longer than this is killed.
-    pub command_timeout: Duration,
-}
-
-/// Claims `key` (a tick of `schedule` at `bucket`) on the bus and, if this
-/// node wins, runs the schedule's command here; then releases on both
-/// stores.
-pub async fn run_bus_tick(
-    gate: Gate,
-    journal: Journal,
-    runner: BusRunner,
-    schedule: Schedule,
-    bucket: u64,
-    key: String,
-) {
-    let name = schedule.spec.name.clone();
-    match gate.bus_claim(&key).await {
-        Ok(Outcome::Won) => {
-            tracing::info!(
-                event = "lease.acquire",
-                path = "bus",
-                node = gate.node_id(),
-                schedule = %name,
-                bucket,
-                key = %key,
-                "won the bus claim; running the command here"
-            );
-            let Some(script) = schedule.spec.template.command.clone() else {
-                return;
-            };
-            let env = vec![
-                ("LEASEHOLD_SCHEDULE".to_string(), name.clone()),
-                ("LEASEHOLD_BUCKET".to_string(), bucket.to_string()),
-                ("LEASEHOLD_CLAIM_PATH".to_string(), "bus".to_string()),
-                ("LEASEHOLD_NODE_ID".to_string(), gate.node_id().to_string()),
-            ];
-            let command = CommandLine {
-                argv: vec!["sh".to_string(), "-c".to_string(), script],
-                env,
-                timeout: Some(runner.command_timeout),
-            };
-            let run = exec::run(&command, Vec::new()).await;
-            tracing::info!(
-                event = "cron.fire",
-                path = "bus",
-                schedule = %name,
-                bucket,
-                outcome = ?run.outcome,
-                stdout = %run.stdout.trim_end(),
-                stderr = %run.stderr.trim_end(),
-                "bus tick ran"
-            );
-        }
-        Ok(Outcome::Lost { winner }) => {
-            tracing::info!(
-                event = "lease.contend",
-                path = "bus",
-                schedule = %name,
-                bucket,
-                winner = winner.unwrap_or(0),
-                "another node won the bus claim"
-            );
-        }
-        Err(error) => {
-            tracing::warn!(path = "bus", schedule = %name, bucket, %error, "bus claim failed");
-        }
-    }
-    release(&gate, &journal, &key).await;
-}
-
-/// Releases `key` on both stores; each is a no-op when it holds nothing.
-pub async fn release(gate: &Gate, journal: &Journal, key: &str) {
-    if let Err(error) = gate.bus_release(key).await {
-        tracing::warn!(%error, key, "bus release failed");
-    }
-    let worker = format!("node-{}", gate.node_id());
-    let held = journal.read_stale(|state| state.leases_held_by(&worker, Some(key)));
-    for (job_id, token) in held {
-        match journal.propose(Command::Release { job_id, token }).await {
-            Ok(_) => tracing::info!(
-                event = "lease.release",
-                path = "journal",
-                job = job_id,
-                key,
-                "released"
-            ),
-            Err(error) => tracing::warn!(job = job_id, %error, "journal release failed"),
-        }
-    }
 }
 
 #[cfg(test)]
