@@ -48,24 +48,18 @@ pub async fn max_term(addrs: &[String], access: &Access) -> anyhow::Result<u64> 
 /// The leader's id, as every node in `addrs` agrees; an error when a node
 /// does not answer or they disagree.
 pub async fn agreed_leader(addrs: &[String], access: &Access) -> anyhow::Result<u64> {
-    let mut leaders = Vec::new();
+    let mut answers = Vec::new();
     for addr in addrs {
         let mut stub = ClusterClient::new(access.channel(addr)?);
-        let status = local_status(&mut stub, access, STATUS_TIMEOUT).await?;
-        leaders.push(status.leader);
+        answers.push(local_status(&mut stub, access, STATUS_TIMEOUT).await?);
     }
-    let first = leaders.first().copied().unwrap_or(0);
-    anyhow::ensure!(first != 0, "no leader known");
+    let leader = leasehold_testkit::agreed_leader(&answers).map_err(anyhow::Error::msg)?;
     anyhow::ensure!(
-        leaders.iter().all(|l| *l == first),
-        "nodes disagree on the leader: {leaders:?}"
-    );
-    anyhow::ensure!(
-        usize::try_from(first).is_ok_and(|id| (1..=addrs.len()).contains(&id)),
-        "leader id {first} is not one of nodes 1..={}",
+        usize::try_from(leader).is_ok_and(|id| (1..=addrs.len()).contains(&id)),
+        "leader id {leader} is not one of nodes 1..={}",
         addrs.len()
     );
-    Ok(first)
+    Ok(leader)
 }
 
 /// Whether the cluster at `addrs` is whole: one leader all nodes agree on,

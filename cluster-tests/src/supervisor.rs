@@ -18,6 +18,7 @@ use std::time::Duration;
 use leasehold_proto::v1;
 use leasehold_proto::v1::cluster_client::ClusterClient;
 use leasehold_proto::v1::faults_client::FaultsClient;
+use leasehold_testkit::Check;
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 use tokio::time::Instant;
@@ -78,12 +79,10 @@ pub struct Supervisor {
     nodes: BTreeMap<u64, NodeProcess>,
 }
 
-/// Picks a free port on `ip` by binding port 0 and letting it go. The node
-/// binds it moments later; a collision fails that node's start loudly.
+/// A free port on `ip` (see [`leasehold_testkit::free_port`]).
 pub fn free_port(ip: Ipv4Addr) -> anyhow::Result<SocketAddr> {
-    let listener = std::net::TcpListener::bind(SocketAddr::new(IpAddr::V4(ip), 0))
-        .map_err(|e| anyhow::anyhow!("binding {ip}:0: {e}"))?;
-    Ok(listener.local_addr()?)
+    let port = leasehold_testkit::free_port(IpAddr::V4(ip))?;
+    Ok(SocketAddr::new(IpAddr::V4(ip), port))
 }
 
 impl Supervisor {
@@ -308,46 +307,34 @@ impl Supervisor {
     /// The leader: among nodes that say they lead, the one with the highest
     /// term (a deposed leader may not know yet).
     pub async fn leader(&self) -> Option<u64> {
-        self.statuses()
-            .await
-            .into_values()
-            .filter(|s| s.role == "leader")
-            .max_by_key(|s| s.term)
-            .map(|s| s.id)
+        leasehold_testkit::highest_term_leader(self.statuses().await.values())
     }
 
     /// Waits until some node leads.
     pub async fn wait_for_leader(&self, limit: Duration) -> anyhow::Result<u64> {
-        let deadline = Instant::now() + limit;
-        loop {
-            if let Some(leader) = self.leader().await {
-                return Ok(leader);
-            }
-            if Instant::now() >= deadline {
-                anyhow::bail!("no leader within {} ms", limit.as_millis());
-            }
-            tokio::time::sleep(Duration::from_millis(200)).await;
-        }
+        let deadline = leasehold_testkit::deadline_in(limit);
+        leasehold_testkit::wait_until("a leader", deadline, || async {
+            Ok(match self.leader().await {
+                Some(leader) => Check::Done(leader),
+                None => Check::NotYet("no node leads".to_string()),
+            })
+        })
+        .await
     }
 
     /// Waits until the leader counts `voters` voters and every node answers.
     pub async fn wait_for_voters(&self, voters: usize, limit: Duration) -> anyhow::Result<()> {
-        let deadline = Instant::now() + limit;
-        loop {
+        let what = format!("{voters} voters, every node answering");
+        leasehold_testkit::wait_until(&what, leasehold_testkit::deadline_in(limit), || async {
             let statuses = self.statuses().await;
             let all_voters = statuses.values().filter(|s| s.voter).count();
-            if statuses.len() == self.nodes.len() && all_voters >= voters {
-                return Ok(());
-            }
-            if Instant::now() >= deadline {
-                anyhow::bail!(
-                    "cluster did not reach {voters} voters within {} ms (answering: {}, voters: {all_voters})",
-                    limit.as_millis(),
-                    statuses.len()
-                );
-            }
-            tokio::time::sleep(Duration::from_millis(250)).await;
-        }
+            Ok(if statuses.len() == self.nodes.len() && all_voters >= voters {
+                Check::Done(())
+            } else {
+                Check::NotYet(format!("answering: {}, voters: {all_voters}", statuses.len()))
+            })
+        })
+        .await
     }
 
     /// A Cluster client for node `id` (direct, not through its proxy),

@@ -170,8 +170,7 @@ pub async fn run(command: &CommandLine, payload: Vec<u8>) -> Run {
     };
     // One task: feeding stdin, reading both pipes and waiting run together
     // and end together (or are dropped together, with a lost lease).
-    let (status, stdout, stderr, ()) =
-        tokio::join!(wait, tail_of(stdout), tail_of(stderr), feed);
+    let (status, stdout, stderr, ()) = tokio::join!(wait, tail_of(stdout), tail_of(stderr), feed);
     let outcome = match status {
         Some(Ok(status)) if status.success() => {
             Outcome::Ack { result: stdout.clone().into_bytes() }

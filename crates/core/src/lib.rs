@@ -35,9 +35,9 @@
 
 pub mod batch;
 pub mod bus;
+pub mod claim_path;
 pub mod command;
 pub mod cron;
-pub mod claim_path;
 mod index;
 pub mod job;
 pub mod lease;

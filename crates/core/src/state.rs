@@ -17,8 +17,8 @@ use crate::index::Indexes;
 use crate::job::{Job, JobSpec, JobState};
 use crate::lease::Lease;
 use crate::limits::Limits;
-use crate::response::{EnqueueOutcome, Grant, QueueStats, Refusal, Response};
 use crate::node_info::NodeInfo;
+use crate::response::{EnqueueOutcome, Grant, QueueStats, Refusal, Response};
 use crate::schedule::Schedule;
 use crate::validate::{ValidationError, truncate_text, validate_command};
 

@@ -1,7 +1,9 @@
 //! Property test of the cutover gate: the journal is chosen only when every
 //! rule allows it, whatever the input; and the decision is a pure function.
 
-use leasehold_core::claim_path::{Advert, ClaimPath, GateFlags, GateInput, Member, decide_claim_path};
+use leasehold_core::claim_path::{
+    Advert, ClaimPath, GateFlags, GateInput, Member, decide_claim_path,
+};
 use proptest::prelude::*;
 
 fn member() -> impl Strategy<Value = Member> {

@@ -16,8 +16,8 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
-use leasehold_core::cron::{self, CronSchedule};
 use leasehold_core::claim_path::ClaimPath;
+use leasehold_core::cron::{self, CronSchedule};
 use leasehold_core::schedule::{Schedule, SkipReason, Target, TickOutcome, TickPlan, plan_ticks};
 use leasehold_core::{Command, Response};
 use leasehold_replica::metrics::TickLabels;

@@ -10,10 +10,10 @@
 //! [`Node::start`] takes the listeners it serves on ([`Transport`]), so tests
 //! bind port 0 and a simulation can pass its own.
 
+pub mod bus_tick;
 pub mod config;
 pub mod driver;
 pub mod executor;
-pub mod bus_tick;
 pub mod node;
 pub mod secret;
 

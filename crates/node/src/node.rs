@@ -138,10 +138,8 @@ impl Credentials {
     fn load(config: &Config, secret: ClusterSecret) -> Result<Credentials, NodeError> {
         let tls_files = config.tls_files();
         let tls = tls_files.as_ref().map(|files| node_tls(files, config.id)).transpose()?;
-        let server_tls = tls
-            .as_ref()
-            .map(|tls| tls.server_config().map(SharedServerConfig::new))
-            .transpose()?;
+        let server_tls =
+            tls.as_ref().map(|tls| tls.server_config().map(SharedServerConfig::new)).transpose()?;
         let tokens = config
             .tokens_file
             .as_ref()
@@ -200,16 +198,11 @@ impl Credentials {
     /// changes.
     fn reload(&self) -> Result<(), NodeError> {
         let tokens = match &self.tokens_file {
-            Some(path) => {
-                Some(TokenSet::from_file(path)?)
-            }
+            Some(path) => Some(TokenSet::from_file(path)?),
             None => None,
         };
         let tls = self.tls_files.as_ref().map(|files| node_tls(files, self.id)).transpose()?;
-        let server = tls
-            .as_ref()
-            .map(TlsMaterial::server_config)
-            .transpose()?;
+        let server = tls.as_ref().map(TlsMaterial::server_config).transpose()?;
         let reloaded = Credentials { tls, ..self.clone() };
         let peer_security = reloaded.peer_security()?;
         if let (Some(shared), Some(tokens)) = (&self.tokens, tokens) {
@@ -278,9 +271,7 @@ impl Node {
             Raft::new(config.id, raft_config(&config)?, peers.clone(), log.clone(), state.clone())
                 .await
                 .map_err(raft_error)?;
-        if config.join.is_none()
-            && !raft.is_initialized().await.map_err(raft_error)?
-        {
+        if config.join.is_none() && !raft.is_initialized().await.map_err(raft_error)? {
             let members = BTreeMap::from([(config.id, BasicNode { addr: advertise.clone() })]);
             raft.initialize(members).await.map_err(raft_error)?;
             tracing::info!(node = config.id, addr = %advertise, "bootstrapped a single-node cluster");
@@ -356,8 +347,7 @@ impl Node {
             credentials,
         };
         if let Some(member) = &config.join {
-            let initialized =
-                raft.is_initialized().await.map_err(raft_error)?;
+            let initialized = raft.is_initialized().await.map_err(raft_error)?;
             if initialized {
                 tracing::info!(node = config.id, "data dir holds a membership; not joining again");
             } else if let Err(error) =
@@ -918,7 +908,10 @@ impl NodeHandle {
             }
         };
         if tokio::time::timeout(grace, wait_tasks).await.is_err() {
-            tracing::warn!("serving tasks did not stop within {} ms; ending them", grace.as_millis());
+            tracing::warn!(
+                "serving tasks did not stop within {} ms; ending them",
+                grace.as_millis()
+            );
             for abort in aborts {
                 abort.abort();
             }

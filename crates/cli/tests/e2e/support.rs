@@ -9,12 +9,9 @@
 //! Nothing here sleeps to synchronize: every wait is a named condition with
 //! a deadline, and a timeout says what was awaited and what was last seen.
 
-use std::fs::File;
-use std::future::Future;
-use std::net::{SocketAddr, TcpListener};
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, ExitStatus, Stdio};
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::process::{Command, ExitStatus};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -24,8 +21,8 @@ use leasehold_proto::v1;
 use leasehold_proto::v1::cluster_client::ClusterClient;
 use leasehold_proto::v1::queue_client::QueueClient;
 use leasehold_proto::v1::schedules_client::SchedulesClient;
-use nix::sys::signal::{Signal, kill};
-use nix::unistd::Pid;
+pub use leasehold_testkit::{Check, NODE_READY_TIMEOUT, Process, Sandbox, deadline_in, wait_until};
+use nix::sys::signal::Signal;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::time::Instant;
 use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity};
@@ -33,250 +30,21 @@ use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity
 /// The id every single-node test cluster runs as.
 pub const NODE_ID: u64 = 1;
 
-/// How often a condition is re-checked while waiting for it.
-const POLL_INTERVAL: Duration = Duration::from_millis(50);
-/// How long a freshly started (or restarted) node may take to serve.
-const NODE_READY_TIMEOUT: Duration = Duration::from_secs(30);
 /// Deadline of one raw gRPC call made by a test.
 pub const RPC_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long a one-shot CLI invocation may run.
 const CLI_TIMEOUT: Duration = Duration::from_secs(30);
 /// Deadline of one HTTP request to a node.
 const HTTP_TIMEOUT: Duration = Duration::from_secs(5);
-/// Lines of each log printed when a test fails.
-const LOG_TAIL_LINES: usize = 40;
-
-/// The answer of one look at a condition.
-pub enum Check<T> {
-    /// The condition holds; the wait is over and answers this value.
-    Done(T),
-    /// Not yet; the text says what was seen, for the timeout message.
-    NotYet(String),
-}
-
-/// Waits until `check` answers [`Check::Done`], re-checking every 50 ms,
-/// and fails with `what` and the last observation once `deadline` passes.
-/// An `Err` from `check` is fatal and ends the wait at once (a process that
-/// died will not come back by waiting).
-pub async fn wait_until<T, F, Fut>(what: &str, deadline: Instant, mut check: F) -> Result<T>
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = Result<Check<T>>>,
-{
-    let started = Instant::now();
-    loop {
-        let seen = match check().await.with_context(|| format!("while waiting for {what}"))? {
-            Check::Done(value) => return Ok(value),
-            Check::NotYet(seen) => seen,
-        };
-        if Instant::now() >= deadline {
-            bail!(
-                "timed out after {:.1} s waiting for {what}; last seen: {seen}",
-                started.elapsed().as_secs_f64()
-            );
-        }
-        tokio::time::sleep_until((Instant::now() + POLL_INTERVAL).min(deadline)).await;
-    }
-}
-
-/// A deadline `within` from now.
-pub fn deadline_in(within: Duration) -> Instant {
-    Instant::now() + within
-}
 
 /// Logs a phase of a story, so a failure's output reads as the story does.
 pub fn phase(name: &str) {
     eprintln!("--- {name}");
 }
 
-/// A free TCP port on 127.0.0.1: bind port 0, read the port, let it go.
+/// A free TCP port on 127.0.0.1.
 pub fn free_port() -> Result<u16> {
-    let listener = TcpListener::bind("127.0.0.1:0").context("binding 127.0.0.1:0")?;
-    Ok(listener.local_addr().context("reading the bound address")?.port())
-}
-
-/// One test's sandbox: its temporary directory and the logs written there.
-/// When the test fails (an `Err` from [`Sandbox::run`], a timeout, or a
-/// panic) the directory is kept and every log's path and tail are printed.
-pub struct Sandbox {
-    name: String,
-    dir: Option<tempfile::TempDir>,
-    path: PathBuf,
-    logs: Mutex<Vec<PathBuf>>,
-    files: AtomicU32,
-    failed: AtomicBool,
-}
-
-impl Sandbox {
-    /// A fresh sandbox for the test `name`.
-    pub fn new(name: &str) -> Result<Sandbox> {
-        let dir = tempfile::Builder::new()
-            .prefix(&format!("leasehold-e2e-{name}-"))
-            .tempdir()
-            .context("creating the test directory")?;
-        let path = dir.path().to_path_buf();
-        eprintln!("test {name}: directory {}", path.display());
-        Ok(Sandbox {
-            name: name.to_string(),
-            dir: Some(dir),
-            path,
-            logs: Mutex::new(Vec::new()),
-            files: AtomicU32::new(0),
-            failed: AtomicBool::new(false),
-        })
-    }
-
-    /// The sandbox directory.
-    pub fn path(&self) -> &Path {
-        &self.path
-    }
-
-    /// A new file path in the sandbox, numbered so repeated invocations never
-    /// overwrite each other's logs, and remembered for the failure report.
-    pub fn log_file(&self, label: &str) -> PathBuf {
-        let number = self.files.fetch_add(1, Ordering::SeqCst);
-        let path = self.path.join(format!("{number:03}-{label}.log"));
-        if let Ok(mut logs) = self.logs.lock() {
-            logs.push(path.clone());
-        }
-        path
-    }
-
-    /// Runs the story `body` with a time budget; on failure prints the logs
-    /// and keeps the directory.
-    pub async fn run(
-        &self,
-        budget: Duration,
-        body: impl Future<Output = Result<()>>,
-    ) -> Result<()> {
-        let started = Instant::now();
-        let outcome = match tokio::time::timeout(budget, body).await {
-            Ok(outcome) => outcome,
-            Err(_) => Err(anyhow!("test exceeded its budget of {} s", budget.as_secs())),
-        };
-        match &outcome {
-            Ok(()) => {
-                eprintln!("test {}: passed in {:.1} s", self.name, started.elapsed().as_secs_f64())
-            }
-            Err(error) => {
-                eprintln!("test {}: FAILED: {error:#}", self.name);
-                self.failed.store(true, Ordering::SeqCst);
-            }
-        }
-        outcome
-    }
-
-    fn report_logs(&self) {
-        eprintln!("test {}: kept directory {}", self.name, self.path.display());
-        let logs = self.logs.lock().map(|logs| logs.clone()).unwrap_or_default();
-        for log in logs {
-            let text = std::fs::read_to_string(&log).unwrap_or_default();
-            let lines: Vec<&str> = text.lines().collect();
-            let tail = &lines[lines.len().saturating_sub(LOG_TAIL_LINES)..];
-            eprintln!("===== {} (last {} lines) =====", log.display(), tail.len());
-            for line in tail {
-                eprintln!("{line}");
-            }
-        }
-    }
-}
-
-impl Drop for Sandbox {
-    fn drop(&mut self) {
-        if self.failed.load(Ordering::SeqCst) || std::thread::panicking() {
-            self.report_logs();
-            if let Some(dir) = self.dir.take() {
-                let _ = dir.keep();
-            }
-        }
-    }
-}
-
-/// A started child process, SIGKILLed by its pid and reaped when dropped so
-/// no test leaves a process behind, whatever way it ends.
-pub struct Process {
-    name: String,
-    child: Child,
-    log: PathBuf,
-    exited: Option<ExitStatus>,
-}
-
-impl Process {
-    /// Starts `command` with stdout and stderr appended to `log`.
-    pub fn spawn(name: &str, mut command: Command, log: &Path) -> Result<Process> {
-        let out = File::create(log).with_context(|| format!("creating {}", log.display()))?;
-        let err = out.try_clone().context("duplicating the log handle")?;
-        command.stdin(Stdio::null()).stdout(out).stderr(err);
-        let child = command.spawn().with_context(|| format!("starting {name}: {command:?}"))?;
-        eprintln!("started {name} (pid {}), log {}", child.id(), log.display());
-        Ok(Process { name: name.to_string(), child, log: log.to_path_buf(), exited: None })
-    }
-
-    fn pid(&self) -> Result<Pid> {
-        let raw = i32::try_from(self.child.id()).context("pid does not fit a pid_t")?;
-        Ok(Pid::from_raw(raw))
-    }
-
-    /// Sends `signal` to the process (by its pid).
-    pub fn signal(&self, signal: Signal) -> Result<()> {
-        if self.exited.is_some() {
-            bail!("{} already exited; cannot send {signal}", self.name);
-        }
-        kill(self.pid()?, signal).with_context(|| format!("sending {signal} to {}", self.name))
-    }
-
-    /// The exit status, if the process has exited.
-    pub fn exit_status(&mut self) -> Result<Option<ExitStatus>> {
-        if self.exited.is_none() {
-            self.exited =
-                self.child.try_wait().with_context(|| format!("polling {}", self.name))?;
-        }
-        Ok(self.exited)
-    }
-
-    /// Waits for the process to exit by itself before `deadline`.
-    pub async fn wait_exit(&mut self, deadline: Instant) -> Result<ExitStatus> {
-        let what = format!("{} to exit", self.name);
-        wait_until(&what, deadline, || {
-            let status = self.exit_status();
-            async move {
-                Ok(match status? {
-                    Some(status) => Check::Done(status),
-                    None => Check::NotYet("still running".to_string()),
-                })
-            }
-        })
-        .await
-    }
-
-    /// SIGKILLs the process and reaps it.
-    pub fn kill(&mut self) -> Result<()> {
-        if self.exit_status()?.is_some() {
-            return Ok(());
-        }
-        self.signal(Signal::SIGKILL)?;
-        let status = self.child.wait().with_context(|| format!("reaping {}", self.name))?;
-        self.exited = Some(status);
-        Ok(())
-    }
-
-    /// Fails if the process has exited (it was expected to keep running).
-    pub fn ensure_running(&mut self) -> Result<()> {
-        match self.exit_status()? {
-            None => Ok(()),
-            Some(status) => {
-                bail!("{} exited unexpectedly ({status}); log {}", self.name, self.log.display())
-            }
-        }
-    }
-}
-
-impl Drop for Process {
-    fn drop(&mut self) {
-        if let Err(error) = self.kill() {
-            eprintln!("cleanup of {} (log {}): {error:#}", self.name, self.log.display());
-        }
-    }
+    leasehold_testkit::free_port(std::net::Ipv4Addr::LOCALHOST.into())
 }
 
 /// The `leasehold` binary under test.
@@ -1123,16 +891,8 @@ pub async fn run_cli(sandbox: &Sandbox, args: &[&str], env: &[(&str, &str)]) -> 
     for (key, value) in env {
         command.env(key, value);
     }
-    let stdout = File::create(&stdout_path).context("creating the stdout file")?;
-    let stderr = File::create(&stderr_path).context("creating the stderr file")?;
-    command.stdin(Stdio::null()).stdout(stdout).stderr(stderr);
-    let child = command.spawn().with_context(|| format!("starting leasehold {args:?}"))?;
-    let mut process = Process {
-        name: format!("leasehold {}", args.join(" ")),
-        child,
-        log: stderr_path.clone(),
-        exited: None,
-    };
+    let name = format!("leasehold {}", args.join(" "));
+    let mut process = Process::spawn_split(&name, command, &stdout_path, &stderr_path)?;
     let status = process.wait_exit(deadline_in(CLI_TIMEOUT)).await?;
     let run = CliRun {
         status,

@@ -6,9 +6,9 @@
 //! nothing, whatever a ticker proposes and however often.
 
 use super::State;
-use crate::node_info::NodeInfo;
 use crate::job::{JobSpec, JobState};
 use crate::limits::Limits;
+use crate::node_info::NodeInfo;
 use crate::response::{Refusal, Response};
 use crate::schedule::{
     LATE_AFTER_MS, NODE_TAG_PREFIX, Overlap, Schedule, ScheduleSpec, SkipReason, Target,
