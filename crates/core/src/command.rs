@@ -164,7 +164,47 @@ pub enum Command {
         /// The commands.
         commands: Vec<Command>,
     },
+    /// `Claim`, answered once: a retry with the same `request_id` (from the
+    /// same worker) gets the leases the first try granted, not new ones.
+    ClaimOnce {
+        /// The client's name of this claim; scoped by the worker.
+        request_id: String,
+        /// Worker id of the claimant.
+        worker: String,
+        /// Queue to claim from.
+        queue: String,
+        /// Most leases to grant (1 ..= max_batch).
+        max: u32,
+        /// Lease length; `None` = each job's own `lease_ttl_ms`.
+        lease_ttl_ms: Option<u64>,
+        /// The worker's tags.
+        selector: Vec<String>,
+    },
+    /// `Trigger`, answered once: a retry with the same `request_id` gets
+    /// the first answer, and does not run the schedule again.
+    TriggerOnce {
+        /// The client's name of this trigger; scoped by the schedule.
+        request_id: String,
+        /// Schedule name.
+        schedule: String,
+        /// Run even if the previous instance is unfinished.
+        force: bool,
+        /// For `target = each`: the nodes.
+        targets: Vec<u64>,
+    },
+    /// `Sweep`, honouring every lease granted under an earlier term until
+    /// `max_clock_offset_ms` past its `expires_at`: the leader that granted
+    /// it may have stamped time up to that much apart from this one's (see
+    /// docs/safety.md). The leader proposes this; a plain `Sweep` is this
+    /// with 0.
+    SweepBounded {
+        /// The cluster's clock bound, from the proposing leader.
+        max_clock_offset_ms: u64,
+    },
 }
+
+/// The largest `max_clock_offset_ms` a `SweepBounded` may carry.
+pub const MAX_CLOCK_OFFSET_MS: u64 = 60_000;
 
 /// Most commands in one [`Command::Batch`].
 pub const MAX_BATCH_COMMANDS: usize = 256;

@@ -36,6 +36,7 @@
 pub mod batch;
 pub mod bus;
 pub mod claim_path;
+pub mod clock_bound;
 pub mod command;
 pub mod cron;
 mod index;

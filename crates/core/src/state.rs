@@ -113,6 +113,8 @@ pub struct State {
     /// No sweep takes a lease back before this cluster time: the end of
     /// the current term's [`TERM_START_GRACE_MS`] (0 = no grace).
     grace_end_ms: u64,
+    /// Claims and triggers answered once, for their retries.
+    requests: requests::RequestLog,
     /// Derived from `jobs`; rebuilt on deserialize.
     #[serde(skip)]
     indexes: Indexes,
@@ -132,6 +134,8 @@ struct Snapshot {
     epoch: u64,
     #[serde(default)]
     grace_end_ms: u64,
+    #[serde(default)]
+    requests: requests::RequestLog,
 }
 
 impl From<Snapshot> for State {
@@ -146,6 +150,7 @@ impl From<Snapshot> for State {
             nodes: snapshot.nodes,
             epoch: snapshot.epoch,
             grace_end_ms: snapshot.grace_end_ms,
+            requests: snapshot.requests,
             indexes,
         }
     }
@@ -205,7 +210,14 @@ impl State {
                 self.nack(*job_id, *token, error, *retry_after_ms, &limits)
             }
             Command::Release { job_id, token } => self.release(*job_id, *token),
-            Command::Sweep => self.sweep(),
+            Command::Sweep => self.sweep(0),
+            Command::SweepBounded { max_clock_offset_ms } => self.sweep(*max_clock_offset_ms),
+            Command::ClaimOnce { request_id, worker, queue, max, lease_ttl_ms, selector } => {
+                self.claim_once(epoch, request_id, worker, queue, *max, *lease_ttl_ms, selector)
+            }
+            Command::TriggerOnce { request_id, schedule, force, targets } => {
+                self.trigger_once(request_id, schedule, *force, targets, &limits)
+            }
             Command::Redrive { target } => self.redrive(target),
             Command::Purge => self.purge(&limits),
             Command::PutSchedule { spec } => self.put_schedule(spec),
@@ -321,12 +333,33 @@ impl State {
             .map(|&(not_before_ms, _)| not_before_ms)
     }
 
-    /// When the leader should next propose a `Sweep`: the earliest
-    /// `expires_at_ms` of any current lease, but not before the current
-    /// term's grace ends (see [`TERM_START_GRACE_MS`]).
-    pub fn next_expiry_ms(&self) -> Option<u64> {
+    /// When the leader should next propose a sweep that honours earlier
+    /// terms' leases `prior_term_margin_ms` past their expiry (see
+    /// [`Command::SweepBounded`]): the earliest such deadline of any current
+    /// lease, but not before the current term's grace ends (see
+    /// [`TERM_START_GRACE_MS`]).
+    pub fn next_expiry_ms(&self, prior_term_margin_ms: u64) -> Option<u64> {
         let grace_end_ms = self.grace_end_ms();
-        self.indexes.expiries.first().map(|&(expires_at_ms, _)| expires_at_ms.max(grace_end_ms))
+        let mut earliest: Option<u64> = None;
+        // In expiry order: once an expiry passes the earliest deadline
+        // seen, no later lease can have an earlier one.
+        for &(expires_at_ms, job_id) in &self.indexes.expiries {
+            if earliest.is_some_and(|best| expires_at_ms >= best) {
+                break;
+            }
+            let prior = self
+                .jobs
+                .get(&job_id)
+                .and_then(|job| job.lease.as_ref())
+                .is_some_and(|lease| lease.epoch < self.epoch);
+            let deadline = if prior {
+                expires_at_ms.saturating_add(prior_term_margin_ms)
+            } else {
+                expires_at_ms
+            };
+            earliest = Some(earliest.map_or(deadline, |best| best.min(deadline)));
+        }
+        earliest.map(|deadline| deadline.max(grace_end_ms))
     }
 
     /// The end of the current term's lease grace, cluster time: no sweep
@@ -568,13 +601,27 @@ impl State {
     /// the attempt — once the current term's grace has passed; within it a
     /// sweep takes nothing. Leases still valid are untouched, so a repeated
     /// sweep finds nothing.
-    fn sweep(&mut self) -> Response {
+    fn sweep(&mut self, prior_term_margin_ms: u64) -> Response {
         let now_ms = self.cluster_time_ms;
         if now_ms < self.grace_end_ms() {
             return Response::Swept { requeued: Vec::new(), dead: Vec::new() };
         }
-        let lapsed: Vec<u64> =
-            self.indexes.expiries.range(..=(now_ms, u64::MAX)).map(|&(_, job_id)| job_id).collect();
+        // A lease of an earlier term lapses `prior_term_margin_ms` later:
+        // its expiry was stamped by another leader's clock.
+        let lapsed: Vec<u64> = self
+            .indexes
+            .expiries
+            .range(..=(now_ms, u64::MAX))
+            .filter(|&&(expires_at_ms, job_id)| {
+                let prior = self
+                    .jobs
+                    .get(&job_id)
+                    .and_then(|job| job.lease.as_ref())
+                    .is_some_and(|lease| lease.epoch < self.epoch);
+                !prior || expires_at_ms.saturating_add(prior_term_margin_ms) <= now_ms
+            })
+            .map(|&(_, job_id)| job_id)
+            .collect();
         let mut requeued = Vec::new();
         let mut dead = Vec::new();
         for job_id in lapsed {
@@ -789,6 +836,7 @@ fn check_job(job_id: u64, job: &Job, last_job_id: u64, last_token: u64) -> Resul
 }
 
 mod queries;
+mod requests;
 mod schedule_commands;
 #[cfg(test)]
 mod tests;

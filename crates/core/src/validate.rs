@@ -78,6 +78,21 @@ pub fn validate_command(command: &Command, limits: &Limits) -> Result<(), Valida
             }
             Ok(())
         }
+        Command::ClaimOnce { request_id: id, worker, queue, max, lease_ttl_ms, selector } => {
+            request_id("request_id", id, limits)?;
+            worker_id("worker", worker, limits)?;
+            queue_name("queue", queue)?;
+            claim_max("max", *max, limits)?;
+            if let Some(ttl_ms) = lease_ttl_ms {
+                lease_ttl("lease_ttl_ms", *ttl_ms, limits)?;
+            }
+            tags("selector", selector, limits)
+        }
+        Command::TriggerOnce { request_id: id, schedule, targets, .. } => {
+            request_id("request_id", id, limits)?;
+            queue_name("schedule", schedule)?;
+            node_list("targets", targets, limits)
+        }
         Command::Claim { worker, queue, max, lease_ttl_ms, selector } => {
             worker_id("worker", worker, limits)?;
             queue_name("queue", queue)?;
@@ -127,6 +142,18 @@ pub fn validate_command(command: &Command, limits: &Limits) -> Result<(), Valida
             job_id_field("job_id", *job_id)
         }
         Command::Sweep | Command::Purge => Ok(()),
+        Command::SweepBounded { max_clock_offset_ms } => {
+            if *max_clock_offset_ms > crate::command::MAX_CLOCK_OFFSET_MS {
+                return Err(ValidationError::invalid(
+                    "max_clock_offset_ms",
+                    format!(
+                        "is {max_clock_offset_ms}, limit {}",
+                        crate::command::MAX_CLOCK_OFFSET_MS
+                    ),
+                ));
+            }
+            Ok(())
+        }
         Command::Redrive { target } => match target {
             RedriveTarget::Queue(queue) => queue_name("queue", queue),
             RedriveTarget::Ids(ids) => {
@@ -290,6 +317,20 @@ pub fn queue_name(field: &str, name: &str) -> Result<(), ValidationError> {
 }
 
 /// Checks a worker id: non-empty, at most `max_text_bytes`, printable (it
+/// A client's request id: 1 ..= `max_text_bytes` bytes.
+fn request_id(field: &str, id: &str, limits: &Limits) -> Result<(), ValidationError> {
+    if id.is_empty() {
+        return Err(ValidationError::invalid(field, "must not be empty"));
+    }
+    if id.len() > limits.max_text_bytes {
+        return Err(ValidationError::too_large(
+            field,
+            format!("is {} bytes, limit {}", id.len(), limits.max_text_bytes),
+        ));
+    }
+    Ok(())
+}
+
 /// ends up in logs, the CLI and lease records).
 pub fn worker_id(field: &str, worker: &str, limits: &Limits) -> Result<(), ValidationError> {
     non_empty_text(field, worker, limits.max_text_bytes)?;

@@ -4,6 +4,7 @@
 //! structural invariants, so an index that drifts fails here too.
 
 use super::*;
+use crate::command::MAX_CLOCK_OFFSET_MS;
 use crate::job::Backoff;
 use crate::validate::ValidationKind;
 
@@ -349,7 +350,7 @@ mod claim {
             assert_eq!(job(&state, grant.job.id), &grant.job);
         }
         assert_eq!(state.last_token(), 2);
-        assert_eq!(state.next_expiry_ms(), Some(2_000 + 5_000));
+        assert_eq!(state.next_expiry_ms(0), Some(2_000 + 5_000));
     }
 
     #[test]
@@ -438,7 +439,7 @@ mod refresh {
             Lease { granted_at_ms: 20_000, expires_at_ms: 20_000 + TTL_MS, ..lease.clone() };
         assert_eq!(response, Response::Refreshed { renewed: vec![expected.clone()], lost: vec![] });
         assert_eq!(job(&state, id).lease.as_ref(), Some(&expected));
-        assert_eq!(state.next_expiry_ms(), Some(20_000 + TTL_MS));
+        assert_eq!(state.next_expiry_ms(0), Some(20_000 + TTL_MS));
         assert_eq!(state.last_token(), lease.token);
     }
 
@@ -555,7 +556,7 @@ mod ack {
         assert_eq!(acked.finished_at_ms, Some(3_000));
         // The last lease stays as the audit record.
         assert_eq!(acked.lease.as_ref(), Some(&lease));
-        assert_eq!(state.next_expiry_ms(), None);
+        assert_eq!(state.next_expiry_ms(0), None);
     }
 
     #[test]
@@ -784,7 +785,7 @@ mod release {
         assert_eq!(released.attempts, 0);
         assert_eq!(released.lease, None);
         assert_eq!(released.not_before_ms, 2_000);
-        assert_eq!(state.next_expiry_ms(), None);
+        assert_eq!(state.next_expiry_ms(0), None);
         let again = claim_one(&mut state, 2_000, "q");
         assert!(again.token > lease.token);
     }
@@ -844,7 +845,52 @@ mod sweep {
             assert_eq!(swept.lease, None);
         }
         assert_eq!(job(&state, 3).state, JobState::Claimed);
-        assert_eq!(state.next_expiry_ms(), Some(AFTER_GRACE + TTL_MS));
+        assert_eq!(state.next_expiry_ms(0), Some(AFTER_GRACE + TTL_MS));
+    }
+
+    /// A lease granted under an earlier term is honoured the clock bound
+    /// past its expiry: the leader that stamped its expiry may have run
+    /// that far from this one's clock. A lease of the current term is not.
+    #[test]
+    fn a_bounded_sweep_honours_earlier_terms_leases_past_their_expiry() {
+        const TTL: u64 = 30_000;
+        const BOUND: u64 = 500;
+        let mut state = State::new();
+        enqueue_one(&mut state, 0, JobSpec { lease_ttl_ms: Some(TTL), ..spec("q") });
+        // Shorter, so the current term's lease lapses first.
+        enqueue_one(&mut state, 0, JobSpec { lease_ttl_ms: Some(TTL - 10_000), ..spec("q") });
+        let old = claim_one(&mut state, AFTER_GRACE, "q");
+        // A new term starts 1 s later; its grace ends long before the expiry.
+        let start = AFTER_GRACE + 1_000;
+        state.apply(EPOCH + 1, &Proposal { now_ms: start, command: Command::Purge });
+        let fresh = state
+            .apply(EPOCH + 1, &Proposal { now_ms: start, command: claim_command("q", 1, &[]) });
+        let Response::Claimed(grants) = fresh else { panic!("claimed: {fresh:?}") };
+        let new = grants[0].lease.clone();
+        assert!(new.epoch > old.epoch);
+        let sweep = Command::SweepBounded { max_clock_offset_ms: BOUND };
+        assert_eq!(
+            state.next_expiry_ms(BOUND),
+            Some(new.expires_at_ms.min(old.expires_at_ms + BOUND))
+        );
+        let at = |now_ms| Proposal { now_ms, command: sweep.clone() };
+        assert!(new.expires_at_ms <= old.expires_at_ms);
+        let swept = state.apply(EPOCH + 1, &at(old.expires_at_ms));
+        assert_eq!(
+            swept,
+            Response::Swept { requeued: vec![new.job_id], dead: vec![] },
+            "at its expiry only the current term's lease lapses"
+        );
+        let swept = state.apply(EPOCH + 1, &at(old.expires_at_ms + BOUND - 1));
+        assert_eq!(swept, Response::Swept { requeued: vec![], dead: vec![] });
+        assert_eq!(state.next_expiry_ms(BOUND), Some(old.expires_at_ms + BOUND));
+        let swept = state.apply(EPOCH + 1, &at(old.expires_at_ms + BOUND));
+        assert_eq!(swept, Response::Swept { requeued: vec![old.job_id], dead: vec![] });
+        let too_far = Command::SweepBounded { max_clock_offset_ms: MAX_CLOCK_OFFSET_MS + 1 };
+        assert!(matches!(
+            state.apply(EPOCH + 1, &Proposal { now_ms: u64::MAX / 2, command: too_far }),
+            Response::Refused(Refusal::Invalid(_))
+        ));
     }
 
     /// A lease that lapsed while no leader lived (its holder could neither
@@ -862,7 +908,7 @@ mod sweep {
             state.apply(EPOCH + 1, &sweep),
             Response::Swept { requeued: vec![], dead: vec![] }
         );
-        assert_eq!(state.next_expiry_ms(), Some(new_term_ms + TERM_START_GRACE_MS));
+        assert_eq!(state.next_expiry_ms(0), Some(new_term_ms + TERM_START_GRACE_MS));
         let late_sweep =
             Proposal { now_ms: new_term_ms + TERM_START_GRACE_MS - 1, command: Command::Sweep };
         assert_eq!(
@@ -1108,7 +1154,7 @@ mod queries {
         assert_eq!(state.next_due_ms("a"), Some(60_000));
         assert_eq!(state.next_due_ms("b"), None);
         assert_eq!(state.next_due_ms("none"), None);
-        assert_eq!(state.next_expiry_ms(), Some(1_000 + TTL_MS));
+        assert_eq!(state.next_expiry_ms(0), Some(1_000 + TTL_MS));
         assert!(state.has_claimable("a", &[], 0));
         assert!(!state.has_claimable("none", &[], 0));
 

@@ -1,0 +1,247 @@
+//! Requests answered once: a claim or a manual trigger that a client
+//! retries because it never heard the answer (a timeout, a broken
+//! connection) is answered with what the first one did, instead of granting
+//! a second lease or firing a second run.
+//!
+//! A request is named by its client (`request_id`, scoped by the worker or
+//! the schedule) and remembered for [`REQUEST_WINDOW_MS`] of cluster time,
+//! and at most [`MAX_REMEMBERED_REQUESTS`] at once (the oldest are forgotten
+//! first), so the memory is bounded whatever clients send. A claim that
+//! granted nothing is not remembered: its retry may claim afresh.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use serde::{Deserialize, Serialize};
+
+use super::State;
+use crate::job::JobState;
+use crate::limits::Limits;
+use crate::response::{Grant, Response};
+
+/// How long (cluster time) a request's answer is remembered.
+pub const REQUEST_WINDOW_MS: u64 = 10 * 60 * 1_000;
+/// Most requests remembered at once.
+pub const MAX_REMEMBERED_REQUESTS: usize = 100_000;
+
+/// What the first of a request's tries did.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) enum Outcome {
+    /// The leases a claim granted, as `(job id, token)`.
+    Claimed(Vec<(u64, u64)>),
+    /// A trigger's answer.
+    Triggered(Box<Response>),
+}
+
+/// The remembered requests, by key and by age.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct RequestLog {
+    by_key: BTreeMap<String, (u64, Outcome)>,
+    by_age: BTreeSet<(u64, String)>,
+}
+
+impl RequestLog {
+    fn forget_old(&mut self, now_ms: u64) {
+        let horizon = now_ms.saturating_sub(REQUEST_WINDOW_MS);
+        while let Some((at_ms, key)) = self.by_age.first().cloned() {
+            if at_ms >= horizon && self.by_age.len() < MAX_REMEMBERED_REQUESTS {
+                break;
+            }
+            self.by_age.pop_first();
+            self.by_key.remove(&key);
+        }
+    }
+
+    fn remember(&mut self, key: String, at_ms: u64, outcome: Outcome) {
+        self.by_age.insert((at_ms, key.clone()));
+        self.by_key.insert(key, (at_ms, outcome));
+    }
+
+    /// How many requests are remembered.
+    pub(crate) fn len(&self) -> usize {
+        self.by_key.len()
+    }
+}
+
+fn key(scope: &str, request_id: &str) -> String {
+    format!("{}:{scope}\u{0}{request_id}", scope.len())
+}
+
+impl State {
+    /// A claim named `request_id` by `worker`: the first answer again when
+    /// it was already granted, else a claim as usual (see the module doc).
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn claim_once(
+        &mut self,
+        epoch: u64,
+        request_id: &str,
+        worker: &str,
+        queue: &str,
+        max: u32,
+        lease_ttl_ms: Option<u64>,
+        selector: &[String],
+    ) -> Response {
+        let now_ms = self.cluster_time_ms;
+        self.requests.forget_old(now_ms);
+        let key = key(worker, request_id);
+        if let Some((_, Outcome::Claimed(granted))) = self.requests.by_key.get(&key) {
+            // Only what it still holds under those tokens: a lease that
+            // lapsed since (or was given up) is not handed out again.
+            let grants = granted
+                .iter()
+                .filter_map(|(job_id, token)| {
+                    let job = self.jobs.get(job_id).filter(|job| job.state == JobState::Claimed)?;
+                    let lease = job.lease.as_ref().filter(|lease| lease.token == *token)?;
+                    Some(Grant { job: job.clone(), lease: lease.clone() })
+                })
+                .collect();
+            return Response::Claimed(grants);
+        }
+        let response = self.claim(epoch, worker, queue, max, lease_ttl_ms, selector);
+        if let Response::Claimed(grants) = &response
+            && !grants.is_empty()
+        {
+            let granted = grants.iter().map(|g| (g.lease.job_id, g.lease.token)).collect();
+            self.requests.remember(key, now_ms, Outcome::Claimed(granted));
+        }
+        response
+    }
+
+    /// A manual trigger named `request_id`: the first answer again when it
+    /// was already applied, else a trigger as usual.
+    pub(super) fn trigger_once(
+        &mut self,
+        request_id: &str,
+        schedule: &str,
+        force: bool,
+        targets: &[u64],
+        limits: &Limits,
+    ) -> Response {
+        let now_ms = self.cluster_time_ms;
+        self.requests.forget_old(now_ms);
+        let key = key(&format!("schedule {schedule}"), request_id);
+        if let Some((_, Outcome::Triggered(response))) = self.requests.by_key.get(&key) {
+            return (**response).clone();
+        }
+        let response = self.trigger(schedule, force, targets, limits);
+        self.requests.remember(key, now_ms, Outcome::Triggered(Box::new(response.clone())));
+        response
+    }
+
+    /// How many claims and triggers are remembered for retries.
+    pub fn remembered_requests(&self) -> usize {
+        self.requests.len()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::command::{Command, Proposal};
+    use crate::job::JobSpec;
+
+    fn apply(state: &mut State, now_ms: u64, command: Command) -> Response {
+        state.apply(1, &Proposal { now_ms, command })
+    }
+
+    fn claim(request_id: &str, worker: &str) -> Command {
+        Command::ClaimOnce {
+            request_id: request_id.into(),
+            worker: worker.into(),
+            queue: "q".into(),
+            max: 1,
+            lease_ttl_ms: None,
+            selector: vec![],
+        }
+    }
+
+    fn grants(response: &Response) -> Vec<(u64, u64)> {
+        match response {
+            Response::Claimed(grants) => {
+                grants.iter().map(|g| (g.lease.job_id, g.lease.token)).collect()
+            }
+            other => panic!("not a claim answer: {other:?}"),
+        }
+    }
+
+    fn enqueue(state: &mut State, count: usize) {
+        let jobs =
+            (0..count).map(|_| JobSpec { queue: "q".into(), ..JobSpec::default() }).collect();
+        apply(state, 1_000, Command::Enqueue { jobs });
+    }
+
+    #[test]
+    fn a_retried_claim_gets_the_first_lease_not_a_second() {
+        let mut state = State::new();
+        enqueue(&mut state, 2);
+        let first = apply(&mut state, 2_000, claim("r-1", "w"));
+        assert_eq!(grants(&first), vec![(1, 1)]);
+        let retry = apply(&mut state, 2_500, claim("r-1", "w"));
+        assert_eq!(retry, first, "the retry is answered with the first lease");
+        assert_eq!(state.last_token(), 1, "no second token was issued");
+        assert_eq!(state.jobs(&crate::JobFilter::default(), 0, 10).len(), 2);
+        let other_worker = apply(&mut state, 2_600, claim("r-1", "v"));
+        assert_eq!(grants(&other_worker), vec![(2, 2)], "ids are scoped by worker");
+        let fresh = apply(&mut state, 2_700, claim("r-2", "w"));
+        assert_eq!(grants(&fresh), Vec::<(u64, u64)>::new(), "nothing left for a new request");
+        apply(&mut state, 2_800, Command::Ack { job_id: 1, token: 1, result: None });
+        let after_ack = apply(&mut state, 2_900, claim("r-1", "w"));
+        assert_eq!(
+            grants(&after_ack),
+            Vec::<(u64, u64)>::new(),
+            "a finished lease is not handed out"
+        );
+    }
+
+    #[test]
+    fn an_empty_claim_is_not_remembered_and_the_window_is_bounded() {
+        let mut state = State::new();
+        let empty = apply(&mut state, 1_000, claim("r-1", "w"));
+        assert_eq!(grants(&empty), Vec::<(u64, u64)>::new());
+        assert_eq!(state.remembered_requests(), 0);
+        enqueue(&mut state, 1);
+        assert_eq!(grants(&apply(&mut state, 2_000, claim("r-1", "w"))), vec![(1, 1)]);
+        assert_eq!(state.remembered_requests(), 1);
+        // Past the window the request is forgotten (the next request's
+        // apply forgets it).
+        apply(&mut state, 2_000 + REQUEST_WINDOW_MS + 1, claim("r-9", "w"));
+        assert_eq!(state.remembered_requests(), 0);
+    }
+
+    #[test]
+    fn a_retried_forced_trigger_runs_once() {
+        use crate::schedule::{JobTemplate, Overlap, ScheduleSpec};
+        let mut state = State::new();
+        let spec = ScheduleSpec {
+            name: "s".into(),
+            cron: "@hourly".into(),
+            template: JobTemplate { queue: Some("q".into()), ..JobTemplate::default() },
+            overlap: Overlap::Allow,
+            ..ScheduleSpec::default()
+        };
+        apply(&mut state, 1_000, Command::PutSchedule { spec });
+        let trigger = |id: &str| Command::TriggerOnce {
+            request_id: id.into(),
+            schedule: "s".into(),
+            force: true,
+            targets: vec![],
+        };
+        let first = apply(&mut state, 2_000, trigger("t-1"));
+        assert!(!matches!(first, Response::Refused(_)), "{first:?}");
+        assert_eq!(apply(&mut state, 2_100, trigger("t-1")), first);
+        assert_eq!(state.last_job_id(), 1, "the retry enqueued nothing");
+        apply(&mut state, 2_200, trigger("t-2"));
+        assert_eq!(state.last_job_id(), 2, "a new request runs again");
+    }
+
+    #[test]
+    fn memory_stays_bounded_whatever_clients_send() {
+        let mut log = RequestLog::default();
+        for n in 0..(MAX_REMEMBERED_REQUESTS + 10) {
+            log.forget_old(1_000);
+            log.remember(format!("k{n}"), 1_000, Outcome::Claimed(vec![]));
+        }
+        log.forget_old(1_000);
+        assert!(log.len() < MAX_REMEMBERED_REQUESTS);
+        assert_eq!(log.by_key.len(), log.by_age.len());
+    }
+}
