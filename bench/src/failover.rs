@@ -292,6 +292,7 @@ async fn load_client(
                 lease_ttl_ms: Some(30_000),
                 selector: Vec::new(),
                 wait_ms: 1_000,
+                ..Default::default()
             };
             let grants = client.claim(request).await?;
             if let Some(lease) = grants.first().and_then(|g| g.lease.as_ref()) {

@@ -98,6 +98,7 @@ impl Connection for LeaseholdConn {
                 lease_ttl_ms: Some(LEASE_TTL_MS),
                 selector: Vec::new(),
                 wait_ms: CLAIM_WAIT_MS,
+                ..Default::default()
             };
             let grants = self.client.claim(request).await?;
             let lease = grants.first().and_then(|grant| grant.lease.as_ref());

@@ -138,8 +138,12 @@ mod tests {
         }
         assert!(disks.is_mounted(&mount));
         let (written, full) = fill(&mount, 64 * 1024 * 1024)?;
-        assert!(full, "4 MiB tmpfs full after {written} bytes");
-        assert!(written <= 4 * 1024 * 1024);
+        // On failure, say what the kernel thinks is mounted there.
+        let mounts = std::fs::read_to_string("/proc/self/mounts").unwrap_or_default();
+        let here: Vec<&str> =
+            mounts.lines().filter(|l| l.contains(&*mount.to_string_lossy())).collect();
+        assert!(full, "4 MiB tmpfs not full after {written} bytes; mounts there: {here:?}");
+        assert!(written <= 4 * 1024 * 1024, "{written} bytes on a 4 MiB tmpfs; mounts: {here:?}");
         empty(&mount)?;
         std::fs::write(mount.join("after"), b"space again")?;
         drop(disks);

@@ -274,6 +274,7 @@ impl Security {
                 lease_ttl_ms: Some(1_000),
                 selector: Vec::new(),
                 wait_ms: 0,
+                ..Default::default()
             };
             client.claim(request).await.map(|_| ())
         };

@@ -335,6 +335,7 @@ pub async fn worker(ctx: Context, index: u32) -> anyhow::Result<()> {
             lease_ttl_ms: Some(plan.lease_ttl_ms),
             selector: Vec::new(),
             wait_ms: 1_000,
+            ..Default::default()
         };
         ctx.history.invoke(&process, OpFunction::Claim, OpValue::default());
         let ended = bounded(client.client.claim(request)).await;

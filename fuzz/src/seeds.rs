@@ -343,6 +343,7 @@ fn proto_seeds() -> Vec<Seed> {
                 lease_ttl_ms: Some(2_000),
                 selector: vec!["gpu".into()],
                 wait_ms: 100,
+                ..Default::default()
             },
         ),
         seed(
@@ -396,7 +397,7 @@ fn proto_seeds() -> Vec<Seed> {
         seed(
             "trigger-schedule",
             "",
-            &v1::TriggerScheduleRequest { name: "s1".into(), force: true },
+            &v1::TriggerScheduleRequest { name: "s1".into(), force: true, ..Default::default() },
         ),
         seed("signed", "", &v1::Signed { body: advert.encode_to_vec(), mac: vec![7; 32] }),
         seed("advert", "", &advert),

@@ -313,11 +313,9 @@ pub async fn run(args: CronArgs) -> anyhow::Result<ExitCode> {
             println!("schedule {name} resumed");
         }
         CronCommand::Trigger { name, force } => {
-            let reply = stub
-                .trigger(v1::TriggerScheduleRequest { name: name.clone(), force })
-                .await
-                .map_err(ClientError::from)?
-                .into_inner();
+            // Retried on UNAVAILABLE under one request id: a retry after a
+            // lost answer does not run the schedule twice.
+            let reply = client.trigger(&name, force).await?;
             if reply.job_ids.is_empty() {
                 println!("schedule {name} not run: {}", reply.skip_reason);
                 return Ok(ExitCode::from(3));

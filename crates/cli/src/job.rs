@@ -265,6 +265,7 @@ pub async fn run(args: JobArgs) -> anyhow::Result<ExitCode> {
                     lease_ttl_ms,
                     selector: tags,
                     wait_ms,
+                    ..Default::default()
                 })
                 .await?;
             match output {

@@ -431,6 +431,21 @@ impl Client {
 
     /// Claims up to `max` jobs, long-polling up to `wait_ms`.
     pub async fn claim(&self, request: v1::ClaimRequest) -> Result<Vec<v1::Grant>, ClientError> {
+        self.claim_with_wait(request).await.map(|r| r.grants)
+    }
+
+    /// Claims up to `max` jobs, long-polling up to `wait_ms`, and answers
+    /// how long the node held the call before the claim that granted them
+    /// (`waited_ms`, for the lease's local deadline). Every try carries the
+    /// same request id (one is made when the request has none), so a retry
+    /// after a lost answer gets the first try's leases, not new ones.
+    pub async fn claim_with_wait(
+        &self,
+        mut request: v1::ClaimRequest,
+    ) -> Result<v1::ClaimResponse, ClientError> {
+        if request.request_id.is_empty() {
+            request.request_id = new_request_id();
+        }
         let timeout = self.call_timeout + Duration::from_millis(request.wait_ms);
         self.retrying(true, || {
             let mut stub = self.queue();
@@ -438,7 +453,27 @@ impl Client {
             async move { stub.claim(request).await }
         })
         .await
-        .map(|r| r.grants)
+    }
+
+    /// Runs schedule `name` now (past its overlap policy with `force`),
+    /// retried on UNAVAILABLE under one request id, so a retry after a lost
+    /// answer does not run it twice.
+    pub async fn trigger(
+        &self,
+        name: &str,
+        force: bool,
+    ) -> Result<v1::TriggerScheduleResponse, ClientError> {
+        let message = v1::TriggerScheduleRequest {
+            name: name.to_string(),
+            force,
+            request_id: new_request_id(),
+        };
+        self.retrying(true, || {
+            let mut stub = self.stubs().schedules.clone();
+            let request = self.request(message.clone(), self.call_timeout);
+            async move { stub.trigger(request).await }
+        })
+        .await
     }
 
     /// Renews leases; answers the renewed leases and the lost job ids.
@@ -599,6 +634,18 @@ impl Client {
         .await
         .map(|r| r.voters)
     }
+}
+
+/// A request id no other of this process's requests has: the process id,
+/// the time and a counter (the server scopes it by worker or schedule).
+fn new_request_id() -> String {
+    static COUNTER: AtomicUsize = AtomicUsize::new(0);
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos())
+        .unwrap_or(0);
+    let count = COUNTER.fetch_add(1, Ordering::Relaxed);
+    format!("{:x}-{nanos:x}-{count:x}", std::process::id())
 }
 
 /// `host:port` of an address given as `host:port` or `scheme://host:port/`.

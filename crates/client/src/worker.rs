@@ -3,7 +3,9 @@
 //! or release using the lease's fencing token.
 //!
 //! A lease is treated as lost at the worker's own monotonic
-//! `renewal sent + ttl - margin`, or as soon as the server reports it lost;
+//! `sent + ttl - margin`, where `sent` is when the claim (plus the time the
+//! node says it held it) or the last successful renewal was sent — never
+//! when its answer arrived — or as soon as the server reports it lost;
 //! the job's handler future is then dropped (a command it runs should be
 //! killed on drop), and the job is not acked.
 
@@ -137,13 +139,18 @@ where
             lease_ttl_ms: config.lease_ttl_ms,
             selector: config.selector.clone(),
             wait_ms: config.poll_wait_ms,
+            ..Default::default()
         };
+        // The lease's local deadline counts from here (plus the time the
+        // node says it held the call), never from the answer's arrival: a
+        // slow answer must eat into the lease, not extend it.
+        let sent_at = Instant::now();
         let claim = tokio::select! {
-            claim = client.claim(request) => claim,
+            claim = client.claim_with_wait(request) => claim,
             _ = shutdown.changed() => continue,
         };
-        let grants = match claim {
-            Ok(grants) => grants,
+        let (grants, granted_by) = match claim {
+            Ok(reply) => (reply.grants, sent_at + Duration::from_millis(reply.waited_ms)),
             Err(error) => {
                 tracing::warn!(%error, "claim failed; retrying");
                 tokio::time::sleep(Duration::from_millis(500)).await;
@@ -165,7 +172,7 @@ where
             let worker_id = config.worker_id.clone();
             let lease_ttl_ms = config.lease_ttl_ms;
             running.spawn(async move {
-                run_one(client, worker_id, lease_ttl_ms, grant, handler, report).await;
+                run_one(client, worker_id, lease_ttl_ms, grant, granted_by, handler, report).await;
                 drop(permit);
             });
         }
@@ -194,18 +201,21 @@ pub fn lease_margin(ttl: Duration) -> Duration {
     (ttl / 5).min(Duration::from_secs(2))
 }
 
+/// Runs one job under its lease; `claimed_at` is no later than the grant
+/// (the claim's send time plus the node's hold), where the lease's local
+/// deadline starts.
 async fn run_one<H, Fut>(
     client: Client,
     worker_id: String,
     lease_ttl_ms: Option<u64>,
     grant: v1::Grant,
+    claimed_at: Instant,
     handler: H,
     report: Arc<Mutex<WorkerReport>>,
 ) where
     H: Fn(v1::Grant) -> Fut,
     Fut: std::future::Future<Output = Outcome>,
 {
-    let claimed_at = Instant::now();
     let Some(lease) = grant.lease.clone() else { return };
     let ttl = Duration::from_millis(lease.expires_at_ms.saturating_sub(lease.granted_at_ms));
     let (job_id, token) = (lease.job_id, lease.token);

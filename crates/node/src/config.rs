@@ -94,6 +94,11 @@ pub struct Config {
     pub journal_lease_dry_run: bool,
     /// How long a bus claimant collects answers before judging its claim.
     pub bus_window_ms: u64,
+    /// The enforced clock bound: a node whose clock is more than this off
+    /// a majority of the voters neither leads, stamps time nor reports
+    /// ready, and a new leader honours earlier terms' leases this much past
+    /// their expiry (docs/safety.md).
+    pub max_clock_offset_ms: u64,
     /// The cluster's CA certificate(s), PEM. With `tls_cert` and `tls_key`
     /// it turns on mutual TLS on the gRPC port and towards peers.
     pub tls_ca: Option<PathBuf>,
@@ -142,6 +147,7 @@ impl Default for Config {
             journal_lease: true,
             journal_lease_dry_run: false,
             bus_window_ms: 200,
+            max_clock_offset_ms: 500,
             tls_ca: None,
             tls_cert: None,
             tls_key: None,
@@ -258,6 +264,14 @@ impl Config {
         }
         if self.bus_window_ms == 0 || self.bus_window_ms > 5_000 {
             return invalid("bus_window_ms", "must be 1 ..= 5000");
+        }
+        if self.max_clock_offset_ms == 0
+            || self.max_clock_offset_ms > leasehold_core::command::MAX_CLOCK_OFFSET_MS
+        {
+            return invalid(
+                "max_clock_offset_ms",
+                &format!("must be 1 ..= {}", leasehold_core::command::MAX_CLOCK_OFFSET_MS),
+            );
         }
         if let Some(SecretText(secret)) = &self.cluster_secret
             && let Err(error) = leasehold_security::ClusterSecret::from_text(secret)

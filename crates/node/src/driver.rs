@@ -100,18 +100,21 @@ pub async fn run(
     }
 }
 
-/// Proposes a Sweep when this node leads and some lease has lapsed by its
-/// clock. Checking first keeps an idle cluster's log from growing.
+/// Proposes a sweep when this node leads and some lease has lapsed by
+/// cluster time, honouring earlier terms' leases the clock bound past their
+/// expiry. Checking first keeps an idle cluster's log from growing.
 pub async fn sweep_once(journal: &Journal) {
     if !journal.is_leader() {
         return;
     }
-    let now_ms = journal.clock().now_ms();
-    let due = journal.read_stale(|state| state.next_expiry_ms().is_some_and(|at| at <= now_ms));
+    let now_ms = journal.cluster_now_ms();
+    let bound_ms = journal.clock_watch().bound_ms();
+    let due =
+        journal.read_stale(|state| state.next_expiry_ms(bound_ms).is_some_and(|at| at <= now_ms));
     if !due {
         return;
     }
-    match journal.propose(Command::Sweep).await {
+    match journal.propose(Command::SweepBounded { max_clock_offset_ms: bound_ms }).await {
         Ok(Response::Swept { requeued, dead }) => {
             journal.metrics().sweeps.inc();
             journal.metrics().lease_expiries.inc_by((requeued.len() + dead.len()) as u64);
@@ -136,7 +139,7 @@ async fn purge_once(journal: &Journal) {
     if !journal.is_leader() {
         return;
     }
-    let now_ms = journal.clock().now_ms();
+    let now_ms = journal.cluster_now_ms();
     if !journal.read_stale(|state| state.has_purgeable(now_ms)) {
         return;
     }
@@ -169,8 +172,10 @@ pub async fn tick_schedules(
     config: &DriverConfig,
     ticker: &mut Ticker,
 ) {
-    let now_ms = journal.clock().now_ms();
     let leader = journal.is_leader();
+    // The leader plans the journal's ticks by cluster time (what its Fire
+    // will apply at); on the bus each node goes by its own clock.
+    let now_ms = if leader { journal.cluster_now_ms() } else { journal.clock().now_ms() };
     // Clone only the schedules with a tick due: this runs every 25 ms.
     let Ticker { parsed, bus_done, journal_seen, .. } = ticker;
     let due = journal.read_stale(|state| {

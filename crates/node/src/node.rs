@@ -283,6 +283,12 @@ impl Node {
                 limits: Limits { max_payload_bytes: config.max_payload_bytes, ..Limits::default() },
                 quorum_timeout: config.quorum_timeout(),
                 batches_in_flight: config.batches_in_flight,
+                max_clock_offset_ms: config.max_clock_offset_ms,
+                // Five adverts' worth (adverts carry the measurements), and
+                // never less than three seconds.
+                clock_fresh_for: Duration::from_millis(
+                    config.advert_interval_ms.saturating_mul(5).max(3_000),
+                ),
             },
             raft.clone(),
             log,
@@ -323,6 +329,12 @@ impl Node {
         let adverts = leasehold_replica::gate::run_adverts(gate.clone(), shutdown_rx.clone());
         tasks.push(tokio::spawn(async move {
             adverts.await;
+            Ok(())
+        }));
+        let guard =
+            leasehold_replica::clock_watch::guard_elections(journal.clone(), shutdown_rx.clone());
+        tasks.push(tokio::spawn(async move {
+            guard.await;
             Ok(())
         }));
         let intake_tasks =

@@ -43,6 +43,10 @@ pub enum Unavailable {
     /// it cannot serve; the message says which and why.
     #[error("{0}")]
     Peer(String),
+    /// This node's clock is not agreed by a majority of the voters, so it
+    /// may not stamp time (lead) or campaign now.
+    #[error("clock: {0}")]
+    ClockUnverified(String),
     /// A membership change cannot proceed now.
     #[error("membership change: {0}")]
     Membership(String),

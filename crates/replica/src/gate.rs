@@ -108,6 +108,11 @@ impl Gate {
         }
     }
 
+    /// This node's clock now (what an advert's answer tells the sender).
+    pub fn now_ms(&self) -> u64 {
+        self.inner.journal.clock().now_ms()
+    }
+
     /// This node's id.
     pub fn node_id(&self) -> u64 {
         self.inner.journal.node_id()
@@ -550,13 +555,28 @@ async fn send_adverts(gate: &Gate) {
     let sends = gate.membership().into_iter().filter(|(id, _)| *id != me).map(|(id, addr)| {
         let channel = gate.inner.journal.peers().channel(&addr);
         let signed = signed.clone();
+        let journal = gate.inner.journal.clone();
         async move {
             let Ok(channel) = channel else { return };
             let mut request = tonic::Request::new(signed);
             request.set_timeout(timeout);
             let mut client = PeerClient::new(channel);
+            // The round trip measures the peer's clock (see clock_watch).
+            let sent_wall_ms = journal.clock().now_ms();
+            let sent_at = Instant::now();
             match tokio::time::timeout(timeout, client.advertise(request)).await {
-                Ok(Ok(_)) => {}
+                Ok(Ok(reply)) => {
+                    let peer_now_ms = reply.into_inner().now_ms;
+                    if peer_now_ms != 0 {
+                        journal.clock_watch().record(
+                            id,
+                            sent_wall_ms,
+                            sent_at,
+                            Instant::now(),
+                            peer_now_ms,
+                        );
+                    }
+                }
                 Ok(Err(status)) => {
                     tracing::debug!(peer = id, error = %status.message(), "advert not taken")
                 }

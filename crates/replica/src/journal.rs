@@ -15,9 +15,10 @@ use openraft::error::{CheckIsLeaderError, ClientWriteError, RaftError};
 use openraft::storage::RaftLogStorage;
 
 use crate::clock::Clock;
+use crate::clock_watch::{self, ClockWatch};
 use crate::error::{JournalError as Error, Unavailable};
 use crate::forward::{ForwardRequest, ForwardResponse};
-use crate::metrics::{Metrics, QueueLabels};
+use crate::metrics::{Metrics, PeerLabels, QueueLabels};
 
 /// Settings of the journal handle.
 #[derive(Clone, Debug)]
@@ -32,6 +33,12 @@ pub struct JournalConfig {
     /// Most batched entries in flight at once (at least one; see
     /// [`DEFAULT_BATCHES_IN_FLIGHT`]).
     pub batches_in_flight: usize,
+    /// The enforced clock bound (`max_clock_offset_ms`): how far this
+    /// node's clock may be from a majority of the voters for it to lead
+    /// and stamp time.
+    pub max_clock_offset_ms: u64,
+    /// How long a measured offset to a peer counts.
+    pub clock_fresh_for: Duration,
 }
 
 struct Inner {
@@ -44,6 +51,7 @@ struct Inner {
     draining: AtomicBool,
     probe_fault: AtomicBool,
     metrics: Metrics,
+    clock_watch: ClockWatch,
     drain_request: tokio::sync::watch::Sender<bool>,
     batches: tokio::sync::mpsc::Sender<Pending>,
     batcher: std::sync::Mutex<Option<tokio::task::JoinHandle<()>>>,
@@ -89,6 +97,7 @@ impl Journal {
         peers: NetworkFactory,
     ) -> Self {
         let (batches, queue) = tokio::sync::mpsc::channel(BATCH_QUEUE);
+        let clock_watch = ClockWatch::new(config.max_clock_offset_ms, config.clock_fresh_for);
         let journal = Journal {
             inner: Arc::new(Inner {
                 config,
@@ -103,6 +112,7 @@ impl Journal {
                 batches,
                 batcher: std::sync::Mutex::new(None),
                 metrics: Metrics::new(),
+                clock_watch,
             }),
         };
         // The batcher holds only a weak handle, so dropping every Journal
@@ -168,6 +178,11 @@ impl Journal {
         metrics.raft_applied_index.set(raft.last_applied.map(|l| l.index).unwrap_or(0) as i64);
         metrics.raft_commit_index.set(self.committed_index().await as i64);
         metrics.draining.set(i64::from(self.is_draining()));
+        for offset in self.inner.clock_watch.offsets(&self.inner.clock) {
+            let labels = PeerLabels { peer: offset.node.to_string() };
+            metrics.clock_offset_ms.get_or_create(&labels).set(offset.offset_ms);
+        }
+        metrics.clock_skewed.set(i64::from(self.clock_verdict().is_skewed()));
         let now_ms = self.inner.clock.now_ms();
         let (stats, last_token) =
             self.read_stale(|state| (state.stats(now_ms), state.last_token()));
@@ -206,6 +221,49 @@ impl Journal {
     /// The node's clock.
     pub fn clock(&self) -> &Clock {
         &self.inner.clock
+    }
+
+    /// The measured offsets to peers.
+    pub fn clock_watch(&self) -> &ClockWatch {
+        &self.inner.clock_watch
+    }
+
+    /// The current voters, by the Raft membership this node knows.
+    pub fn voters(&self) -> Vec<u64> {
+        let metrics = self.inner.raft.metrics();
+        let metrics = metrics.borrow();
+        metrics.membership_config.membership().voter_ids().collect()
+    }
+
+    /// The verdict on this node's clock against the voters, now.
+    pub fn clock_verdict(&self) -> leasehold_core::clock_bound::ClockVerdict {
+        self.inner.clock_watch.verdict(self.node_id(), &self.voters(), &self.inner.clock)
+    }
+
+    /// Cluster time as the next entry this node stamps would make it: the
+    /// later of the state's cluster time and this node's clock. What a
+    /// leader's duties (sweeps, purges, cron planning) judge by, so they
+    /// agree with what the state machine will see when their proposal
+    /// applies.
+    pub fn cluster_now_ms(&self) -> u64 {
+        let cluster_ms = self.read_stale(|state| state.cluster_time_ms());
+        cluster_ms.max(self.inner.clock.now_ms())
+    }
+
+    /// The time this node stamps an entry with: its clock, when it leads
+    /// with a clock agreed by a majority of the voters; a leader whose
+    /// clock is skewed or unmeasured stamps nothing (UNAVAILABLE). On a
+    /// follower the stamp is a placeholder: the leader stamps again.
+    fn stamp(&self) -> Result<u64, Error> {
+        let leading = self.inner.raft.metrics().borrow().state == openraft::ServerState::Leader;
+        if leading {
+            let verdict = self.clock_verdict();
+            if !verdict.may_stamp() {
+                let why = clock_watch::describe(&verdict, self.inner.clock_watch.bound_ms());
+                return Err(Unavailable::ClockUnverified(why).into());
+            }
+        }
+        Ok(self.inner.clock.now_ms())
     }
 
     /// Whether this node is draining (refuses new claims).
@@ -479,6 +537,11 @@ impl Journal {
             ForwardRequest::Write(proposal) => {
                 self.enqueue_proposal(*proposal, false).await.map(ForwardResponse::Written)
             }
+            ForwardRequest::Campaign if self.clock_verdict().is_skewed() => {
+                let verdict = self.clock_verdict();
+                let why = clock_watch::describe(&verdict, self.inner.clock_watch.bound_ms());
+                Err(Unavailable::ClockUnverified(why).into())
+            }
             ForwardRequest::Campaign => match self.inner.raft.trigger().elect().await {
                 Ok(()) => Ok(ForwardResponse::Campaigning),
                 Err(fatal) => Err(Unavailable::RaftStopped(fatal.to_string()).into()),
@@ -584,7 +647,15 @@ async fn write_batch(journal: &Journal, mut batch: Vec<Pending>) {
     // replaced when the leader forms its own batch, so only the leader's
     // clock ever enters the journal, never a time that came over the
     // network from a follower.
-    let now_ms = journal.clock().now_ms();
+    let now_ms = match journal.stamp() {
+        Ok(now_ms) => now_ms,
+        Err(error) => {
+            for pending in batch {
+                let _ = pending.reply.send(Err(error.clone()));
+            }
+            return;
+        }
+    };
     if batch.len() == 1
         && let Some(pending) = batch.pop()
     {

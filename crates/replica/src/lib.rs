@@ -8,7 +8,9 @@
 //! - [`gate`]: the cutover gate's runtime — this node's flags, the peer
 //!   registry fed by [`adverts`], the decision asked of core once per claim,
 //!   and the broadcast claim path, [`bus`];
-//! - [`clock`]: the node's wall clock, skewable for fault injection;
+//! - [`clock`]: the node's wall clock, skewable for fault injection, and
+//!   [`clock_watch`]: its measured offsets to peers and the enforced
+//!   bound's verdict, which decides whether it may lead and stamp time;
 //! - [`readiness`] and [`metrics`]: what `/readyz` and `/metrics` report.
 //!
 //! It owns no listener and implements no gRPC service (that is the edge,
@@ -19,6 +21,7 @@
 pub mod adverts;
 pub mod bus;
 pub mod clock;
+pub mod clock_watch;
 pub mod error;
 pub mod forward;
 pub mod gate;

@@ -85,6 +85,13 @@ pub struct AuthLabels {
     pub reason: String,
 }
 
+/// Labels of a per-peer gauge.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct PeerLabels {
+    /// The peer's node id.
+    pub peer: String,
+}
+
 /// Every metric a node exports.
 pub struct Metrics {
     registry: Registry,
@@ -128,6 +135,10 @@ pub struct Metrics {
     pub bus_claims: Family<OutcomeLabels, Counter>,
     /// Calls refused for want of a credential or a role, by service and reason.
     pub auth_refused: Family<AuthLabels, Counter>,
+    /// This node's measured clock offset to each peer (peer minus this), ms.
+    pub clock_offset_ms: Family<PeerLabels, Gauge>,
+    /// 1 while this node's clock is judged skewed against the voters.
+    pub clock_skewed: Gauge,
     encode_lock: Mutex<()>,
 }
 
@@ -206,6 +217,17 @@ impl Metrics {
             "Calls refused for a missing or wrong credential or role, by service and reason",
             auth_refused.clone(),
         );
+        let clock_offset_ms = Family::<PeerLabels, Gauge>::default();
+        registry.register(
+            "clock_offset_ms",
+            "Measured clock offset to each peer (peer minus this node), ms",
+            clock_offset_ms.clone(),
+        );
+        let clock_skewed = gauge(
+            &mut registry,
+            "clock_skewed",
+            "1 while this node's clock is more than the bound off a majority of the voters",
+        );
         Metrics {
             registry,
             rpcs,
@@ -228,6 +250,8 @@ impl Metrics {
             peer_rejected,
             bus_claims,
             auth_refused,
+            clock_offset_ms,
+            clock_skewed,
             encode_lock: Mutex::new(()),
         }
     }

@@ -10,8 +10,6 @@ use crate::journal::Journal;
 
 /// How long a readiness answer is reused.
 const CACHE_FOR: Duration = Duration::from_secs(1);
-/// How far this node's clock may trail cluster time and still be ready.
-const MAX_CLOCK_BEHIND_MS: u64 = 5_000;
 /// How far the applied index may trail the last log index and still be ready.
 const MAX_APPLY_LAG: u64 = 1_000;
 
@@ -125,17 +123,18 @@ impl Readiness {
                 Err(format!("applied {applied} trails log {last_log}"))
             },
         ));
-        // A clock well behind cluster time means this node's leases and ticks
-        // would be judged late; a clock far ahead cannot be seen from here
-        // (it would already have moved cluster time), see docs/safety.md.
-        let now_ms = self.journal.clock().now_ms();
-        let cluster_ms = self.journal.read_stale(|state| state.cluster_time_ms());
+        // Judged against the other voters' clocks, never against cluster
+        // time: a wrong clock elsewhere (which may have pushed cluster time
+        // ahead) must not take this node out of service, and this node's
+        // own wrong clock shows against the majority (see docs/safety.md).
+        let verdict = self.journal.clock_verdict();
+        let bound_ms = self.journal.clock_watch().bound_ms();
         checks.push((
             "clock".to_string(),
-            if now_ms.saturating_add(MAX_CLOCK_BEHIND_MS) >= cluster_ms {
-                Ok(())
+            if verdict.is_skewed() {
+                Err(crate::clock_watch::describe(&verdict, bound_ms))
             } else {
-                Err(format!("clock is {} ms behind cluster time", cluster_ms - now_ms))
+                Ok(())
             },
         ));
         checks.push((

@@ -45,6 +45,9 @@ impl ClusterService {
         let voter = membership.voter_ids().any(|id| id == me);
         let addr = membership.get_node(&me).map(|n| n.addr.clone()).unwrap_or_default();
         let (gate, adverts) = self.gate.status();
+        let watch = self.journal.clock_watch();
+        let verdict = self.journal.clock_verdict();
+        let ages = watch.ages();
         v1::NodeStatus {
             id: me,
             addr,
@@ -58,6 +61,21 @@ impl ClusterService {
             gate: Some(gate),
             adverts,
             adverts_rejected: self.gate.rejected_total(),
+            clock: leasehold_replica::clock_watch::describe(&verdict, watch.bound_ms()),
+            clock_skewed: verdict.is_skewed(),
+            clock_offsets: watch
+                .offsets(self.journal.clock())
+                .into_iter()
+                .map(|offset| v1::ClockOffset {
+                    node_id: offset.node,
+                    offset_ms: offset.offset_ms,
+                    uncertainty_ms: offset.uncertainty_ms,
+                    age_ms: ages
+                        .get(&offset.node)
+                        .map(|age| u64::try_from(age.as_millis()).unwrap_or(u64::MAX))
+                        .unwrap_or(0),
+                })
+                .collect(),
         }
     }
 

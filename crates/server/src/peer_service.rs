@@ -34,7 +34,7 @@ impl Peer for PeerService {
         let (node, by_certificate) = Caller::node_of(&request)?;
         let sender = Sender { node, by_certificate };
         match self.gate.accept_advert(request.get_ref(), sender) {
-            Ok(_) => Ok(Response::new(v1::AdvertAck {})),
+            Ok(_) => Ok(Response::new(v1::AdvertAck { now_ms: self.gate.now_ms() })),
             Err(Rejection::BadMac) => {
                 Err(Status::unauthenticated("mac: advert is not signed with the cluster secret"))
             }
@@ -52,7 +52,9 @@ impl Peer for PeerService {
             ))),
             // A replay is harmless (dropped); answering OK keeps a peer whose
             // clock stepped back from retrying in a loop.
-            Err(Rejection::Replay) => Ok(Response::new(v1::AdvertAck {})),
+            Err(Rejection::Replay) => {
+                Ok(Response::new(v1::AdvertAck { now_ms: self.gate.now_ms() }))
+            }
         }
     }
 

@@ -138,6 +138,9 @@ impl QueueService {
         &self,
         request: Request<v1::ClaimRequest>,
     ) -> Result<Reply<v1::ClaimResponse>, Status> {
+        // The node's hold on the call is measured from here, on its
+        // monotonic clock, and told to the client (`waited_ms`).
+        let received = std::time::Instant::now();
         let caller = Caller::of(&request)?.clone();
         let request = request.into_inner();
         if is_command_queue(&request.queue) {
@@ -156,17 +159,29 @@ impl QueueService {
             )
             .into());
         }
-        let command = Command::Claim {
-            worker: request.worker,
-            queue: request.queue,
-            max: request.max,
-            lease_ttl_ms: request.lease_ttl_ms,
-            selector: request.selector,
+        let (queue, selector) = (request.queue.clone(), request.selector.clone());
+        // With a request id the claim is answered once: its retries get
+        // the leases it granted, not new ones.
+        let command = if request.request_id.is_empty() {
+            Command::Claim {
+                worker: request.worker,
+                queue: request.queue,
+                max: request.max,
+                lease_ttl_ms: request.lease_ttl_ms,
+                selector: request.selector,
+            }
+        } else {
+            Command::ClaimOnce {
+                request_id: request.request_id,
+                worker: request.worker,
+                queue: request.queue,
+                max: request.max,
+                lease_ttl_ms: request.lease_ttl_ms,
+                selector: request.selector,
+            }
         };
         validate_command(&command, self.journal.limits()).map_err(Error::from)?;
-        let Command::Claim { queue, selector, .. } = &command else {
-            return Err(Error::Internal("claim command changed shape".into()).into());
-        };
+        let (queue, selector) = (&queue, &selector);
         let deadline = tokio::time::Instant::now() + wait;
         let mut applied = self.journal.state_machine().subscribe();
         loop {
@@ -180,15 +195,16 @@ impl QueueService {
                 state.has_claimable(queue, selector, self.journal.clock().now_ms())
             });
             if worth_proposing {
+                let waited_ms = u64::try_from(received.elapsed().as_millis()).unwrap_or(u64::MAX);
                 let grants = self.claim_once(&command).await?;
                 if !grants.is_empty() {
                     self.journal.metrics().leases_granted.inc_by(grants.len() as u64);
-                    return Ok(Reply::new(v1::ClaimResponse { grants }));
+                    return Ok(Reply::new(v1::ClaimResponse { grants, waited_ms }));
                 }
             }
             let now = tokio::time::Instant::now();
             if now >= deadline {
-                return Ok(Reply::new(v1::ClaimResponse { grants: Vec::new() }));
+                return Ok(Reply::new(v1::ClaimResponse { grants: Vec::new(), waited_ms: 0 }));
             }
             if self.journal.is_draining() {
                 return Err(Error::Unavailable(Unavailable::Draining).into());

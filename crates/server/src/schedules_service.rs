@@ -149,7 +149,16 @@ impl Schedules for SchedulesService {
             .read_stale(|state| state.schedule(&request.name).cloned())
             .map(|schedule| self.journal.each_targets(&schedule.spec.template.tags))
             .unwrap_or_default();
-        let command = Command::Trigger { schedule: request.name, force: request.force, targets };
+        let command = if request.request_id.is_empty() {
+            Command::Trigger { schedule: request.name, force: request.force, targets }
+        } else {
+            Command::TriggerOnce {
+                request_id: request.request_id,
+                schedule: request.name,
+                force: request.force,
+                targets,
+            }
+        };
         match self.submit(command).await? {
             Response::Tick(Some(TickOutcome::Fired { job_ids, .. })) => {
                 Ok(Reply::new(v1::TriggerScheduleResponse { job_ids, skip_reason: String::new() }))

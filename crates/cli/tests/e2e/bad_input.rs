@@ -418,6 +418,7 @@ async fn story(sandbox: &Sandbox) -> Result<()> {
             lease_ttl_ms: Some(12 * HOUR_MS),
             selector: Vec::new(),
             wait_ms: 0,
+            ..Default::default()
         })
         .await
         .context("seed claim")?

@@ -58,6 +58,7 @@ async fn story(sandbox: &Sandbox) -> Result<()> {
         lease_ttl_ms: Some(LEASE_TTL_MS),
         selector: Vec::new(),
         wait_ms,
+        ..Default::default()
     };
     let first_claim_sent = Instant::now();
     let grants = stub.claim(claim("worker-a", 0)).await.context("first claim")?.into_inner();

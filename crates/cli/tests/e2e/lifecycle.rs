@@ -146,6 +146,7 @@ async fn drain_story(sandbox: &Sandbox) -> Result<()> {
         lease_ttl_ms: Some(PARKED_LEASE_TTL_MS),
         selector: Vec::new(),
         wait_ms: 0,
+        ..Default::default()
     };
     let parked_lease = claim_lease(&mut leader_stub, parked_claim).await?;
     ensure!(
@@ -170,6 +171,7 @@ async fn drain_story(sandbox: &Sandbox) -> Result<()> {
                 lease_ttl_ms: None,
                 selector: Vec::new(),
                 wait_ms: 0,
+                ..Default::default()
             };
             Ok(match stub.claim(probe).await {
                 Err(status)
@@ -275,6 +277,7 @@ async fn drain_story(sandbox: &Sandbox) -> Result<()> {
                     lease_ttl_ms: Some(30_000),
                     selector: Vec::new(),
                     wait_ms: 1_000,
+                    ..Default::default()
                 };
                 Ok(match stub.claim(request).await {
                     Ok(reply) => match reply.into_inner().grants.into_iter().next() {
@@ -614,6 +617,7 @@ async fn metrics_story(sandbox: &Sandbox) -> Result<()> {
             lease_ttl_ms: Some(60_000),
             selector: Vec::new(),
             wait_ms: 0,
+            ..Default::default()
         };
         leases.push(claim_lease(&mut stub, request).await?);
     }

@@ -19,6 +19,7 @@ fn claim(edit: impl FnOnce(&mut v1::ClaimRequest)) -> Call {
         lease_ttl_ms: None,
         selector: Vec::new(),
         wait_ms: 0,
+        ..Default::default()
     };
     edit(&mut request);
     rpc::claim(request)

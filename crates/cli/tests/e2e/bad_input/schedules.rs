@@ -130,7 +130,13 @@ pub fn cases() -> Vec<Case> {
         ("get", |name| rpc::get_schedule(v1::GetScheduleRequest { name, stale: false })),
         ("pause", |name| rpc::pause_schedule(v1::PauseScheduleRequest { name })),
         ("resume", |name| rpc::resume_schedule(v1::ResumeScheduleRequest { name })),
-        ("trigger", |name| rpc::trigger_schedule(v1::TriggerScheduleRequest { name, force: true })),
+        ("trigger", |name| {
+            rpc::trigger_schedule(v1::TriggerScheduleRequest {
+                name,
+                force: true,
+                ..Default::default()
+            })
+        }),
     ];
     for (verb, call) in by_name {
         cases.extend([
@@ -150,7 +156,11 @@ pub fn cases() -> Vec<Case> {
         rpc::list_schedules(v1::ListSchedulesRequest { stale: false }),
         rpc::pause_schedule(v1::PauseScheduleRequest { name: SCHEDULE.into() }),
         rpc::resume_schedule(v1::ResumeScheduleRequest { name: SCHEDULE.into() }),
-        rpc::trigger_schedule(v1::TriggerScheduleRequest { name: SCHEDULE.into(), force: true }),
+        rpc::trigger_schedule(v1::TriggerScheduleRequest {
+            name: SCHEDULE.into(),
+            force: true,
+            ..Default::default()
+        }),
     ];
     for call in harmless {
         cases.push(Case::garbage(call.path));

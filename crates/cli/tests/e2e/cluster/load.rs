@@ -217,6 +217,7 @@ async fn load_client(
             lease_ttl_ms: Some(LEASE_TTL_MS),
             selector: Vec::new(),
             wait_ms: 0,
+            ..Default::default()
         };
         match client.claim(claim).await {
             Ok(grants) => {
@@ -266,6 +267,7 @@ pub async fn work_off(cluster: &Cluster, clients: usize, history: &mut History) 
                 lease_ttl_ms: Some(LEASE_TTL_MS),
                 selector: Vec::new(),
                 wait_ms: 500,
+                ..Default::default()
             };
             let grants = drainer.claim(claim).await.context("claim while working off")?;
             let mut record = History::default();

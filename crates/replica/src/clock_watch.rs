@@ -1,0 +1,231 @@
+//! The node's measured clock offsets to its peers, and what follows from
+//! them: the verdict on this node's clock (`leasehold_core::clock_bound`),
+//! and acting on it — a skewed node does not stand for election, a skewed
+//! leader stops its heartbeats so the others elect, and nothing but an
+//! agreed leader stamps time (the journal asks [`ClockWatch::verdict`]).
+//!
+//! Measurements ride on the adverts every node sends every peer each
+//! second: the sender notes its wall clock and monotonic clock when it
+//! sends, the peer answers with its wall clock, and the offset is the
+//! peer's clock minus this node's at the midpoint of the round trip, give
+//! or take half of it. An offset is corrected for how far this node's
+//! wall clock has moved from its monotonic one since (a step of this
+//! node's clock shows at once, before the next advert), and counts only
+//! while it is fresh.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use leasehold_core::clock_bound::{ClockVerdict, PeerOffset, judge_clock};
+
+use crate::clock::Clock;
+
+/// One measurement of a peer's clock.
+#[derive(Clone, Copy, Debug)]
+struct Measurement {
+    /// The peer's clock minus this node's at `wall_ms`.
+    offset_ms: i64,
+    /// Half the round trip.
+    uncertainty_ms: u64,
+    /// This node's wall clock at the midpoint of the round trip.
+    wall_ms: u64,
+    /// This node's monotonic clock at the same moment.
+    at: Instant,
+}
+
+/// Measured offsets to peers, shared by the gate (which measures) and the
+/// journal and node (which ask).
+#[derive(Clone)]
+pub struct ClockWatch {
+    measurements: Arc<Mutex<BTreeMap<u64, Measurement>>>,
+    bound_ms: u64,
+    fresh_for: Duration,
+}
+
+impl ClockWatch {
+    /// A watch enforcing `bound_ms` (`max_clock_offset_ms`), counting a
+    /// measurement for `fresh_for` after it was made.
+    pub fn new(bound_ms: u64, fresh_for: Duration) -> ClockWatch {
+        ClockWatch { measurements: Arc::default(), bound_ms, fresh_for }
+    }
+
+    /// The bound enforced.
+    pub fn bound_ms(&self) -> u64 {
+        self.bound_ms
+    }
+
+    /// Records one round trip to `peer`: sent when this node's clocks read
+    /// `sent_wall_ms` and `sent_at`, answered at `answered_at` with the
+    /// peer's clock `peer_now_ms`.
+    pub fn record(
+        &self,
+        peer: u64,
+        sent_wall_ms: u64,
+        sent_at: Instant,
+        answered_at: Instant,
+        peer_now_ms: u64,
+    ) {
+        let round_trip = answered_at.saturating_duration_since(sent_at);
+        let half = round_trip / 2;
+        let half_ms = u64::try_from(half.as_millis()).unwrap_or(u64::MAX);
+        let wall_ms = sent_wall_ms.saturating_add(half_ms);
+        let offset_ms = signed(peer_now_ms).saturating_sub(signed(wall_ms));
+        // A millisecond for the clocks' own resolution.
+        let uncertainty_ms = half_ms.saturating_add(1);
+        let measurement = Measurement { offset_ms, uncertainty_ms, wall_ms, at: sent_at + half };
+        if let Ok(mut measurements) = self.measurements.lock() {
+            measurements.insert(peer, measurement);
+        }
+    }
+
+    /// The fresh offsets, corrected to now by how far `clock` has moved
+    /// from the monotonic clock since each was measured.
+    pub fn offsets(&self, clock: &Clock) -> Vec<PeerOffset> {
+        let now = Instant::now();
+        let now_wall_ms = signed(clock.now_ms());
+        let Ok(measurements) = self.measurements.lock() else { return Vec::new() };
+        measurements
+            .iter()
+            .filter(|(_, m)| now.saturating_duration_since(m.at) < self.fresh_for)
+            .map(|(peer, m)| {
+                let elapsed_ms = signed_duration(now.saturating_duration_since(m.at));
+                let wall_moved_ms = now_wall_ms.saturating_sub(signed(m.wall_ms));
+                let drift_ms = wall_moved_ms.saturating_sub(elapsed_ms);
+                PeerOffset {
+                    node: *peer,
+                    offset_ms: m.offset_ms.saturating_sub(drift_ms),
+                    uncertainty_ms: m.uncertainty_ms,
+                }
+            })
+            .collect()
+    }
+
+    /// The verdict on node `me`'s clock among `voters`, now.
+    pub fn verdict(&self, me: u64, voters: &[u64], clock: &Clock) -> ClockVerdict {
+        judge_clock(me, voters, &self.offsets(clock), self.bound_ms)
+    }
+
+    /// How old each peer's last measurement is, for status.
+    pub fn ages(&self) -> BTreeMap<u64, Duration> {
+        let now = Instant::now();
+        self.measurements
+            .lock()
+            .map(|m| {
+                m.iter().map(|(peer, m)| (*peer, now.saturating_duration_since(m.at))).collect()
+            })
+            .unwrap_or_default()
+    }
+}
+
+fn signed(ms: u64) -> i64 {
+    i64::try_from(ms).unwrap_or(i64::MAX)
+}
+
+fn signed_duration(duration: Duration) -> i64 {
+    i64::try_from(duration.as_millis()).unwrap_or(i64::MAX)
+}
+
+/// How often [`guard_elections`] looks at the verdict.
+const GUARD_EVERY: Duration = Duration::from_millis(250);
+
+/// Keeps a node whose clock is skewed out of leadership until `shutdown`:
+/// it does not stand for election, and if it leads it stops sending
+/// heartbeats, so the others elect a leader whose clock agrees (openraft
+/// 0.9 has no step-down; the higher term deposes it). It stamps nothing
+/// meanwhile (the journal refuses). When the clock is back within the
+/// bound, both come back on by themselves (unless the node drains, which
+/// keeps it from standing).
+pub async fn guard_elections(
+    journal: crate::Journal,
+    mut shutdown: tokio::sync::watch::Receiver<bool>,
+) {
+    let mut tick = tokio::time::interval(GUARD_EVERY);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut skewed = false;
+    loop {
+        tokio::select! {
+            _ = shutdown.changed() => return,
+            _ = tick.tick() => {}
+        }
+        let verdict = journal.clock_verdict();
+        let now_skewed = verdict.is_skewed();
+        if now_skewed != skewed {
+            let why = describe(&verdict, journal.clock_watch().bound_ms());
+            if now_skewed {
+                tracing::warn!(event = "clock.skew", %why, "standing aside from leadership");
+            } else {
+                tracing::info!(event = "clock.skew", %why, "clock back within the bound");
+            }
+            skewed = now_skewed;
+        }
+        let runtime = journal.raft().runtime_config();
+        runtime.elect(!skewed && !journal.is_draining());
+        runtime.heartbeat(!skewed);
+    }
+}
+
+/// A plain words account of a verdict, for readiness and status.
+pub fn describe(verdict: &ClockVerdict, bound_ms: u64) -> String {
+    match verdict {
+        ClockVerdict::Agreed { agreeing, voters } => {
+            format!("within {bound_ms} ms of {agreeing} of {voters} voters")
+        }
+        ClockVerdict::Skewed { disagreeing, voters } => {
+            let peers: Vec<String> = disagreeing
+                .iter()
+                .map(|(peer, offset)| format!("node {peer} reads {offset:+} ms"))
+                .collect();
+            format!(
+                "this node's clock is more than {bound_ms} ms off {} of {voters} voters ({})",
+                disagreeing.len(),
+                peers.join(", ")
+            )
+        }
+        ClockVerdict::Unknown { agreeing, disagreeing, voters } => format!(
+            "not measured against a majority yet ({agreeing} of {voters} voters within \
+             {bound_ms} ms, {disagreeing} beyond)"
+        ),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_offset_is_measured_at_the_midpoint_and_follows_a_step_of_this_clock() {
+        let clock = Clock::system();
+        let watch = ClockWatch::new(500, Duration::from_secs(5));
+        let sent_at = Instant::now();
+        let sent_wall_ms = clock.now_ms();
+        // The peer answers 100 ms later with a clock two minutes ahead.
+        let answered_at = sent_at + Duration::from_millis(100);
+        watch.record(2, sent_wall_ms, sent_at, answered_at, sent_wall_ms + 50 + 120_000);
+        watch.record(3, sent_wall_ms, sent_at, answered_at, sent_wall_ms + 50);
+        let offsets = watch.offsets(&clock);
+        let two = offsets.iter().find(|o| o.node == 2).map(|o| o.offset_ms).unwrap_or_default();
+        assert!((119_900..=120_100).contains(&two), "{offsets:?}");
+        assert!(offsets.iter().all(|o| o.uncertainty_ms == 51), "{offsets:?}");
+        assert!(watch.verdict(1, &[1, 2, 3], &clock).may_stamp(), "node 3 agrees");
+        // This node's clock steps two minutes ahead: node 2 now agrees and
+        // node 3 reads two minutes behind, before any new measurement.
+        clock.set_offset_ms(120_000);
+        let offsets = watch.offsets(&clock);
+        let three = offsets.iter().find(|o| o.node == 3).map(|o| o.offset_ms).unwrap_or_default();
+        assert!((-120_100..=-119_900).contains(&three), "{offsets:?}");
+        let two = offsets.iter().find(|o| o.node == 2).map(|o| o.offset_ms).unwrap_or_default();
+        assert!(two.abs() < 200, "{offsets:?}");
+    }
+
+    #[test]
+    fn stale_measurements_do_not_count() {
+        let clock = Clock::system();
+        let watch = ClockWatch::new(500, Duration::from_millis(1));
+        let sent_at = Instant::now();
+        watch.record(2, clock.now_ms(), sent_at, sent_at, clock.now_ms());
+        std::thread::sleep(Duration::from_millis(5));
+        assert!(watch.offsets(&clock).is_empty());
+        assert!(!watch.verdict(1, &[1, 2], &clock).may_stamp());
+    }
+}
