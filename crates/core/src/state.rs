@@ -138,6 +138,38 @@ struct Snapshot {
     requests: requests::RequestLog,
 }
 
+/// The serialized form of [`State`] as versions before the request log
+/// wrote it (no `requests`): bincode has no defaults for missing fields, so
+/// a snapshot of that layout is read with this and converted (storage
+/// tries it when the current layout does not decode).
+#[derive(Deserialize)]
+pub struct StateBeforeRequests {
+    cluster_time_ms: u64,
+    last_token: u64,
+    last_job_id: u64,
+    jobs: BTreeMap<u64, Job>,
+    schedules: BTreeMap<String, Schedule>,
+    nodes: BTreeMap<u64, NodeInfo>,
+    epoch: u64,
+    grace_end_ms: u64,
+}
+
+impl From<StateBeforeRequests> for State {
+    fn from(old: StateBeforeRequests) -> State {
+        State::from(Snapshot {
+            cluster_time_ms: old.cluster_time_ms,
+            last_token: old.last_token,
+            last_job_id: old.last_job_id,
+            jobs: old.jobs,
+            schedules: old.schedules,
+            nodes: old.nodes,
+            epoch: old.epoch,
+            grace_end_ms: old.grace_end_ms,
+            requests: requests::RequestLog::default(),
+        })
+    }
+}
+
 impl From<Snapshot> for State {
     fn from(snapshot: Snapshot) -> State {
         let indexes = Indexes::rebuild(&snapshot.jobs);

@@ -60,12 +60,36 @@ struct SnapshotBody {
     state: State,
 }
 
+/// A snapshot body in the layout before the state's request log.
+#[derive(Deserialize)]
+struct SnapshotBodyBeforeRequests {
+    last_applied: Option<LogId<NodeId>>,
+    last_membership: Membership,
+    state: leasehold_core::state::StateBeforeRequests,
+}
+
 impl SnapshotBody {
     /// Decodes snapshot bytes and checks they describe the same log position
     /// and membership as `meta`, so a body is never installed under the wrong
     /// label.
     fn decode_for(meta: &Meta, bytes: &[u8]) -> Result<Self, StorageError> {
-        let body: SnapshotBody = decode(SNAPSHOT_TREE, SNAPSHOT_DATA_KEY, bytes)?;
+        // The current layout, or the one before the state's request log
+        // (a data dir, or a snapshot sent by a node, of the version before).
+        let body: SnapshotBody = match decode(SNAPSHOT_TREE, SNAPSHOT_DATA_KEY, bytes) {
+            Ok(body) => body,
+            Err(current) => match decode::<SnapshotBodyBeforeRequests>(
+                SNAPSHOT_TREE,
+                SNAPSHOT_DATA_KEY,
+                bytes,
+            ) {
+                Ok(old) => SnapshotBody {
+                    last_applied: old.last_applied,
+                    last_membership: old.last_membership,
+                    state: State::from(old.state),
+                },
+                Err(_) => return Err(current),
+            },
+        };
         if body.last_applied != meta.last_log_id || body.last_membership != meta.last_membership {
             return Err(StorageError::Inconsistent {
                 tree: SNAPSHOT_TREE,
@@ -383,6 +407,40 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_snapshot_of_the_layout_before_the_request_log_still_reads() {
+        let last_applied = Some(LogId::new(openraft::CommittedLeaderId::new(3, 1), 9));
+        let last_membership = Membership::default();
+        let mut state = State::new();
+        let enqueue = leasehold_core::Command::Enqueue {
+            jobs: vec![leasehold_core::JobSpec { queue: "q".into(), ..Default::default() }],
+        };
+        state.apply(1, &leasehold_core::Proposal { now_ms: 1_000, command: enqueue });
+        let bytes = encode(
+            "snapshot",
+            &SnapshotBodyRef {
+                last_applied: &last_applied,
+                last_membership: &last_membership,
+                state: &state,
+            },
+        )
+        .expect("encodes");
+        // The request log is the state's last field, and the body's: empty,
+        // it is two zero lengths (16 bytes). Without them this is the old
+        // layout, byte for byte.
+        assert!(bytes.ends_with(&[0u8; 16]));
+        let old = &bytes[..bytes.len() - 16];
+        let meta = Meta {
+            last_log_id: last_applied,
+            last_membership: last_membership.clone(),
+            snapshot_id: "old".to_string(),
+        };
+        let body = SnapshotBody::decode_for(&meta, old).expect("the old layout decodes");
+        assert_eq!(body.state, state);
+        let garbage = [old, &[1, 2, 3]].concat();
+        assert!(SnapshotBody::decode_for(&meta, &garbage).is_err(), "neither layout: an error");
+    }
 
     #[test]
     fn borrowed_and_owned_snapshot_bodies_share_one_encoding() {
