@@ -77,18 +77,17 @@ impl SnapshotBody {
         // (a data dir, or a snapshot sent by a node, of the version before).
         let body: SnapshotBody = match decode(SNAPSHOT_TREE, SNAPSHOT_DATA_KEY, bytes) {
             Ok(body) => body,
-            Err(current) => match decode::<SnapshotBodyBeforeRequests>(
-                SNAPSHOT_TREE,
-                SNAPSHOT_DATA_KEY,
-                bytes,
-            ) {
-                Ok(old) => SnapshotBody {
-                    last_applied: old.last_applied,
-                    last_membership: old.last_membership,
-                    state: State::from(old.state),
-                },
-                Err(_) => return Err(current),
-            },
+            Err(current) => {
+                match decode::<SnapshotBodyBeforeRequests>(SNAPSHOT_TREE, SNAPSHOT_DATA_KEY, bytes)
+                {
+                    Ok(old) => SnapshotBody {
+                        last_applied: old.last_applied,
+                        last_membership: old.last_membership,
+                        state: State::from(old.state),
+                    },
+                    Err(_) => return Err(current),
+                }
+            }
         };
         if body.last_applied != meta.last_log_id || body.last_membership != meta.last_membership {
             return Err(StorageError::Inconsistent {
