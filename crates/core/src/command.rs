@@ -192,6 +192,22 @@ pub enum Command {
         /// For `target = each`: the nodes.
         targets: Vec<u64>,
     },
+    /// `Fire` for a `target = each` schedule, judged per member: a job for
+    /// each live member in `targets` whose previous instance is finished
+    /// (with `overlap = skip`, a member still running the last tick is
+    /// skipped alone), and the members in `offline` recorded as skipped
+    /// (`target_offline`), so a member that is down never blocks the
+    /// others' runs.
+    FireEach {
+        /// Schedule name.
+        schedule: String,
+        /// The tick's bucket.
+        bucket: u64,
+        /// The live members to run it on.
+        targets: Vec<u64>,
+        /// The members that would run it but are down.
+        offline: Vec<u64>,
+    },
     /// `Sweep`, honouring every lease granted under an earlier term until
     /// `max_clock_offset_ms` past its `expires_at`: the leader that granted
     /// it may have stamped time up to that much apart from this one's (see

@@ -82,6 +82,9 @@ pub enum SkipReason {
     /// cutover gate chose it; the journal records it so a later switch to
     /// the journal does not run it again.
     Bus,
+    /// `target = each`: these members were down (no recent advert), so no
+    /// job was made for them; the tick ran on the live ones.
+    TargetOffline,
 }
 
 impl SkipReason {
@@ -93,6 +96,7 @@ impl SkipReason {
             SkipReason::Paused => "paused",
             SkipReason::NoTarget => "no_target",
             SkipReason::Bus => "bus",
+            SkipReason::TargetOffline => "target_offline",
         }
     }
 }

@@ -258,6 +258,9 @@ impl State {
             Command::Fire { schedule, bucket, targets } => {
                 self.fire(schedule, *bucket, targets, &limits)
             }
+            Command::FireEach { schedule, bucket, targets, offline } => {
+                self.fire_each(schedule, *bucket, targets, offline, &limits)
+            }
             Command::Skip { schedule, bucket, reason, ticks } => {
                 self.skip(schedule, *bucket, *reason, *ticks)
             }

@@ -173,6 +173,12 @@ pub fn validate_command(command: &Command, limits: &Limits) -> Result<(), Valida
             positive("bucket", *bucket)?;
             node_list("targets", targets, limits)
         }
+        Command::FireEach { schedule, bucket, targets, offline } => {
+            queue_name("schedule", schedule)?;
+            positive("bucket", *bucket)?;
+            node_list("targets", targets, limits)?;
+            node_list("offline", offline, limits)
+        }
         Command::Skip { schedule, bucket, .. } => {
             queue_name("schedule", schedule)?;
             positive("bucket", *bucket)

@@ -227,7 +227,7 @@ pub async fn tick_schedules(
                     // A proposal that did not commit ends this schedule's
                     // round; the next round plans again from the journal.
                     if skip_bus_ran(&journal, &gate, &schedule, &cron).await {
-                        fire_on_journal(&journal, &schedule, &cron, now_ms).await;
+                        fire_on_journal(&journal, &gate, &schedule, &cron, now_ms).await;
                     }
                 });
             }
@@ -344,6 +344,7 @@ async fn skip_bus_ran(
 /// a proposal did not commit (the next round plans again).
 async fn fire_on_journal(
     journal: &Journal,
+    gate: &Gate,
     schedule: &Schedule,
     cron: &CronSchedule,
     now_ms: u64,
@@ -351,19 +352,22 @@ async fn fire_on_journal(
     for step in plan_ticks(schedule, cron, now_ms, TICK_TOLERANCE_MS) {
         let name = schedule.spec.name.clone();
         let command = match step {
-            TickPlan::Fire(bucket) => {
-                let targets = match schedule.spec.target {
-                    Target::Each => journal.each_targets(&schedule.spec.template.tags),
-                    Target::Any => Vec::new(),
-                };
-                Command::Fire { schedule: name, bucket, targets }
+            // A member that is down gets no job (nobody could run it, and
+            // with overlap = skip it would block its later ticks); it is
+            // recorded as skipped, and the live members run.
+            TickPlan::Fire(bucket) if schedule.spec.target == Target::Each => {
+                let (targets, offline) = gate.each_targets(&schedule.spec.template.tags);
+                Command::FireEach { schedule: name, bucket, targets, offline }
             }
+            TickPlan::Fire(bucket) => Command::Fire { schedule: name, bucket, targets: Vec::new() },
             TickPlan::Skip { bucket, reason, ticks } => {
                 Command::Skip { schedule: name, bucket, reason, ticks }
             }
         };
         let bucket = match &command {
-            Command::Fire { bucket, .. } | Command::Skip { bucket, .. } => *bucket,
+            Command::Fire { bucket, .. }
+            | Command::FireEach { bucket, .. }
+            | Command::Skip { bucket, .. } => *bucket,
             _ => 0,
         };
         match journal.propose(command).await {

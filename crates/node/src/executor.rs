@@ -74,7 +74,9 @@ async fn run_job(node_id: u64, grant: v1::Grant, timeout: Duration) -> Outcome {
         return Outcome::Release;
     };
     let script = String::from_utf8_lossy(&job.payload).into_owned();
-    let env = exec::job_env(&job, &lease);
+    let mut env = exec::job_env(&job, &lease);
+    // Which node ran it (a `target = each` tick runs once on each).
+    env.push(("LEASEHOLD_NODE_ID".to_string(), node_id.to_string()));
     let schedule = env.iter().find(|(k, _)| k == "LEASEHOLD_SCHEDULE").map(|(_, v)| v.clone());
     let bucket = env.iter().find(|(k, _)| k == "LEASEHOLD_BUCKET").map(|(_, v)| v.clone());
     tracing::info!(

@@ -402,6 +402,18 @@ impl Gate {
             .collect()
     }
 
+    /// The members a `target = each` tick whose job carries `tags` goes
+    /// to, split into the live ones (this node, and peers whose advert is
+    /// younger than three intervals) and those that are down: core picks
+    /// the registered, undrained members with every tag; liveness is this
+    /// node's view of the adverts.
+    pub fn each_targets(&self, tags: &[String]) -> (Vec<u64>, Vec<u64>) {
+        let candidates = self.inner.journal.each_targets(tags);
+        let online: BTreeSet<u64> = self.online_peers().into_iter().map(|(id, _)| id).collect();
+        let me = self.node_id();
+        candidates.into_iter().partition(|id| *id == me || online.contains(id))
+    }
+
     async fn broadcast(&self, message: v1::BusMessage) -> Vec<(u64, v1::BusReply)> {
         let signed = bus::seal(self.secret(), &message);
         let window = self.inner.config.bus_window;

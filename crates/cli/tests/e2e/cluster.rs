@@ -35,7 +35,7 @@ const SLOT_TIMEOUT: Duration = Duration::from_secs(400);
 static SLOTS: Semaphore = Semaphore::const_new(CONCURRENT_CLUSTERS);
 
 /// Waits for a slot to run a cluster in; the slot is held until dropped.
-async fn cluster_slot() -> Result<SemaphorePermit<'static>> {
+pub(crate) async fn cluster_slot() -> Result<SemaphorePermit<'static>> {
     tokio::time::timeout(SLOT_TIMEOUT, SLOTS.acquire())
         .await
         .context("no cluster slot freed within the timeout")?

@@ -43,6 +43,7 @@ const STOP_TIMEOUT: Duration = Duration::from_secs(30);
 const ACK_TIMEOUT: Duration = Duration::from_secs(30);
 
 mod catchup;
+mod each;
 mod failover;
 mod overlap;
 mod validation;

@@ -122,6 +122,116 @@ impl State {
         Response::Tick(Some(outcome))
     }
 
+    /// A `target = each` tick judged per member (see
+    /// [`Command::FireEach`](crate::command::Command::FireEach)).
+    pub(super) fn fire_each(
+        &mut self,
+        name: &str,
+        bucket: u64,
+        targets: &[u64],
+        offline: &[u64],
+        limits: &Limits,
+    ) -> Response {
+        let Some(schedule) = self.schedules.get(name) else {
+            return not_found(name);
+        };
+        if schedule.spec.target != Target::Each {
+            return self.fire(name, bucket, targets, limits);
+        }
+        if bucket <= schedule.last_fired_bucket {
+            return Response::Tick(None);
+        }
+        let lag_ms = self.cluster_time_ms.saturating_sub(bucket.saturating_mul(1_000));
+        let late = lag_ms >= LATE_AFTER_MS;
+        if schedule.spec.paused {
+            return self.record_tick(
+                name,
+                bucket,
+                late,
+                TickOutcome::Skipped { reason: SkipReason::Paused, ticks: 1 },
+            );
+        }
+        // Per member: a member whose last instance is unfinished is
+        // skipped alone (overlap = skip), and keeps that instance counted.
+        let mut run = Vec::new();
+        let mut still_running = Vec::new();
+        for node in targets {
+            let tag = format!("{NODE_TAG_PREFIX}{node}");
+            let unfinished: Vec<u64> = schedule
+                .last_job_ids
+                .iter()
+                .copied()
+                .filter(|id| {
+                    self.jobs.get(id).is_some_and(|job| {
+                        job.tags.contains(&tag)
+                            && matches!(job.state, JobState::Ready | JobState::Claimed)
+                    })
+                })
+                .collect();
+            if schedule.spec.overlap == Overlap::Skip && !unfinished.is_empty() {
+                still_running.extend(unfinished);
+            } else {
+                run.push(*node);
+            }
+        }
+        let overlapped = targets.len() - run.len();
+        let mut records = Vec::new();
+        let mut job_ids = Vec::new();
+        if !run.is_empty() {
+            let specs = tick_jobs(schedule, bucket, &run, None);
+            match self.enqueue(&specs, limits) {
+                Response::Enqueued(outcomes) => {
+                    job_ids = outcomes.iter().map(|o| o.job_id).collect();
+                    records.push(TickOutcome::Fired { job_ids: job_ids.clone(), lag_ms });
+                }
+                other => return other,
+            }
+        }
+        if overlapped > 0 {
+            records.push(TickOutcome::Skipped {
+                reason: SkipReason::Overlap,
+                ticks: u64::try_from(overlapped).unwrap_or(u64::MAX),
+            });
+        }
+        if !offline.is_empty() {
+            records.push(TickOutcome::Skipped {
+                reason: SkipReason::TargetOffline,
+                ticks: u64::try_from(offline.len()).unwrap_or(u64::MAX),
+            });
+        }
+        if records.is_empty() {
+            records.push(TickOutcome::Skipped { reason: SkipReason::NoTarget, ticks: 1 });
+        }
+        let Some(schedule) = self.schedules.get_mut(name) else {
+            return not_found(name);
+        };
+        if !job_ids.is_empty() || !still_running.is_empty() {
+            schedule.last_job_ids = job_ids.into_iter().chain(still_running).collect();
+        }
+        schedule.last_fired_bucket = bucket;
+        let answer = records[0].clone();
+        for outcome in records {
+            schedule.record(TickRecord { bucket, outcome, late });
+        }
+        Response::Tick(Some(answer))
+    }
+
+    /// Records one outcome for `bucket` and advances the fire mark.
+    fn record_tick(
+        &mut self,
+        name: &str,
+        bucket: u64,
+        late: bool,
+        outcome: TickOutcome,
+    ) -> Response {
+        let Some(schedule) = self.schedules.get_mut(name) else {
+            return not_found(name);
+        };
+        schedule.last_fired_bucket = bucket;
+        schedule.record(TickRecord { bucket, outcome: outcome.clone(), late });
+        Response::Tick(Some(outcome))
+    }
+
     pub(super) fn skip(
         &mut self,
         name: &str,
@@ -277,6 +387,104 @@ mod tests {
     fn fire(state: &mut State, bucket: u64) -> Response {
         let command = Command::Fire { schedule: "backup".into(), bucket, targets: vec![] };
         apply(state, bucket * 1_000 + 10, command)
+    }
+
+    fn fire_each(state: &mut State, bucket: u64, targets: &[u64], offline: &[u64]) -> Response {
+        let command = Command::FireEach {
+            schedule: "backup".into(),
+            bucket,
+            targets: targets.to_vec(),
+            offline: offline.to_vec(),
+        };
+        apply(state, bucket * 1_000 + 10, command)
+    }
+
+    fn history_of(state: &State, bucket: u64) -> Vec<TickOutcome> {
+        let schedule = state.schedule("backup").expect("the schedule");
+        schedule.history.iter().filter(|r| r.bucket == bucket).map(|r| r.outcome.clone()).collect()
+    }
+
+    #[test]
+    fn a_member_that_is_down_never_blocks_the_others() {
+        let mut state = State::new();
+        put(&mut state, Overlap::Skip, Target::Each);
+        let first = T0_MS / 1_000 + 1;
+        // All three run the first tick; node 3 then dies with its job unrun.
+        let fired = fire_each(&mut state, first, &[1, 2, 3], &[]);
+        assert!(
+            matches!(fired, Response::Tick(Some(TickOutcome::Fired { ref job_ids, .. })) if job_ids.len() == 3)
+        );
+        for (job_id, token) in [(1, 1), (2, 2)] {
+            let claim = Command::Claim {
+                worker: format!("node-{job_id}"),
+                queue: "exec".into(),
+                max: 1,
+                lease_ttl_ms: None,
+                selector: vec![format!("{NODE_TAG_PREFIX}{job_id}")],
+            };
+            apply(&mut state, first * 1_000 + 100, claim);
+            apply(&mut state, first * 1_000 + 200, Command::Ack { job_id, token, result: None });
+        }
+        // Next tick: 3 is offline (the driver says so). Its unfinished job
+        // does not skip the others, and the skip is accounted.
+        let next = first + 1;
+        let answer = fire_each(&mut state, next, &[1, 2], &[3]);
+        let Response::Tick(Some(TickOutcome::Fired { job_ids, .. })) = answer else {
+            panic!("the live members ran: {answer:?}")
+        };
+        assert_eq!(job_ids.len(), 2);
+        assert_eq!(
+            history_of(&state, next)[1],
+            TickOutcome::Skipped { reason: SkipReason::TargetOffline, ticks: 1 }
+        );
+        // 2 is slow this time; 1 finished: only 2 skips, by overlap.
+        apply(
+            &mut state,
+            next * 1_000 + 300,
+            Command::Claim {
+                worker: "node-1".into(),
+                queue: "exec".into(),
+                max: 1,
+                lease_ttl_ms: None,
+                selector: vec![format!("{NODE_TAG_PREFIX}1")],
+            },
+        );
+        let held = state.leases_held_by("node-1", None);
+        for (job_id, token) in held {
+            apply(&mut state, next * 1_000 + 400, Command::Ack { job_id, token, result: None });
+        }
+        let third = next + 1;
+        let answer = fire_each(&mut state, third, &[1, 2], &[3]);
+        let Response::Tick(Some(TickOutcome::Fired { job_ids, .. })) = answer else {
+            panic!("member 1 ran: {answer:?}")
+        };
+        assert_eq!(job_ids.len(), 1);
+        assert_eq!(
+            history_of(&state, third)[1..],
+            [
+                TickOutcome::Skipped { reason: SkipReason::Overlap, ticks: 1 },
+                TickOutcome::Skipped { reason: SkipReason::TargetOffline, ticks: 1 },
+            ]
+        );
+        // The old Fire judged overlap for the whole schedule: any member's
+        // unfinished job skipped everyone.
+        let mut old = State::new();
+        put(&mut old, Overlap::Skip, Target::Each);
+        apply(
+            &mut old,
+            first * 1_000,
+            Command::Fire { schedule: "backup".into(), bucket: first, targets: vec![1, 3] },
+        );
+        let blocked = apply(
+            &mut old,
+            next * 1_000,
+            Command::Fire { schedule: "backup".into(), bucket: next, targets: vec![1] },
+        );
+        assert!(matches!(
+            blocked,
+            Response::Tick(Some(TickOutcome::Skipped { reason: SkipReason::Overlap, .. }))
+        ));
+        assert_eq!(fire_each(&mut state, third, &[1], &[]), Response::Tick(None), "a bucket once");
     }
 
     #[test]
