@@ -20,6 +20,18 @@ pub enum StorageError {
         #[source]
         source: std::io::Error,
     },
+    /// A file the stores keep beside sled's (the snapshot) or one of
+    /// sled's blob files could not be read, written or synced.
+    #[error("cannot {what} {path}")]
+    Io {
+        /// What was being done: "write", "fsync", "rename", ...
+        what: &'static str,
+        /// The file or directory.
+        path: PathBuf,
+        /// Why it failed.
+        #[source]
+        source: std::io::Error,
+    },
     /// sled reported an IO or internal error.
     #[error("sled operation failed")]
     Sled(#[from] sled::Error),

@@ -6,7 +6,11 @@
 //! | --- | --- | --- |
 //! | [`LOG_TREE`] | log index, big-endian `u64` | bincode `Entry<TypeConfig>` |
 //! | [`META_TREE`] | [`VOTE_KEY`], [`COMMITTED_KEY`], [`LAST_PURGED_KEY`] | bincode `Vote` / `LogId` |
-//! | [`SNAPSHOT_TREE`] | [`SNAPSHOT_META_KEY`], [`SNAPSHOT_DATA_KEY`] | bincode `SnapshotMeta` / snapshot bytes |
+//! | [`SNAPSHOT_TREE`] | [`SNAPSHOT_META_KEY`], [`SNAPSHOT_DATA_KEY`] | bincode `SnapshotMeta` / snapshot bytes (data directories from before the snapshot file; read until a file replaces them) |
+//!
+//! Beside sled's files, the data directory holds [`SNAPSHOT_FILE`]: the
+//! current snapshot (magic `LHSNAP01`, the meta's length as a little-endian
+//! `u64`, bincode `SnapshotMeta`, then the snapshot bytes).
 //! | [`PROBE_TREE`] | [`PROBE_KEY`] | the last readiness probe's nonce |
 //! | [`BUS_TREE`] | a bus claim key, e.g. `cron:NAME:BUCKET` | bincode `BusRecord` (local, unreplicated) |
 //! | [`PEERS_TREE`] | a peer's node id, big-endian `u64` | bincode `(received wall ms, advert bytes)` (local) |
@@ -18,8 +22,12 @@
 pub const LOG_TREE: &str = "logs";
 /// Raft's small durable facts: vote, committed log id, last purged log id.
 pub const META_TREE: &str = "meta";
-/// The one current snapshot: its meta and its bytes, written together.
+/// Where older versions kept the one current snapshot (meta and bytes,
+/// written together); now only read, until [`SNAPSHOT_FILE`] exists.
 pub const SNAPSHOT_TREE: &str = "snapshot";
+/// The current snapshot: a file in the data directory, beside sled's own,
+/// replaced whole (temporary file, fsync, rename, directory fsync).
+pub const SNAPSHOT_FILE: &str = "snapshot";
 /// Scratch record written and read back by the readiness probe.
 pub const PROBE_TREE: &str = "probe";
 

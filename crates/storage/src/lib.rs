@@ -14,10 +14,12 @@
 //!
 //! Durability in one paragraph: appended entries are fsynced once per batch
 //! before openraft hears they are stored; the vote is fsynced before
-//! `save_vote` returns; snapshots are fsynced before they are reported built
-//! or installed. The live state is never written on its own: a restart loads
-//! the last snapshot and openraft re-applies the log from there to the saved
-//! committed log id.
+//! `save_vote` returns; snapshots are written to a temporary file, fsynced,
+//! renamed and the directory fsynced before they are reported built or
+//! installed. "Fsynced" covers sled's blob files too (sled writes a large
+//! page to a file of its own and never syncs it; see `durable`). The live
+//! state is never written on its own: a restart loads the last snapshot and
+//! openraft re-applies the log from there to the saved committed log id.
 //!
 //! ```no_run
 //! # async fn demo() -> Result<(), leasehold_storage::StorageError> {
@@ -29,6 +31,7 @@
 //! ```
 
 mod codec;
+mod durable;
 mod error;
 mod failpoint;
 pub mod layout;
@@ -46,22 +49,26 @@ pub use state_machine::StateMachineStore;
 use failpoint::Failpoint;
 
 /// Opens (creating it and its parent directories if needed) the sled database
-/// at `path` and returns its two stores.
+/// at `path` and returns its two stores; the snapshot file lives there too.
 pub fn open(path: &Path) -> Result<(LogStore, StateMachineStore), StorageError> {
     std::fs::create_dir_all(path)
         .map_err(|source| StorageError::CreateDir { path: path.to_path_buf(), source })?;
     let db = sled::Config::new().path(path).open()?;
-    let (log_store, state_machine) = open_db(db)?;
+    // sled creates its files without syncing the directory that names them.
+    durable::sync_dir(path)?;
+    let (log_store, state_machine) = open_db(db, path)?;
     let data_file = std::fs::File::open(path.join("db")).map_err(sled::Error::Io)?;
-    Ok((log_store.with_data_file(data_file), state_machine))
+    Ok((log_store.with_data_file(data_file, path), state_machine))
 }
 
-/// Builds both stores on an already open sled database. They share one
-/// failpoint, so a test that breaks "the disk" breaks it for both. Tests use
-/// this to reach the raw trees next to the stores.
-pub fn open_db(db: sled::Db) -> Result<(LogStore, StateMachineStore), StorageError> {
+/// Builds both stores on an already open sled database, with the snapshot
+/// file in `dir`. They share one failpoint, so a test that breaks "the
+/// disk" breaks it for both. Tests use this to reach the raw trees next to
+/// the stores; the log store's flushes then do not fsync sled's files
+/// (sled's own flush only), which [`open`] adds.
+pub fn open_db(db: sled::Db, dir: &Path) -> Result<(LogStore, StateMachineStore), StorageError> {
     let failpoint = Failpoint::default();
     let log_store = LogStore::open_db(db.clone(), failpoint.clone())?;
-    let state_machine = StateMachineStore::open_db(db, failpoint)?;
+    let state_machine = StateMachineStore::open_db(db, dir, failpoint)?;
     Ok((log_store, state_machine))
 }

@@ -24,6 +24,7 @@ use serde::de::DeserializeOwned;
 
 use crate::StorageError;
 use crate::codec::{decode, encode};
+use crate::durable::BlobSync;
 use crate::failpoint::Failpoint;
 use crate::layout::{
     COMMITTED_KEY, LAST_PURGED_KEY, LOG_TREE, META_TREE, PROBE_KEY, PROBE_TREE, VOTE_KEY,
@@ -45,10 +46,10 @@ pub const MAX_READ_BYTES: usize = 2 * 1024 * 1024;
 /// store keeps no lock of its own; readers clone it freely.
 #[derive(Clone, Debug)]
 pub struct LogStore {
-    /// The database's data file, fsynced after each flush (see
-    /// [`LogStore::durable_flush`]); `None` for stores built on a database
-    /// a test opened itself.
-    data_file: Option<std::sync::Arc<std::fs::File>>,
+    /// The database's data file and blob files, fsynced after each flush
+    /// (see [`LogStore::durable_flush`]); `None` for stores built on a
+    /// database a test opened itself.
+    data_file: Option<std::sync::Arc<(std::fs::File, BlobSync)>>,
     db: sled::Db,
     logs: sled::Tree,
     meta: sled::Tree,
@@ -79,17 +80,21 @@ impl LogStore {
         crate::local::PeerStore::open(&self.db)
     }
 
-    /// Makes every flush also fsync `file` (sled's data file).
-    pub(crate) fn with_data_file(mut self, file: std::fs::File) -> Self {
-        self.data_file = Some(std::sync::Arc::new(file));
+    /// Makes every flush also fsync `file` (sled's data file) and the blob
+    /// files of the database in `dir`.
+    pub(crate) fn with_data_file(mut self, file: std::fs::File, dir: &std::path::Path) -> Self {
+        self.data_file = Some(std::sync::Arc::new((file, BlobSync::new(dir))));
         self
     }
 
-    /// Flushes sled, then fsyncs its data file. sled 0.34 makes a flush
-    /// stable with sync_file_range, which survives a process crash but does
-    /// not flush the device cache or the file's metadata; the fdatasync
-    /// makes an acknowledged entry survive a power loss too. Appends are
-    /// batched above Raft, so this costs one sync per batch.
+    /// Flushes sled, then fsyncs the blob files it wrote and its data file.
+    /// sled 0.34 makes a flush stable with sync_file_range, which survives a
+    /// process crash but does not flush the device cache or the file's
+    /// metadata, and never syncs a blob file (a page over 128 KiB: a large
+    /// entry, or a leaf of several); the fsyncs make an acknowledged entry
+    /// survive a power loss too. Blobs go first, so the main file never
+    /// durably points at a blob that is not. Appends are batched above
+    /// Raft, so this costs one sync per batch (and a directory read).
     ///
     /// Both run on one blocking thread, one hand-off per flush: this is on
     /// the commit path of every entry, and on a small host each wake-up of
@@ -99,7 +104,9 @@ impl LogStore {
         let file = self.data_file.clone();
         tokio::task::spawn_blocking(move || -> Result<(), StorageError> {
             db.flush()?;
-            if let Some(file) = file {
+            if let Some(durable) = file {
+                let (file, blobs) = &*durable;
+                blobs.sync_new()?;
                 file.sync_data().map_err(|e| StorageError::Sled(sled::Error::Io(e)))?;
             }
             Ok(())

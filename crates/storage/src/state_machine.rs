@@ -8,9 +8,16 @@
 //! last persisted snapshot, and openraft re-applies the log from there up to
 //! the committed log id the log store saved. So a snapshot must be durable
 //! before openraft may purge the entries it covers: `build_snapshot` and
-//! `install_snapshot` flush before they return.
+//! `install_snapshot` return only once it is on stable storage.
+//!
+//! A snapshot is one file beside sled's, [`SNAPSHOT_FILE`] in the data
+//! directory, replaced whole (temporary file, fsync, rename, directory
+//! fsync), so a power cut leaves the old snapshot or the new one. Data
+//! directories from before kept it in sled's [`SNAPSHOT_TREE`]: it is read
+//! from there until the first snapshot file replaces it.
 
 use std::io::Cursor;
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, PoisonError, RwLock, RwLockReadGuard};
 
 use leasehold_core::{Response, State};
@@ -25,8 +32,9 @@ use tokio::sync::watch;
 
 use crate::StorageError;
 use crate::codec::{decode, digest, encode};
+use crate::durable;
 use crate::failpoint::Failpoint;
-use crate::layout::{SNAPSHOT_DATA_KEY, SNAPSHOT_META_KEY, SNAPSHOT_TREE};
+use crate::layout::{SNAPSHOT_DATA_KEY, SNAPSHOT_FILE, SNAPSHOT_META_KEY, SNAPSHOT_TREE};
 
 /// Snapshot meta as openraft describes it for this type config.
 type Meta = SnapshotMeta<NodeId, BasicNode>;
@@ -107,7 +115,7 @@ impl SnapshotBody {
     }
 }
 
-/// The state machine: live [`State`] in memory, snapshots in sled. Cheap to
+/// The state machine: live [`State`] in memory, snapshots in a file. Cheap to
 /// clone; clones share the state, so the node can keep one for reads while
 /// openraft owns another.
 #[derive(Clone, Debug)]
@@ -115,39 +123,53 @@ pub struct StateMachineStore {
     applied: Arc<RwLock<Applied>>,
     /// Carries the last applied log index to long-poll waiters.
     applied_index: Arc<watch::Sender<u64>>,
-    /// Serializes snapshot writes so an older snapshot never overwrites a
-    /// newer one that finished first.
-    snapshot_write: Arc<tokio::sync::Mutex<()>>,
+    /// The persisted snapshot's meta. Its lock serializes snapshot writes,
+    /// so an older snapshot never overwrites a newer one that finished first.
+    snapshot_write: Arc<tokio::sync::Mutex<Option<Meta>>>,
     db: sled::Db,
-    snapshots: sled::Tree,
+    /// The tree where data directories from before kept the snapshot.
+    legacy_snapshots: sled::Tree,
+    /// Where the snapshot file lives (the data directory).
+    dir: PathBuf,
     failpoint: Failpoint,
 }
 
 impl StateMachineStore {
-    /// Opens the state machine of `db`, starting from the persisted snapshot
-    /// when there is one (openraft then re-applies the log after it).
-    pub(crate) fn open_db(db: sled::Db, failpoint: Failpoint) -> Result<Self, StorageError> {
-        let snapshots = db.open_tree(SNAPSHOT_TREE)?;
-        let applied = match read_snapshot(&snapshots)? {
+    /// Opens the state machine of `db`, keeping its snapshot in `dir`, and
+    /// starts from the persisted snapshot when there is one (openraft then
+    /// re-applies the log after it).
+    pub(crate) fn open_db(
+        db: sled::Db,
+        dir: &Path,
+        failpoint: Failpoint,
+    ) -> Result<Self, StorageError> {
+        let legacy_snapshots = db.open_tree(SNAPSHOT_TREE)?;
+        let snapshot = match read_snapshot_file(dir)? {
+            Some(snapshot) => Some(snapshot),
+            None => read_legacy_snapshot(&legacy_snapshots)?,
+        };
+        let (applied, meta) = match snapshot {
             Some((meta, bytes)) => {
                 let body = SnapshotBody::decode_for(&meta, &bytes)?;
                 tracing::info!(snapshot_id = %meta.snapshot_id, last_applied = ?body.last_applied,
                     "state machine loaded from snapshot");
-                Applied {
+                let applied = Applied {
                     last_applied: body.last_applied,
                     last_membership: body.last_membership,
                     state: body.state,
-                }
+                };
+                (applied, Some(meta))
             }
-            None => Applied::default(),
+            None => (Applied::default(), None),
         };
         let (applied_index, _) = watch::channel(index_of(&applied.last_applied));
         Ok(StateMachineStore {
             applied: Arc::new(RwLock::new(applied)),
             applied_index: Arc::new(applied_index),
-            snapshot_write: Arc::new(tokio::sync::Mutex::new(())),
+            snapshot_write: Arc::new(tokio::sync::Mutex::new(meta)),
             db,
-            snapshots,
+            legacy_snapshots,
+            dir: dir.to_path_buf(),
             failpoint,
         })
     }
@@ -259,30 +281,37 @@ impl StateMachineStore {
         Ok((meta, bytes))
     }
 
-    /// Writes `meta` and `bytes` as the current snapshot in one atomic batch
-    /// and flushes. With `keep_newer`, a persisted snapshot further along the
-    /// log is left in place (a slow build must not undo a faster one).
+    /// Writes `meta` and `bytes` as the current snapshot file and returns
+    /// once both are on stable storage. With `keep_newer`, a persisted
+    /// snapshot further along the log is left in place (a slow build must
+    /// not undo a faster one).
     async fn persist_snapshot(
         &self,
         meta: &Meta,
         bytes: &[u8],
         keep_newer: bool,
     ) -> Result<(), StorageError> {
-        let _writer = self.snapshot_write.lock().await;
+        let mut current = self.snapshot_write.lock().await;
         self.failpoint.check()?;
         if keep_newer
-            && let Some(current) = read_snapshot_meta(&self.snapshots)?
+            && let Some(current) = current.as_ref()
             && current.last_log_id > meta.last_log_id
         {
             tracing::info!(kept = %current.snapshot_id, dropped = %meta.snapshot_id,
                 "a newer snapshot is already persisted");
             return Ok(());
         }
-        let mut batch = sled::Batch::default();
-        batch.insert(SNAPSHOT_META_KEY, encode("snapshot meta", meta)?);
-        batch.insert(SNAPSHOT_DATA_KEY, bytes);
-        self.snapshots.apply_batch(batch)?;
-        self.db.flush_async().await?;
+        let file = encode_snapshot_file(meta, bytes)?;
+        let dir = self.dir.clone();
+        tokio::task::spawn_blocking(move || durable::replace_file(&dir, SNAPSHOT_FILE, &file))
+            .await
+            .map_err(|e| StorageError::Sled(sled::Error::Io(std::io::Error::other(e))))??;
+        *current = Some(meta.clone());
+        // The file supersedes a snapshot kept in sled by an older version;
+        // dropping that one needs no flush (the file is read first).
+        if !self.legacy_snapshots.is_empty() {
+            self.legacy_snapshots.clear()?;
+        }
         tracing::info!(snapshot_id = %meta.snapshot_id, bytes = bytes.len(), "snapshot persisted");
         Ok(())
     }
@@ -321,16 +350,48 @@ fn index_of(log_id: &Option<LogId<NodeId>>) -> u64 {
     log_id.as_ref().map_or(0, |log_id| log_id.index)
 }
 
-/// The persisted snapshot's meta alone, without copying its body.
-fn read_snapshot_meta(snapshots: &sled::Tree) -> Result<Option<Meta>, StorageError> {
-    match snapshots.get(SNAPSHOT_META_KEY)? {
-        Some(meta) => Ok(Some(decode(SNAPSHOT_TREE, SNAPSHOT_META_KEY, &meta)?)),
-        None => Ok(None),
-    }
+/// The first bytes of a snapshot file (and its format's version).
+const SNAPSHOT_MAGIC: &[u8; 8] = b"LHSNAP01";
+
+/// A snapshot file: the magic, the encoded meta's length (little-endian
+/// `u64`), the encoded meta, then the snapshot bytes to the end.
+fn encode_snapshot_file(meta: &Meta, bytes: &[u8]) -> Result<Vec<u8>, StorageError> {
+    let meta = encode("snapshot meta", meta)?;
+    let mut file = Vec::with_capacity(SNAPSHOT_MAGIC.len() + 8 + meta.len() + bytes.len());
+    file.extend_from_slice(SNAPSHOT_MAGIC);
+    file.extend_from_slice(&(meta.len() as u64).to_le_bytes());
+    file.extend_from_slice(&meta);
+    file.extend_from_slice(bytes);
+    Ok(file)
 }
 
-/// The persisted snapshot's meta and bytes, if one was ever written.
-fn read_snapshot(snapshots: &sled::Tree) -> Result<Option<(Meta, Vec<u8>)>, StorageError> {
+/// The snapshot file's meta and bytes, if one was ever written.
+fn read_snapshot_file(dir: &Path) -> Result<Option<(Meta, Vec<u8>)>, StorageError> {
+    let Some(mut file) = durable::read_file(dir, SNAPSHOT_FILE)? else {
+        return Ok(None);
+    };
+    let damaged = |detail: &str| StorageError::Inconsistent {
+        tree: SNAPSHOT_FILE,
+        key: "header".to_string(),
+        detail: detail.to_string(),
+    };
+    let header = SNAPSHOT_MAGIC.len() + 8;
+    if file.len() < header || &file[..SNAPSHOT_MAGIC.len()] != SNAPSHOT_MAGIC {
+        return Err(damaged("not a snapshot file (bad magic)"));
+    }
+    let mut length = [0u8; 8];
+    length.copy_from_slice(&file[SNAPSHOT_MAGIC.len()..header]);
+    let meta_len = usize::try_from(u64::from_le_bytes(length))
+        .ok()
+        .filter(|len| *len <= file.len() - header)
+        .ok_or_else(|| damaged("meta length past the end of the file"))?;
+    let meta: Meta = decode(SNAPSHOT_FILE, "meta", &file[header..header + meta_len])?;
+    let bytes = file.split_off(header + meta_len);
+    Ok(Some((meta, bytes)))
+}
+
+/// The snapshot an older version kept in sled, if any.
+fn read_legacy_snapshot(snapshots: &sled::Tree) -> Result<Option<(Meta, Vec<u8>)>, StorageError> {
     let meta = snapshots.get(SNAPSHOT_META_KEY)?;
     let bytes = snapshots.get(SNAPSHOT_DATA_KEY)?;
     match (meta, bytes) {
@@ -339,8 +400,8 @@ fn read_snapshot(snapshots: &sled::Tree) -> Result<Option<(Meta, Vec<u8>)>, Stor
             let meta: Meta = decode(SNAPSHOT_TREE, SNAPSHOT_META_KEY, &meta)?;
             Ok(Some((meta, bytes.to_vec())))
         }
-        // Both halves are written in one batch: one without the other means
-        // the tree was damaged.
+        // Both halves were written in one batch: one without the other
+        // means the tree was damaged.
         (meta, _) => Err(StorageError::Inconsistent {
             tree: SNAPSHOT_TREE,
             key: if meta.is_some() { SNAPSHOT_DATA_KEY } else { SNAPSHOT_META_KEY }.to_string(),
@@ -397,8 +458,19 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
     async fn get_current_snapshot(
         &mut self,
     ) -> Result<Option<Snapshot<TypeConfig>>, RaftStorageError<NodeId>> {
-        let snapshot = read_snapshot(&self.snapshots)
-            .map_err(|error| RaftStorageError::from(StorageIOError::read_snapshot(None, &error)))?;
+        // Under the writer's lock, so a write in progress is not read half
+        // done (the file is replaced by rename, but the legacy tree is not).
+        let _writer = self.snapshot_write.lock().await;
+        let dir = self.dir.clone();
+        let legacy = self.legacy_snapshots.clone();
+        let snapshot = tokio::task::spawn_blocking(move || match read_snapshot_file(&dir)? {
+            Some(snapshot) => Ok(Some(snapshot)),
+            None => read_legacy_snapshot(&legacy),
+        })
+        .await
+        .map_err(|e| StorageError::Sled(sled::Error::Io(std::io::Error::other(e))))
+        .and_then(|read| read)
+        .map_err(|error| RaftStorageError::from(StorageIOError::read_snapshot(None, &error)))?;
         Ok(snapshot.map(|(meta, bytes)| Snapshot { meta, snapshot: Box::new(Cursor::new(bytes)) }))
     }
 }
@@ -468,5 +540,69 @@ mod tests {
         let elsewhere = Meta { last_log_id: None, ..meta };
         let err = SnapshotBody::decode_for(&elsewhere, &bytes).err();
         assert!(matches!(err, Some(StorageError::Inconsistent { .. })), "{err:?}");
+    }
+
+    /// A state with one job, as a snapshot body at log index 9, and its meta.
+    fn one_job_snapshot(id: &str) -> (State, Meta, Vec<u8>) {
+        let last_applied = Some(LogId::new(openraft::CommittedLeaderId::new(3, 1), 9));
+        let last_membership = Membership::default();
+        let mut state = State::new();
+        let enqueue = leasehold_core::Command::Enqueue {
+            jobs: vec![leasehold_core::JobSpec { queue: "q".into(), ..Default::default() }],
+        };
+        state.apply(1, &leasehold_core::Proposal { now_ms: 1_000, command: enqueue });
+        let body = SnapshotBodyRef {
+            last_applied: &last_applied,
+            last_membership: &last_membership,
+            state: &state,
+        };
+        let bytes = encode("snapshot", &body).expect("encodes");
+        let meta = Meta { last_log_id: last_applied, last_membership, snapshot_id: id.into() };
+        (state, meta, bytes)
+    }
+
+    #[tokio::test]
+    async fn a_snapshot_kept_in_sled_by_an_older_version_loads_until_a_file_replaces_it()
+    -> anyhow::Result<()> {
+        let dir = tempfile::tempdir()?;
+        let (state, meta, bytes) = one_job_snapshot("legacy");
+        {
+            let db = sled::Config::new().path(dir.path()).open()?;
+            let tree = db.open_tree(SNAPSHOT_TREE)?;
+            tree.insert(SNAPSHOT_META_KEY, encode("meta", &meta)?)?;
+            tree.insert(SNAPSHOT_DATA_KEY, bytes)?;
+            db.flush()?;
+        }
+        let (_, mut store) = crate::open(dir.path())?;
+        assert_eq!(store.read(|s| s.clone()), state, "loaded from the sled tree");
+        let current = store.get_current_snapshot().await?.map(|snapshot| snapshot.meta);
+        assert_eq!(current.map(|m| m.snapshot_id), Some("legacy".to_string()));
+        assert!(!dir.path().join(SNAPSHOT_FILE).exists());
+
+        let built = store.build().await?;
+        assert!(dir.path().join(SNAPSHOT_FILE).exists());
+        assert!(store.legacy_snapshots.is_empty(), "the file supersedes the tree");
+        drop(store);
+        let (_, mut store) = crate::open(dir.path())?;
+        assert_eq!(store.read(|s| s.clone()), state, "loaded from the file");
+        let current = store.get_current_snapshot().await?.map(|snapshot| snapshot.meta);
+        assert_eq!(current, Some(built.meta));
+        Ok(())
+    }
+
+    #[test]
+    fn a_damaged_snapshot_file_is_an_error_naming_it() -> anyhow::Result<()> {
+        let dir = tempfile::tempdir()?;
+        let (_, meta, bytes) = one_job_snapshot("file");
+        let file = encode_snapshot_file(&meta, &bytes)?;
+        std::fs::write(dir.path().join(SNAPSHOT_FILE), &file)?;
+        let read = read_snapshot_file(dir.path())?;
+        assert_eq!(read, Some((meta, bytes)));
+        for damaged in [&b"LHSNAP0"[..], &file[1..], &file[..20]] {
+            std::fs::write(dir.path().join(SNAPSHOT_FILE), damaged)?;
+            let error = read_snapshot_file(dir.path()).expect_err("damaged");
+            assert!(error.to_string().contains("`snapshot`"), "{error}");
+        }
+        Ok(())
     }
 }

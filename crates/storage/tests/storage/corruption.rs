@@ -12,7 +12,7 @@ use crate::support::{blank, enqueue};
 async fn a_corrupt_log_record_is_an_error() -> anyhow::Result<()> {
     let dir = tempfile::tempdir()?;
     let db = sled::Config::new().path(dir.path()).open()?;
-    let (mut log_store, _state_machine) = leasehold_storage::open_db(db.clone())?;
+    let (mut log_store, _state_machine) = leasehold_storage::open_db(db.clone(), dir.path())?;
     log_store
         .blocking_append([blank(1, 0), enqueue(1, 1, 1), enqueue(1, 2, 1), enqueue(1, 3, 1)])
         .await?;
@@ -48,7 +48,7 @@ async fn a_corrupt_log_record_is_an_error() -> anyhow::Result<()> {
 async fn a_corrupt_vote_is_an_error() -> anyhow::Result<()> {
     let dir = tempfile::tempdir()?;
     let db = sled::Config::new().path(dir.path()).open()?;
-    let (mut log_store, _state_machine) = leasehold_storage::open_db(db.clone())?;
+    let (mut log_store, _state_machine) = leasehold_storage::open_db(db.clone(), dir.path())?;
     db.open_tree(META_TREE)?.insert(VOTE_KEY, &b"??"[..])?;
     let error = log_store.read_vote().await.expect_err("a corrupt vote must not read as no vote");
     assert!(error.to_string().contains("under key vote"), "{error}");

@@ -58,7 +58,7 @@ fn child_writes_then_exits() -> anyhow::Result<()> {
         return Ok(());
     };
     let db = sled::Config::new().path(Path::new(&dir)).flush_every_ms(None).open()?;
-    let (mut log_store, mut state_machine) = leasehold_storage::open_db(db)?;
+    let (mut log_store, mut state_machine) = leasehold_storage::open_db(db, Path::new(&dir))?;
     let runtime = tokio::runtime::Runtime::new()?;
     runtime.block_on(async {
         log_store.blocking_append(entries()[..2].to_vec()).await?;

@@ -5,6 +5,7 @@
 //!   are dropped and the directory is opened again.
 //! - `corruption`: damaged records are errors, never skipped.
 //! - `crash`: durable writes survive the process exiting without cleanup.
+//! - `power_cut`: what was acknowledged survives losing every unsynced write.
 //! - `failpoint`: the test switch breaks every durable write, and only those.
 //! - `reads`: bounded log reads keep to their entry and byte budgets.
 
@@ -12,6 +13,7 @@ mod conformance;
 mod corruption;
 mod crash;
 mod failpoint;
+mod power_cut;
 mod reads;
 mod reopen;
 mod support;
