@@ -353,7 +353,7 @@ impl State {
         self.indexes
             .queues
             .get(queue)
-            .is_some_and(|index| !index.claimable(&self.jobs, selector, at_ms, 1).is_empty())
+            .is_some_and(|index| !index.claimable(selector, at_ms, 1).is_empty())
     }
 
     /// The earliest `not_before_ms` of a ready job in `queue` that is not yet
@@ -494,7 +494,7 @@ impl State {
         let now_ms = self.cluster_time_ms;
         let max = usize::try_from(max).unwrap_or(usize::MAX);
         let candidates = match self.indexes.queues.get(queue) {
-            Some(index) => index.claimable(&self.jobs, selector, now_ms, max),
+            Some(index) => index.claimable(selector, now_ms, max),
             None => Vec::new(),
         };
         let mut grants = Vec::with_capacity(candidates.len());

@@ -415,6 +415,43 @@ mod claim {
     }
 
     #[test]
+    fn a_claim_across_tag_sets_keeps_one_claim_order_and_skips_what_it_cannot_take() {
+        let mut state = State::new();
+        let job = |tags: &[&str], priority: i32, not_before_ms: Option<u64>| JobSpec {
+            tags: tags.iter().map(|tag| (*tag).to_owned()).collect(),
+            priority,
+            not_before_ms,
+            ..spec("q")
+        };
+        let mut specs = vec![
+            job(&["eu"], 1, None),               // 1
+            job(&["gpu", "eu", "gpu"], 5, None), // 2: the same set as 6
+            job(&[], 1, None),                   // 3
+            job(&["us"], 9, None),               // 4: never for this selector
+            job(&["eu"], 5, Some(5_000)),        // 5: not due until 5 s
+            job(&["eu", "gpu"], 0, None),        // 6
+        ];
+        // A backlog no eu/gpu worker can take: one group, whatever its size.
+        specs.extend((0..500).map(|_| job(&["us"], 9, None)));
+        enqueue(&mut state, 1_000, specs);
+        let claim_with = |state: &mut State, now_ms: u64, max: u32| match apply(
+            state,
+            now_ms,
+            claim_command("q", max, &["gpu", "eu"]),
+        ) {
+            Response::Claimed(grants) => claimed_ids(&grants),
+            other => panic!("expected grants, got {other:?}"),
+        };
+        // Priority first across every group, then due time, then id.
+        assert_eq!(claim_with(&mut state, 1_000, 3), vec![2, 1, 3]);
+        assert_eq!(claim_with(&mut state, 1_000, 10), vec![6]);
+        assert_eq!(claim_with(&mut state, 5_000, 10), vec![5]);
+        assert!(!state.has_claimable("q", &["gpu".into(), "eu".into()], 5_000));
+        assert!(state.has_claimable("q", &["us".into()], 5_000));
+        state.check_invariants().expect("the grouped index matches a rebuild");
+    }
+
+    #[test]
     fn a_claimed_job_is_not_granted_again() {
         let mut state = State::new();
         enqueue_one(&mut state, 1_000, spec("q"));
