@@ -3,17 +3,18 @@
 //!
 //! Which path a tick takes is decided once, by the driver, with
 //! [`leasehold_replica::Gate::decide_for_claim`]; this module only carries a
-//! bus decision out. Release goes to both stores: the bus (a no-op unless
-//! this node won the key) and the journal (a no-op unless this node holds a
-//! lease on a job with that key).
+//! bus decision out. Release goes only to the bus, the path that claimed:
+//! a journal lease this node holds on a job with the same key is another
+//! run of the same tick (the journal path's, taken by this node's
+//! executor), and releasing it would hand that run to a second claimant
+//! while it is still going (see docs/safety.md).
 
 use std::time::Duration;
 
 use leasehold_client::exec::{self, CommandLine};
-use leasehold_core::Command;
 use leasehold_core::schedule::Schedule;
+use leasehold_replica::Gate;
 use leasehold_replica::bus::Outcome;
-use leasehold_replica::{Gate, Journal};
 
 /// What a bus tick needs from the node.
 #[derive(Clone, Debug)]
@@ -23,11 +24,10 @@ pub struct BusRunner {
 }
 
 /// Claims `key` (a tick of `schedule` at `bucket`) on the bus and, if this
-/// node wins, runs the schedule's command here; then releases on both
-/// stores.
+/// node wins, runs the schedule's command here; then releases the bus
+/// claim (a no-op unless this node won it).
 pub async fn run_bus_tick(
     gate: Gate,
-    journal: Journal,
     runner: BusRunner,
     schedule: Schedule,
     bucket: u64,
@@ -85,26 +85,7 @@ pub async fn run_bus_tick(
             tracing::warn!(path = "bus", schedule = %name, bucket, %error, "bus claim failed");
         }
     }
-    release(&gate, &journal, &key).await;
-}
-
-/// Releases `key` on both stores; each is a no-op when it holds nothing.
-pub async fn release(gate: &Gate, journal: &Journal, key: &str) {
-    if let Err(error) = gate.bus_release(key).await {
+    if let Err(error) = gate.bus_release(&key).await {
         tracing::warn!(%error, key, "bus release failed");
-    }
-    let worker = format!("node-{}", gate.node_id());
-    let held = journal.read_stale(|state| state.leases_held_by(&worker, Some(key)));
-    for (job_id, token) in held {
-        match journal.propose(Command::Release { job_id, token }).await {
-            Ok(_) => tracing::info!(
-                event = "lease.release",
-                path = "journal",
-                job = job_id,
-                key,
-                "released"
-            ),
-            Err(error) => tracing::warn!(job = job_id, %error, "journal release failed"),
-        }
     }
 }

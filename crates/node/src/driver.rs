@@ -245,14 +245,7 @@ pub async fn tick_schedules(
                     Target::Each => schedule.job_key(bucket, Some(gate.node_id())),
                 };
                 let runner = BusRunner { command_timeout: config.command_timeout };
-                ticker.running.spawn(run_bus_tick(
-                    gate.clone(),
-                    journal.clone(),
-                    runner,
-                    schedule,
-                    bucket,
-                    key,
-                ));
+                ticker.running.spawn(run_bus_tick(gate.clone(), runner, schedule, bucket, key));
             }
         }
     }
