@@ -4,6 +4,7 @@
 use serde::{Deserialize, Serialize};
 
 use crate::job::JobSpec;
+use crate::limits::Limits;
 use crate::schedule::{ScheduleSpec, SkipReason};
 
 /// One Raft log payload: a command plus the proposer's wall-clock time.
@@ -217,6 +218,18 @@ pub enum Command {
         /// The cluster's clock bound, from the proposing leader.
         max_clock_offset_ms: u64,
     },
+    /// `command` judged by `limits`: the leader wraps every entry it
+    /// proposes in the limits of its own build, so every replica validates
+    /// and fills defaults by the same numbers whatever its binary's
+    /// [`Limits::default`] (a rolling upgrade that changes a limit cannot
+    /// make replicas disagree). Only the leader makes these: one inside
+    /// another, or inside a batch, is refused.
+    Ruled {
+        /// The limits in force for `command`.
+        limits: Limits,
+        /// The command (a batch, or one command).
+        command: Box<Command>,
+    },
 }
 
 /// The largest `max_clock_offset_ms` a `SweepBounded` may carry.
@@ -236,6 +249,7 @@ impl Command {
                     + spec.template.command.as_ref().map(String::len).unwrap_or(0)
             }
             Command::Batch { commands } => commands.iter().map(Command::bulk_bytes).sum(),
+            Command::Ruled { command, .. } => command.bulk_bytes(),
             _ => 0,
         }
     }

@@ -200,14 +200,29 @@ impl State {
     ///
     /// Cluster time first advances to `max(cluster time, proposal.now_ms)`,
     /// even for a command that is then refused: the entry was committed, and
-    /// time only moves forward. The command is then validated against
-    /// [`Limits::default`] — never the proposer's configuration, which a
-    /// replica cannot see — and an invalid command changes nothing else.
-    /// Refusals are [`Response::Refused`] values; `apply` never panics.
+    /// time only moves forward. The command is then validated against the
+    /// limits the leader recorded with it ([`Command::Ruled`]; entries from
+    /// before that are judged by [`Limits::default`]) — never the
+    /// proposer's configuration, which a replica cannot see, nor this
+    /// binary's defaults, which another replica's binary may not share —
+    /// and an invalid command changes nothing else. Refusals are
+    /// [`Response::Refused`] values; `apply` never panics.
     ///
     /// The first proposal of a newer epoch (after the first) starts that
     /// term's lease grace (see [`TERM_START_GRACE_MS`]).
     pub fn apply(&mut self, epoch: u64, proposal: &Proposal) -> Response {
+        self.apply_as_built_with(epoch, proposal, &Limits::default())
+    }
+
+    /// [`State::apply`] in a build whose [`Limits::default`] were `build`:
+    /// the tests' model of another version's binary. `build` judges only
+    /// entries the leader did not wrap in [`Command::Ruled`].
+    pub(crate) fn apply_as_built_with(
+        &mut self,
+        epoch: u64,
+        proposal: &Proposal,
+        build: &Limits,
+    ) -> Response {
         self.cluster_time_ms = self.cluster_time_ms.max(proposal.now_ms);
         if epoch > self.epoch {
             // The very first term takes over from nobody: no lease can
@@ -217,20 +232,28 @@ impl State {
             }
             self.epoch = epoch;
         }
-        self.apply_command(epoch, &proposal.command)
+        match &proposal.command {
+            Command::Ruled { limits, command } => self.apply_command(epoch, command, limits),
+            // Written before the leader recorded its limits: judged by this
+            // build's, as it always was.
+            command => self.apply_command(epoch, command, build),
+        }
     }
 
     /// Validates and applies one command at the current cluster time.
-    fn apply_command(&mut self, epoch: u64, command: &Command) -> Response {
-        let limits = Limits::default();
-        if let Err(error) = validate_command(command, &limits) {
+    fn apply_command(&mut self, epoch: u64, command: &Command, limits: &Limits) -> Response {
+        if let Err(error) = validate_command(command, limits) {
             return Response::Refused(Refusal::Invalid(error));
         }
         match command {
             Command::Batch { commands } => Response::Batch(
-                commands.iter().map(|command| self.apply_command(epoch, command)).collect(),
+                commands.iter().map(|command| self.apply_command(epoch, command, limits)).collect(),
             ),
-            Command::Enqueue { jobs } => self.enqueue(jobs, &limits),
+            // Refused by validation: only the outermost command is ruled.
+            Command::Ruled { .. } => Response::Refused(Refusal::Invalid(
+                crate::validate::ValidationError::invalid("command", "Ruled does not nest"),
+            )),
+            Command::Enqueue { jobs } => self.enqueue(jobs, limits),
             Command::Claim { worker, queue, max, lease_ttl_ms, selector } => {
                 self.claim(epoch, worker, queue, *max, *lease_ttl_ms, selector)
             }
@@ -239,7 +262,7 @@ impl State {
             }
             Command::Ack { job_id, token, result } => self.ack(*job_id, *token, result),
             Command::Nack { job_id, token, error, retry_after_ms } => {
-                self.nack(*job_id, *token, error, *retry_after_ms, &limits)
+                self.nack(*job_id, *token, error, *retry_after_ms, limits)
             }
             Command::Release { job_id, token } => self.release(*job_id, *token),
             Command::Sweep => self.sweep(0),
@@ -248,24 +271,24 @@ impl State {
                 self.claim_once(epoch, request_id, worker, queue, *max, *lease_ttl_ms, selector)
             }
             Command::TriggerOnce { request_id, schedule, force, targets } => {
-                self.trigger_once(request_id, schedule, *force, targets, &limits)
+                self.trigger_once(request_id, schedule, *force, targets, limits)
             }
             Command::Redrive { target } => self.redrive(target),
-            Command::Purge => self.purge(&limits),
+            Command::Purge => self.purge(limits),
             Command::PutSchedule { spec } => self.put_schedule(spec),
             Command::DeleteSchedule { name } => self.delete_schedule(name),
             Command::SetPaused { name, paused } => self.set_paused(name, *paused),
             Command::Fire { schedule, bucket, targets } => {
-                self.fire(schedule, *bucket, targets, &limits)
+                self.fire(schedule, *bucket, targets, limits)
             }
             Command::FireEach { schedule, bucket, targets, offline } => {
-                self.fire_each(schedule, *bucket, targets, offline, &limits)
+                self.fire_each(schedule, *bucket, targets, offline, limits)
             }
             Command::Skip { schedule, bucket, reason, ticks } => {
                 self.skip(schedule, *bucket, *reason, *ticks)
             }
             Command::Trigger { schedule, force, targets } => {
-                self.trigger(schedule, *force, targets, &limits)
+                self.trigger(schedule, *force, targets, limits)
             }
             Command::RegisterNode { node, tags } => self.register_node(*node, tags),
             Command::SetDraining { node, draining } => self.set_draining(*node, *draining),

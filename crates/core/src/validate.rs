@@ -164,7 +164,9 @@ pub fn validate_command(command: &Command, limits: &Limits) -> Result<(), Valida
                 Ok(())
             }
         },
-        Command::PutSchedule { spec } => schedule_spec(spec, limits),
+        // The cron expression and timezone were checked by the proposer
+        // (see [`schedule_expression`]).
+        Command::PutSchedule { spec } => schedule_fields(spec, limits),
         Command::DeleteSchedule { name } | Command::SetPaused { name, .. } => {
             queue_name("name", name)
         }
@@ -192,6 +194,21 @@ pub fn validate_command(command: &Command, limits: &Limits) -> Result<(), Valida
             tags("tags", node_tags, limits)
         }
         Command::SetDraining { node, .. } => positive("node", *node),
+        Command::Ruled { command, .. } => match command.as_ref() {
+            Command::Ruled { .. } => {
+                Err(ValidationError::invalid("command", "Ruled does not nest"))
+            }
+            Command::Batch { commands } => {
+                match commands.iter().position(|c| matches!(c, Command::Ruled { .. })) {
+                    Some(index) => Err(ValidationError::invalid(
+                        format!("command.commands[{index}]"),
+                        "only the outermost command is ruled",
+                    )),
+                    None => Ok(()),
+                }
+            }
+            _ => Ok(()),
+        },
         // Each inner command is validated when it is applied, and answered
         // on its own; here only the batch's shape.
         Command::Batch { commands } => {
@@ -206,6 +223,12 @@ pub fn validate_command(command: &Command, limits: &Limits) -> Result<(), Valida
                         commands.len(),
                         crate::command::MAX_BATCH_COMMANDS
                     ),
+                ));
+            }
+            if let Some(index) = commands.iter().position(|c| matches!(c, Command::Ruled { .. })) {
+                return Err(ValidationError::invalid(
+                    format!("commands[{index}]"),
+                    "only the outermost command is ruled",
                 ));
             }
             match commands.iter().position(|c| matches!(c, Command::Batch { .. })) {
@@ -224,10 +247,20 @@ pub const MAX_COMMAND_BYTES: usize = 64 * 1024;
 /// Most missed ticks `catchup = all` may run.
 pub const MAX_CATCHUP: u32 = 1_000;
 
-/// Checks a schedule: its name, cron expression and timezone (by parsing
-/// them), its job template, and its catch-up bounds.
+/// Checks a schedule as its proposer must: its cron expression and
+/// timezone (by parsing them), then everything [`schedule_fields`] checks.
 pub fn schedule_spec(spec: &ScheduleSpec, limits: &Limits) -> Result<(), ValidationError> {
     queue_name("name", &spec.name)?;
+    schedule_expression(spec)?;
+    schedule_fields(spec, limits)
+}
+
+/// Whether this build can parse the schedule's cron expression and
+/// timezone. Decided once, by the node that takes the `Put` (the
+/// proposer), never at apply: a timezone database or a cron parser
+/// differs between versions, and replicas of two versions must not judge
+/// one committed schedule differently.
+pub fn schedule_expression(spec: &ScheduleSpec) -> Result<(), ValidationError> {
     if let Err(error) = crate::cron::parse(&spec.cron, &spec.timezone) {
         let field = if matches!(error, crate::cron::CronError::UnknownTimezone { .. }) {
             "timezone"
@@ -236,6 +269,13 @@ pub fn schedule_spec(spec: &ScheduleSpec, limits: &Limits) -> Result<(), Validat
         };
         return Err(ValidationError::invalid(field, error.to_string()));
     }
+    Ok(())
+}
+
+/// Checks a schedule's name, job template and catch-up bounds: what
+/// `apply` checks, the same on every build given the same limits.
+pub fn schedule_fields(spec: &ScheduleSpec, limits: &Limits) -> Result<(), ValidationError> {
+    queue_name("name", &spec.name)?;
     let template = &spec.template;
     if let Some(queue) = &template.queue {
         queue_name("template.queue", queue)?;

@@ -185,7 +185,20 @@ pub async fn tick_schedules(
             .filter_map(|schedule| {
                 let key = (schedule.spec.cron.clone(), schedule.spec.timezone.clone());
                 let cron = parsed.entry(key).or_insert_with(|| {
-                    cron::parse(&schedule.spec.cron, &schedule.spec.timezone).ok()
+                    // The proposer parsed it; a build whose parser or
+                    // timezone data differs may not (a rolling upgrade).
+                    // Such a leader leaves the schedule due for one that can.
+                    cron::parse(&schedule.spec.cron, &schedule.spec.timezone)
+                        .map_err(|error| {
+                            tracing::warn!(
+                                event = "cron.skip",
+                                schedule = %schedule.spec.name,
+                                reason = "unparseable_here",
+                                %error,
+                                "this build cannot parse the schedule; it is not planned here"
+                            );
+                        })
+                        .ok()
                 });
                 let mut after_ms = if schedule.last_fired_bucket > 0 {
                     cron::tick_ms(schedule.last_fired_bucket)

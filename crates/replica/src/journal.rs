@@ -458,7 +458,17 @@ impl Journal {
     }
 
     async fn write(&self, proposal: Proposal, may_forward: bool) -> Result<Response, Error> {
-        match self.inner.raft.client_write(proposal.clone()).await {
+        // As leader, the entry carries this build's limits, so replicas of
+        // other builds judge it by the same numbers; a follower forwards
+        // the bare proposal and the leader wraps it in its own.
+        let ruled = Proposal {
+            now_ms: proposal.now_ms,
+            command: Command::Ruled {
+                limits: Limits::default(),
+                command: Box::new(proposal.command.clone()),
+            },
+        };
+        match self.inner.raft.client_write(ruled).await {
             Ok(written) => Ok(written.data),
             Err(RaftError::APIError(ClientWriteError::ForwardToLeader(_))) if !may_forward => {
                 Err(Unavailable::LeadershipChanging.into())

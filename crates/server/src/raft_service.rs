@@ -57,6 +57,10 @@ fn open<T: DeserializeOwned>(request: Request<RaftEnvelope>) -> Result<T, Status
 /// from no healthy follower, and it must not sink the leader's batch it
 /// would join.
 pub fn check_forwarded(command: &Command) -> Result<(), ValidationError> {
+    if matches!(command, Command::Ruled { .. }) {
+        // The leader records its own limits; a forwarder's are not taken.
+        return Err(ValidationError::invalid("command", "only the leader rules a command"));
+    }
     let limits = Limits::default();
     validate_command(command, &limits)?;
     if let Command::Batch { commands } = command {
@@ -174,5 +178,11 @@ mod tests {
         assert_eq!(field(&nested), Some("commands[0]".into()));
         let inner = Command::Batch { commands: vec![Command::Sweep, enqueue("Bad Name")] };
         assert_eq!(field(&inner), Some("commands[1].jobs[0].queue".into()));
+        // Only the leader records the limits an entry is judged by.
+        let ruled = Command::Ruled {
+            limits: Limits { max_payload_bytes: usize::MAX, ..Limits::default() },
+            command: Box::new(enqueue("emails")),
+        };
+        assert_eq!(field(&ruled), Some("command".into()));
     }
 }

@@ -1407,3 +1407,120 @@ mod extremes {
         assert_eq!(last, u64::MAX);
     }
 }
+
+mod ruled {
+    //! Entries the leader wrapped in the limits of its build: replicas of
+    //! builds whose `Limits::default()` differ still apply them alike.
+    use super::*;
+
+    /// A newer build that raised some limits and changed some defaults.
+    fn newer_build() -> Limits {
+        Limits {
+            max_payload_bytes: 512 * 1024,
+            max_error_bytes: 8 * 1024,
+            default_max_attempts: 9,
+            default_lease_ttl_ms: 45_000,
+            ..Limits::default()
+        }
+    }
+
+    /// A log as a leader of the newer build writes it (unwrapped: as a
+    /// leader from before `Ruled` would have).
+    fn log(ruled: bool) -> Vec<Proposal> {
+        let commands = vec![
+            Command::Enqueue {
+                jobs: vec![JobSpec { payload: vec![7; 300 * 1024], ..spec("q") }, spec("q")],
+            },
+            claim_command("q", 2, &[]),
+            Command::Nack {
+                job_id: 2,
+                token: 2,
+                error: "e".repeat(6 * 1024),
+                retry_after_ms: None,
+            },
+            Command::PutSchedule {
+                spec: crate::schedule::ScheduleSpec {
+                    name: "nightly".to_owned(),
+                    cron: "0 0 3 * * *".to_owned(),
+                    // A zone some other build's database may lack: judged by
+                    // the proposer, never at apply.
+                    timezone: "Nowhere/Utopia".to_owned(),
+                    ..crate::schedule::ScheduleSpec::default()
+                },
+            },
+        ];
+        commands
+            .into_iter()
+            .enumerate()
+            .map(|(index, command)| Proposal {
+                now_ms: 1_000 * (index as u64 + 1),
+                command: if ruled {
+                    Command::Ruled { limits: newer_build(), command: Box::new(command) }
+                } else {
+                    command
+                },
+            })
+            .collect()
+    }
+
+    fn replay(log: &[Proposal], build: &Limits) -> State {
+        let mut state = State::new();
+        for proposal in log {
+            state.apply_as_built_with(EPOCH, proposal, build);
+            state.check_invariants().expect("invariants hold");
+        }
+        state
+    }
+
+    #[test]
+    fn replicas_of_builds_with_different_limits_agree_on_ruled_entries() {
+        let newer = replay(&log(true), &newer_build());
+        let older = replay(&log(true), &Limits::default());
+        assert_eq!(newer, older, "one log, one state, whatever the build");
+        // The newer build's limits and defaults are the ones in force.
+        assert_eq!(older.job(1).map(|job| job.payload.len()), Some(300 * 1024));
+        assert_eq!(older.job(2).map(|job| job.max_attempts), Some(9));
+        let error = older.job(2).and_then(|job| job.last_error.clone()).unwrap_or_default();
+        assert_eq!(error.len(), 6 * 1024, "not cut to the older build's 4 KiB");
+        assert!(older.schedules().contains_key("nightly"));
+    }
+
+    #[test]
+    fn the_same_log_unruled_splits_replicas_of_the_two_builds() {
+        // What the wrapper prevents: each build judges by its own defaults.
+        let newer = replay(&log(false), &newer_build());
+        let older = replay(&log(false), &Limits::default());
+        assert_ne!(newer, older);
+        assert_eq!(newer.job(1).map(|job| job.payload.len()), Some(300 * 1024));
+        assert!(older.job(1).is_none(), "the older build refused the 300 KiB payload");
+    }
+
+    #[test]
+    fn only_the_outermost_command_is_ruled() {
+        let ruled = |command: Command| Command::Ruled {
+            limits: Limits::default(),
+            command: Box::new(command),
+        };
+        let mut state = State::new();
+        let nested = ruled(ruled(Command::Enqueue { jobs: vec![spec("q")] }));
+        assert!(matches!(apply(&mut state, 1_000, nested), Response::Refused(Refusal::Invalid(_))));
+        let in_batch = ruled(Command::Batch {
+            commands: vec![ruled(Command::Enqueue { jobs: vec![spec("q")] })],
+        });
+        assert!(matches!(
+            apply(&mut state, 1_000, in_batch),
+            Response::Refused(Refusal::Invalid(_))
+        ));
+        let bare_in_batch =
+            Command::Batch { commands: vec![ruled(Command::Enqueue { jobs: vec![spec("q")] })] };
+        assert!(matches!(
+            apply(&mut state, 1_000, bare_in_batch),
+            Response::Refused(Refusal::Invalid(_))
+        ));
+        assert_eq!(state.last_job_id(), 0, "nothing was enqueued");
+        let fine =
+            ruled(Command::Batch { commands: vec![Command::Enqueue { jobs: vec![spec("q")] }] });
+        assert!(matches!(apply(&mut state, 1_000, fine), Response::Batch(_)));
+        assert_eq!(state.last_job_id(), 1);
+    }
+}
