@@ -232,6 +232,30 @@ pub enum Command {
     },
 }
 
+/// The newest log format this build writes and reads. Format 1 is the
+/// journal's first command set; format 2 adds [`Command::Ruled`],
+/// [`Command::FireEach`], [`Command::ClaimOnce`], [`Command::TriggerOnce`]
+/// and [`Command::SweepBounded`]. A leader writes the format every member
+/// advertises ([`agreed_log_format`]), so no replica meets an entry it
+/// cannot decode.
+pub const LOG_FORMAT: u32 = 2;
+
+/// The newest format every member decodes: the least of this build's and
+/// each member's advertised one. A member that advertised no format (a
+/// build before adverts carried it, shown as 0) reads format 1; a member
+/// never heard at all is assumed current (a node that joins is checked
+/// when it joins, and adverts are kept across restarts).
+pub fn agreed_log_format(own: u32, members: impl IntoIterator<Item = Option<u32>>) -> u32 {
+    members
+        .into_iter()
+        .map(|advertised| match advertised {
+            Some(0) => 1,
+            Some(format) => format,
+            None => own,
+        })
+        .fold(own, u32::min)
+}
+
 /// The largest `max_clock_offset_ms` a `SweepBounded` may carry.
 pub const MAX_CLOCK_OFFSET_MS: u64 = 60_000;
 
@@ -239,6 +263,36 @@ pub const MAX_CLOCK_OFFSET_MS: u64 = 60_000;
 pub const MAX_BATCH_COMMANDS: usize = 256;
 
 impl Command {
+    /// This command as a log of `format` can carry it: at format 1,
+    /// `ClaimOnce` and `TriggerOnce` lose their request id (a retry is not
+    /// recognised), `SweepBounded` sweeps without the clock bound, and
+    /// `FireEach` makes jobs for its live targets without recording the
+    /// offline ones; a `Ruled` command is unwrapped. What the older format
+    /// lacks is lost for as long as an older build is a member, and
+    /// nothing else changes.
+    pub fn for_log_format(self, format: u32) -> Command {
+        if format >= LOG_FORMAT {
+            return self;
+        }
+        match self {
+            Command::ClaimOnce { request_id: _, worker, queue, max, lease_ttl_ms, selector } => {
+                Command::Claim { worker, queue, max, lease_ttl_ms, selector }
+            }
+            Command::TriggerOnce { request_id: _, schedule, force, targets } => {
+                Command::Trigger { schedule, force, targets }
+            }
+            Command::SweepBounded { .. } => Command::Sweep,
+            Command::FireEach { schedule, bucket, targets, offline: _ } => {
+                Command::Fire { schedule, bucket, targets }
+            }
+            Command::Ruled { command, .. } => command.for_log_format(format),
+            Command::Batch { commands } => Command::Batch {
+                commands: commands.into_iter().map(|c| c.for_log_format(format)).collect(),
+            },
+            other => other,
+        }
+    }
+
     /// Rough size of the command's bulk (payload and command bytes), for
     /// bounding a batch.
     pub fn bulk_bytes(&self) -> usize {
@@ -252,5 +306,72 @@ impl Command {
             Command::Ruled { command, .. } => command.bulk_bytes(),
             _ => 0,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_agreed_format_is_the_least_any_member_reads() {
+        assert_eq!(agreed_log_format(2, []), 2);
+        assert_eq!(agreed_log_format(2, [Some(2), None]), 2, "unheard: assumed current");
+        assert_eq!(agreed_log_format(2, [Some(2), Some(0)]), 1, "no format advertised: 1");
+        assert_eq!(agreed_log_format(2, [Some(3)]), 2, "never above this build's");
+        assert_eq!(agreed_log_format(1, [Some(2)]), 1);
+    }
+
+    #[test]
+    fn at_format_1_only_format_1_variants_remain() {
+        let claim = Command::ClaimOnce {
+            request_id: "r".into(),
+            worker: "w".into(),
+            queue: "q".into(),
+            max: 2,
+            lease_ttl_ms: Some(5_000),
+            selector: vec!["eu".into()],
+        };
+        let fire = Command::FireEach {
+            schedule: "s".into(),
+            bucket: 9,
+            targets: vec![1, 2],
+            offline: vec![3],
+        };
+        let ruled = Command::Ruled {
+            limits: Limits::default(),
+            command: Box::new(Command::Batch {
+                commands: vec![
+                    claim.clone(),
+                    fire.clone(),
+                    Command::SweepBounded { max_clock_offset_ms: 500 },
+                    Command::TriggerOnce {
+                        request_id: "t".into(),
+                        schedule: "s".into(),
+                        force: true,
+                        targets: vec![],
+                    },
+                    Command::Purge,
+                ],
+            }),
+        };
+        let expected = Command::Batch {
+            commands: vec![
+                Command::Claim {
+                    worker: "w".into(),
+                    queue: "q".into(),
+                    max: 2,
+                    lease_ttl_ms: Some(5_000),
+                    selector: vec!["eu".into()],
+                },
+                Command::Fire { schedule: "s".into(), bucket: 9, targets: vec![1, 2] },
+                Command::Sweep,
+                Command::Trigger { schedule: "s".into(), force: true, targets: vec![] },
+                Command::Purge,
+            ],
+        };
+        assert_eq!(ruled.clone().for_log_format(1), expected);
+        assert_eq!(ruled.clone().for_log_format(LOG_FORMAT), ruled, "current: unchanged");
+        assert_eq!(claim.clone().for_log_format(2), claim);
     }
 }

@@ -319,7 +319,21 @@ impl Gate {
             sent_at_ms: self.inner.journal.clock().now_ms(),
             journal_lease_since_ms: state.since_ms,
             journal_lease_before: Some(state.before.advertised_journal_lease()),
+            log_format: leasehold_core::command::LOG_FORMAT,
         }
+    }
+
+    /// The newest log format every member decodes, by the adverts heard
+    /// (kept across restarts): what the journal may write.
+    pub fn log_format(&self) -> u32 {
+        let entries = self.inner.registry.snapshot().unwrap_or_default();
+        let me = self.node_id();
+        let members = self
+            .membership()
+            .into_iter()
+            .filter(|(id, _)| *id != me)
+            .map(|(id, _)| entries.get(&id).map(|entry| entry.advert.log_format));
+        leasehold_core::command::agreed_log_format(leasehold_core::command::LOG_FORMAT, members)
     }
 
     fn count_rejection(&self, kind: &str, reason: &str) {
@@ -546,6 +560,10 @@ pub async fn run_adverts(gate: Gate, mut shutdown: watch::Receiver<bool>) {
         if *shutdown.borrow() {
             return;
         }
+        // What every member decodes can change with membership and with
+        // each advert; once a round is often enough (a member that joins
+        // was checked at its join).
+        gate.inner.journal.set_log_format(gate.log_format());
         send_adverts(&gate).await;
         rounds += 1;
         if rounds.is_multiple_of(60) {

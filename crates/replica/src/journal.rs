@@ -3,7 +3,7 @@
 //! machine, linearizable by default.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::time::Duration;
 
 use leasehold_core::{Command, Limits, Proposal, Response, State, batch};
@@ -50,6 +50,9 @@ struct Inner {
     peers: NetworkFactory,
     draining: AtomicBool,
     probe_fault: AtomicBool,
+    /// The newest log format every member decodes (see
+    /// [`Journal::set_log_format`]).
+    log_format: AtomicU32,
     metrics: Metrics,
     clock_watch: ClockWatch,
     drain_request: tokio::sync::watch::Sender<bool>,
@@ -108,6 +111,7 @@ impl Journal {
                 peers,
                 draining: AtomicBool::new(false),
                 probe_fault: AtomicBool::new(false),
+                log_format: AtomicU32::new(leasehold_core::command::LOG_FORMAT),
                 drain_request: tokio::sync::watch::channel(false).0,
                 batches,
                 batcher: std::sync::Mutex::new(None),
@@ -406,6 +410,27 @@ impl Journal {
         }
     }
 
+    /// The newest log format every member decodes, as the adverts last
+    /// showed it (this build's own until then).
+    pub fn log_format(&self) -> u32 {
+        self.inner.log_format.load(Ordering::Relaxed)
+    }
+
+    /// Sets what [`Journal::log_format`] answers; the gate's advert loop
+    /// keeps it current.
+    pub fn set_log_format(&self, format: u32) {
+        let format = format.clamp(1, leasehold_core::command::LOG_FORMAT);
+        let before = self.inner.log_format.swap(format, Ordering::Relaxed);
+        if before != format {
+            tracing::info!(
+                event = "gate.log_format",
+                from = before,
+                to = format,
+                "the log format every member decodes changed"
+            );
+        }
+    }
+
     /// Proposes a command stamped with this node's clock and answers the
     /// applied response. Refusals come back as `Ok(Response::Refused(..))`.
     pub async fn propose(&self, command: Command) -> Result<Response, Error> {
@@ -458,17 +483,19 @@ impl Journal {
     }
 
     async fn write(&self, proposal: Proposal, may_forward: bool) -> Result<Response, Error> {
-        // As leader, the entry carries this build's limits, so replicas of
-        // other builds judge it by the same numbers; a follower forwards
-        // the bare proposal and the leader wraps it in its own.
-        let ruled = Proposal {
-            now_ms: proposal.now_ms,
-            command: Command::Ruled {
-                limits: Limits::default(),
-                command: Box::new(proposal.command.clone()),
-            },
+        // As leader, the entry is written in the newest format every member
+        // decodes and carries this build's limits, so replicas of other
+        // builds read it and judge it by the same numbers; a follower
+        // forwards the bare proposal and the leader does this with its own.
+        let format = self.log_format();
+        let command = proposal.command.clone().for_log_format(format);
+        let command = if format >= 2 {
+            Command::Ruled { limits: Limits::default(), command: Box::new(command) }
+        } else {
+            command
         };
-        match self.inner.raft.client_write(ruled).await {
+        let entry = Proposal { now_ms: proposal.now_ms, command };
+        match self.inner.raft.client_write(entry).await {
             Ok(written) => Ok(written.data),
             Err(RaftError::APIError(ClientWriteError::ForwardToLeader(_))) if !may_forward => {
                 Err(Unavailable::LeadershipChanging.into())
