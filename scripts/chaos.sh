@@ -3,7 +3,7 @@
 # links, clocks and disks; every client operation recorded; one checker per
 # guarantee of SPEC §7. See docs/reliability.md.
 #
-#   scripts/chaos.sh quick [FLAGS]      about 4 minutes after the build; also replays cluster-tests/regressions/
+#   scripts/chaos.sh quick [FLAGS]      about 6 minutes after the build; also replays cluster-tests/regressions/
 #   scripts/chaos.sh soak [FLAGS]       60 minutes: 55 of faults (--soak-minutes M for a shorter one)
 #   scripts/chaos.sh replay PLAN.json   one saved plan again
 #   scripts/chaos.sh check RUN_DIR      re-check a finished run's history
@@ -11,9 +11,10 @@
 # FLAGS go to `leasehold-chaos run`: --mode safety-liveness|safety-only,
 # --seed N, --bin PATH, --runs-dir DIR, --ip-base N, --plaintext (no TLS or
 # tokens; by default nodes and clients use mutual TLS and role tokens from
-# `leasehold dev-certs`). The last line printed is "N passed, N failed" over
-# the checkers; the exit status is 0 only if none failed. Runs land in
-# target/chaos/<profile>-<seed>-<time>/.
+# `leasehold dev-certs`), --only KIND,... (keep only those fault rounds of
+# the seed's plan: a focused run). The last line printed is "N passed, N
+# failed" over the checkers; the exit status is 0 only if none failed. Runs
+# land in target/chaos/<profile>-<seed>-<time>/.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 

@@ -138,6 +138,8 @@ pub struct Active {
     kill_then_restart: Vec<u64>,
     network: bool,
     strobe: Option<tokio::task::JoinHandle<()>>,
+    /// A handover round's next claimer, stopped at heal.
+    claimer: Option<tokio::task::JoinHandle<()>>,
     /// Disk-full targets.
     disks: Vec<u64>,
     /// Nodes whose journal_lease flag was turned off.
@@ -159,7 +161,20 @@ pub struct Extras {
     pub disks: Option<Disks>,
     /// The run's credentials (the lease reads call as `reader`).
     pub security: Security,
+    /// The workload's queue (a late-replies round claims from it).
+    pub queue: String,
 }
+
+/// The queue of a handover round's own jobs (apart from the workload's, so
+/// no other checker counts them).
+pub const HANDOVER_QUEUE: &str = "handover";
+/// The process that holds a handover round's leases; the one that claims
+/// them next is `handover-next`.
+const HANDOVER: &str = "handover";
+/// The process whose claims a late-replies round answers late.
+const LATE: &str = "late-replies";
+/// How many jobs a handover round puts under one lease holder.
+const HANDOVER_JOBS: usize = 3;
 
 /// Injects and heals faults.
 pub struct Nemesis {
@@ -174,6 +189,8 @@ pub struct Nemesis {
     later: tokio::task::JoinSet<()>,
     /// What the last heal did beyond the usual (recorded with it).
     heal_note: Option<String>,
+    /// The clock bound the nodes enforce.
+    clock_bound_ms: u64,
 }
 
 const PROCESS: &str = "nemesis";
@@ -183,6 +200,65 @@ const DRAINER: &str = "drainer";
 const GATE: &str = "gate";
 /// How long a restarted node may take to serve again in a rolling drain.
 const RESTART_LIMIT: Duration = Duration::from_secs(30);
+
+/// A claim as `process`, recorded in the history like a worker's (with the
+/// leases granted and the node's hold); with `ack`, each lease granted is
+/// acked at once, the ack recorded too. Answers how many were granted.
+async fn claim_recorded(
+    history: &History,
+    process: &str,
+    client: &leasehold_client::Client,
+    request: v1::ClaimRequest,
+    ack: bool,
+) -> anyhow::Result<usize> {
+    history.invoke(process, OpFunction::Claim, OpValue::default());
+    let ended =
+        tokio::time::timeout(Duration::from_secs(12), client.claim_with_wait(request)).await;
+    let reply = match ended {
+        Ok(Ok(reply)) => reply,
+        Ok(Err(error)) => {
+            let value = OpValue { message: Some(error.to_string()), ..OpValue::default() };
+            history.record(process, OpType::Info, OpFunction::Claim, value);
+            return Err(error.into());
+        }
+        Err(_) => {
+            let value = OpValue { message: Some("timed out".to_string()), ..OpValue::default() };
+            history.record(process, OpType::Info, OpFunction::Claim, value);
+            anyhow::bail!("claim timed out");
+        }
+    };
+    let leases: Vec<LeaseRecord> = reply
+        .grants
+        .iter()
+        .filter_map(|g| g.lease.as_ref().map(|l| crate::workload::lease_record(l, g.job.as_ref())))
+        .collect();
+    let granted = leases.len();
+    let value = OpValue { leases, waited_ms: Some(reply.waited_ms), ..OpValue::default() };
+    history.record(process, OpType::Ok, OpFunction::Claim, value);
+    if ack {
+        for grant in &reply.grants {
+            let Some(lease) = &grant.lease else { continue };
+            let base = OpValue {
+                job_id: Some(lease.job_id),
+                token: Some(lease.token),
+                ..OpValue::default()
+            };
+            history.invoke(process, OpFunction::Ack, base.clone());
+            let acked = tokio::time::timeout(
+                Duration::from_secs(12),
+                client.ack(lease.job_id, lease.token),
+            )
+            .await;
+            let (kind, message) = match acked {
+                Ok(Ok(_)) => (OpType::Ok, None),
+                Ok(Err(error)) => (OpType::Info, Some(error.to_string())),
+                Err(_) => (OpType::Info, Some("timed out".to_string())),
+            };
+            history.record(process, kind, OpFunction::Ack, OpValue { message, ..base });
+        }
+    }
+    Ok(granted)
+}
 
 /// Reads the leases a drained node holds, as `reader`.
 #[derive(Clone)]
@@ -290,7 +366,14 @@ impl Nemesis {
             extras: None,
             later: tokio::task::JoinSet::new(),
             heal_note: None,
+            clock_bound_ms: crate::plan::DEFAULT_CLOCK_BOUND_MS,
         }
+    }
+
+    /// The clock bound the nodes enforce (what a clock fault is judged by).
+    pub fn with_clock_bound(mut self, bound_ms: u64) -> Nemesis {
+        self.clock_bound_ms = bound_ms;
+        self
     }
 
     /// Adds what drains and disk-full rounds need.
@@ -469,6 +552,106 @@ impl Nemesis {
         Ok(chosen)
     }
 
+    /// A leader change between clocks within the bound of each other node
+    /// but not of each other: the leader's clock steps `offset_ms` behind,
+    /// it grants [`HANDOVER_JOBS`] leases of `lease_ttl_ms` to the holder,
+    /// it is killed, and whichever node leads next steps `offset_ms` ahead
+    /// while the third drifts at `drift_rate`. A claimer then waits for the
+    /// jobs under the new leader; `lease_exclusivity` judges in real time
+    /// whether they came back before the holder's lease was due.
+    async fn handover(
+        &mut self,
+        active: &mut Active,
+        offset_ms: i64,
+        lease_ttl_ms: u64,
+        drift_rate: f64,
+    ) -> anyhow::Result<Vec<u64>> {
+        use crate::checkers::clock_bound::ADVERT_INTERVAL_MS;
+        let Some(extras) = self.extras.as_ref() else {
+            anyhow::bail!("a handover needs the workload's addresses");
+        };
+        let (security, addrs) = (extras.security.clone(), extras.addrs.join(","));
+        let old = self.resolve(Target::Leader, None).await?;
+        let old = old.first().copied().ok_or_else(|| anyhow::anyhow!("no leader"))?;
+        active.clocks.push(old);
+        self.set_clock(old, -offset_ms, 1.0).await?;
+        // Two advert intervals: the peers measure the step before it grants.
+        tokio::time::sleep(Duration::from_millis(2 * ADVERT_INTERVAL_MS)).await;
+        let producer = security.client(&addrs, Role::Producer)?;
+        let specs: Vec<v1::JobSpec> = (0..HANDOVER_JOBS)
+            .map(|i| v1::JobSpec {
+                queue: HANDOVER_QUEUE.to_string(),
+                payload: format!("handover-{}-{i}", active.round).into_bytes(),
+                idempotency_key: Some(format!("handover-{}-{i}", active.round)),
+                ..v1::JobSpec::default()
+            })
+            .collect();
+        tokio::time::timeout(Duration::from_secs(10), producer.enqueue(specs))
+            .await
+            .map_err(|_| anyhow::anyhow!("handover: enqueue timed out"))??;
+        let worker = security.client(&addrs, Role::Worker)?;
+        let request = v1::ClaimRequest {
+            worker: HANDOVER.to_string(),
+            queue: HANDOVER_QUEUE.to_string(),
+            max: HANDOVER_JOBS as u32,
+            lease_ttl_ms: Some(lease_ttl_ms),
+            wait_ms: 1_000,
+            ..Default::default()
+        };
+        let held = claim_recorded(&self.history, HANDOVER, &worker, request, false).await?;
+        if held == 0 {
+            anyhow::bail!("handover: the holder was granted no lease");
+        }
+        // Killed while the holder's leases are fresh: they outlive the new
+        // term's grace, so the clock bound decides when they come back.
+        active.restart.push(old);
+        self.supervisor.kill(old).await?;
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        let new = loop {
+            if let Some(leader) = self.supervisor.leader().await.filter(|l| *l != old) {
+                break leader;
+            }
+            if tokio::time::Instant::now() >= deadline {
+                anyhow::bail!("handover: no new leader within 10 s");
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        };
+        active.clocks.push(new);
+        self.set_clock(new, offset_ms, 1.0).await?;
+        let third: Vec<u64> =
+            self.supervisor.ids().into_iter().filter(|id| *id != old && *id != new).collect();
+        for id in &third {
+            active.clocks.push(*id);
+            self.set_clock(*id, 0, drift_rate).await?;
+        }
+        let history = self.history.clone();
+        let limit = Duration::from_millis(lease_ttl_ms + 5_000);
+        active.claimer = Some(tokio::spawn(async move {
+            let started = tokio::time::Instant::now();
+            let mut taken = 0;
+            while taken < held && started.elapsed() < limit {
+                let request = v1::ClaimRequest {
+                    worker: format!("{HANDOVER}-next"),
+                    queue: HANDOVER_QUEUE.to_string(),
+                    max: HANDOVER_JOBS as u32,
+                    lease_ttl_ms: Some(2_000),
+                    wait_ms: 1_000,
+                    ..Default::default()
+                };
+                let process = format!("{HANDOVER}-next");
+                match claim_recorded(&history, &process, &worker, request, true).await {
+                    Ok(got) => taken += got,
+                    Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
+                }
+            }
+        }));
+        active.note = Some(format!(
+            "node {old} at {:+} ms granted {held} leases of {lease_ttl_ms} ms and was killed; node {new} leads at {offset_ms:+} ms; nodes {third:?} drift at {drift_rate}",
+            -offset_ms
+        ));
+        Ok(vec![old, new])
+    }
+
     async fn set_clock(&self, id: u64, offset_ms: i64, rate: f64) -> anyhow::Result<()> {
         let mut faults = self.supervisor.faults(id)?;
         let mut request = tonic::Request::new(v1::SetClockRequest { offset_ms, rate });
@@ -479,7 +662,14 @@ impl Nemesis {
 
     /// Injects `fault` (round `round`) and answers what heal must undo —
     /// also when the injection failed halfway — with the injection's result.
-    pub async fn inject(&mut self, round: usize, fault: &Fault) -> (Active, anyhow::Result<()>) {
+    /// `hold_ms` is how long it will hold (a drift is beyond the bound only
+    /// some time in).
+    pub async fn inject(
+        &mut self,
+        round: usize,
+        fault: &Fault,
+        hold_ms: u64,
+    ) -> (Active, anyhow::Result<()>) {
         let describe = OpValue {
             fault: Some(fault.kind().to_string()),
             round: Some(round),
@@ -507,11 +697,17 @@ impl Nemesis {
                 hit.sort_unstable();
                 hit.dedup();
                 let message = active.note.clone().or(describe.message.clone());
+                // What clock_bound judges the round by.
+                let beyond_bound_after_ms =
+                    fault.beyond_bound_after_ms(self.clock_bound_ms, hold_ms);
+                let phase = fault
+                    .within_bound(self.clock_bound_ms)
+                    .then(|| crate::checkers::clock_bound::WITHIN_BOUND.to_string());
                 self.history.record(
                     PROCESS,
                     OpType::Ok,
                     OpFunction::Fault,
-                    OpValue { nodes: hit, message, ..describe },
+                    OpValue { nodes: hit, message, beyond_bound_after_ms, phase, ..describe },
                 );
             }
             Err(error) => {
@@ -644,6 +840,59 @@ impl Nemesis {
                 }));
                 Ok(nodes)
             }
+            Fault::ClockHandover { offset_ms, lease_ttl_ms, drift_rate } => {
+                self.handover(active, *offset_ms, *lease_ttl_ms, *drift_rate).await
+            }
+            Fault::LateReplies { target, delay_ms } => {
+                let Some(extras) = self.extras.as_ref() else {
+                    anyhow::bail!("late replies need the workload's queue");
+                };
+                let (security, queue) = (extras.security.clone(), extras.queue.clone());
+                let nodes = self.resolve(*target, None).await?;
+                let mut addrs = Vec::new();
+                for id in &nodes {
+                    addrs.push(self.network.proxy(*id)?.listen_addr().to_string());
+                }
+                // The workers may not be talking to this node just now: a
+                // claimer of its own that only reaches it makes sure some
+                // claim is answered after its lease lapsed. It acks what it
+                // gets (refused, once the job went to someone else). Its
+                // connection is made first: a TLS handshake under the delay
+                // would take several delays.
+                let client = security.client(&addrs.join(","), Role::Worker)?;
+                tokio::time::timeout(Duration::from_secs(5), client.status())
+                    .await
+                    .map_err(|_| anyhow::anyhow!("late replies: status timed out"))??;
+                active.network = true;
+                for id in &nodes {
+                    // Only what the node sends back: requests arrive on time,
+                    // so claims are granted on time and answered late.
+                    self.network.proxy(*id)?.set_direction(
+                        Source::Client,
+                        None,
+                        Some(Mode::Delay { base_ms: *delay_ms, jitter_ms: 0 }),
+                    );
+                }
+                let history = self.history.clone();
+                let limit = Duration::from_secs(60);
+                active.claimer = Some(tokio::spawn(async move {
+                    let started = tokio::time::Instant::now();
+                    while started.elapsed() < limit {
+                        let request = v1::ClaimRequest {
+                            worker: LATE.to_string(),
+                            queue: queue.clone(),
+                            max: 1,
+                            lease_ttl_ms: Some(2_000),
+                            wait_ms: 500,
+                            ..Default::default()
+                        };
+                        if claim_recorded(&history, LATE, &client, request, true).await.is_err() {
+                            tokio::time::sleep(Duration::from_millis(100)).await;
+                        }
+                    }
+                }));
+                Ok(nodes)
+            }
             Fault::StoreFault { target } => {
                 let nodes = self.resolve(*target, None).await?;
                 for id in &nodes {
@@ -762,6 +1011,9 @@ impl Nemesis {
         let mut disk_restarts: Vec<u64> = Vec::new();
         if let Some(strobe) = active.strobe {
             strobe.abort();
+        }
+        if let Some(claimer) = active.claimer {
+            claimer.abort();
         }
         if active.network {
             self.network.heal();

@@ -65,6 +65,9 @@ pub enum OpFunction {
     LeaseRead,
     /// A flip of a node's gate flags (journal_lease, dry-run).
     GateFlip,
+    /// A read of one node's own role and clock verdict while a clock fault
+    /// holds (process "clock-watch").
+    ClockRead,
 }
 
 /// One tick record of a schedule, as Schedules.Get reported it.
@@ -165,9 +168,26 @@ pub struct OpValue {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub exit_code: Option<i32>,
     /// LeaseRead: "exit" (right after a drained node exited) or "ttl" (a
-    /// lease TTL and a sweep later); GateFlip: the path now asked for.
+    /// lease TTL and a sweep later); GateFlip: the path now asked for;
+    /// Probe: "during" for a write tried while the fault held (none: after
+    /// the heal).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub phase: Option<String>,
+    /// Claim: how long the node held the call before the claim that
+    /// granted these (the node's own measure; the holder's local deadline
+    /// counts from the send time plus this).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub waited_ms: Option<u64>,
+    /// Fault (clock): how long after the injection the target's clock is
+    /// off by more than the enforced bound (0: at once).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub beyond_bound_after_ms: Option<u64>,
+    /// ClockRead: the node's Raft role.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub role: Option<String>,
+    /// ClockRead: whether the node judged its own clock skewed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub clock_skewed: Option<bool>,
 }
 
 /// One history entry.
@@ -389,6 +409,21 @@ pub(crate) mod test_support {
                 OpFunction::Claim,
                 OpValue { leases, ..OpValue::default() },
             )
+        }
+
+        /// A claim like [`Builder::claim`] whose answer says the node held
+        /// it `waited_ms` before granting.
+        pub fn claim_waited(
+            &mut self,
+            start: u64,
+            end: u64,
+            process: &str,
+            waited_ms: u64,
+            leases: Vec<LeaseRecord>,
+        ) -> &mut Self {
+            self.op(start, process, OpType::Invoke, OpFunction::Claim, OpValue::default());
+            let value = OpValue { leases, waited_ms: Some(waited_ms), ..OpValue::default() };
+            self.op(end, process, OpType::Ok, OpFunction::Claim, value)
         }
 
         /// An operation on (job, token) with the given outcome.

@@ -4,6 +4,7 @@
 //! ```text
 //! leasehold-chaos run --profile quick [--mode safety-liveness] [--seed N] [--regressions] [--plaintext]
 //! leasehold-chaos run --replay plan.json
+//! leasehold-chaos run --profile quick --seed N --only clock-bump,clock-handover
 //! leasehold-chaos check RUN_DIR
 //! ```
 //!
@@ -62,6 +63,11 @@ struct RunArgs {
     /// Shorten a soak plan's fault phase to this many minutes.
     #[arg(long)]
     soak_minutes: Option<u64>,
+    /// Keep only the rounds of these fault kinds (comma-separated, e.g.
+    /// `clock-bump,clock-handover`): a focused run, say against a planted
+    /// bug. Checkers that need another kind of round may then be vacuous.
+    #[arg(long, value_delimiter = ',')]
+    only: Vec<String>,
     /// The leasehold binary [default: target/debug/leasehold in the workspace].
     #[arg(long)]
     bin: Option<PathBuf>,
@@ -105,6 +111,12 @@ fn plans(args: &RunArgs, regressions_dir: &std::path::Path) -> anyhow::Result<Ve
             }
             plans.push(plan);
         }
+    }
+    if !args.only.is_empty()
+        && let Some(plan) = plans.first_mut()
+        && plan.keep_only(&args.only) == 0
+    {
+        anyhow::bail!("--only {:?}: the plan has no such round", args.only);
     }
     if args.regressions && regressions_dir.is_dir() {
         let mut files: Vec<PathBuf> = std::fs::read_dir(regressions_dir)?

@@ -128,7 +128,8 @@ pub enum Fault {
     },
     /// Every peer connection is reset, and new ones refused, for the hold.
     ResetLinks,
-    /// The target's clock jumps by `offset_ms`.
+    /// The target's clock steps by `offset_ms` (ahead or behind; beyond the
+    /// enforced bound it must stand aside, within it nothing changes).
     ClockBump {
         /// Who.
         target: Target,
@@ -150,6 +151,22 @@ pub enum Fault {
         target: Target,
         /// 1.0 = real time.
         rate: f64,
+    },
+    /// Leadership moves between clocks that each agree with the cluster but
+    /// not with each other: the leader's clock steps `offset_ms` behind, a
+    /// holder claims jobs with a `lease_ttl_ms` lease (longer than a new
+    /// term's lease grace), the leader is killed, and whichever node leads
+    /// next steps `offset_ms` ahead while the third drifts at `drift_rate`.
+    /// Within the bound no lease may be cut short by more than the bound,
+    /// which a new leader's sweep ensures by honouring earlier terms'
+    /// leases the bound past their expiry.
+    ClockHandover {
+        /// How far behind (old leader) and ahead (new leader), within the bound.
+        offset_ms: i64,
+        /// The holder's lease.
+        lease_ttl_ms: u64,
+        /// The third node's clock rate (1.0 = real time).
+        drift_rate: f64,
     },
     /// Every durable write of the target fails like EIO (Raft stops there);
     /// at heal the node is killed and restarted.
@@ -174,6 +191,15 @@ pub enum Fault {
         target: Target,
         /// What happens to client bytes.
         mode: ClientLinkMode,
+    },
+    /// Everything the target node sends back to clients (through its
+    /// proxy) is delayed by `delay_ms`: claim answers arrive after the
+    /// lease they grant has lapsed. Requests, and node↔node links, pass.
+    LateReplies {
+        /// Whose proxy.
+        target: Target,
+        /// How late (longer than the workload's lease TTL).
+        delay_ms: u64,
     },
     /// The target's `journal_lease` gate flag is turned off (the whole pool
     /// moves to the bus path once its advert is seen); on again at heal.
@@ -218,6 +244,8 @@ impl Fault {
             Fault::ClockBump { .. } => "clock-bump",
             Fault::ClockStrobe { .. } => "clock-strobe",
             Fault::ClockDrift { .. } => "clock-drift",
+            Fault::ClockHandover { .. } => "clock-handover",
+            Fault::LateReplies { .. } => "late-replies",
             Fault::StoreFault { .. } => "store-fault",
             Fault::Drain { .. } => "drain",
             Fault::RollingDrain => "rolling-drain",
@@ -226,7 +254,48 @@ impl Fault {
             Fault::GateFlip { .. } => "gate-flip",
         }
     }
+
+    /// How long after injection one node's clock is off by more than
+    /// `bound_ms` (so it must stand aside while the others serve), for a
+    /// fault that skews one node's clock beyond the bound within the round;
+    /// `None` for every other fault. A step is beyond at once; a drift
+    /// once it has run that far off.
+    pub fn beyond_bound_after_ms(&self, bound_ms: u64, hold_ms: u64) -> Option<u64> {
+        let single = |target: &Target| !matches!(target, Target::Majority);
+        match self {
+            Fault::ClockBump { target, offset_ms }
+                if single(target) && offset_ms.unsigned_abs() > bound_ms =>
+            {
+                Some(0)
+            }
+            Fault::ClockDrift { target, rate } if single(target) && rate.is_finite() => {
+                let per_ms = (rate - 1.0).abs();
+                if per_ms <= 0.0 {
+                    return None;
+                }
+                let after_ms = (bound_ms as f64 / per_ms).ceil();
+                // Beyond with time to spare for standing aside.
+                (after_ms + 3_000.0 < hold_ms as f64).then_some(after_ms as u64)
+            }
+            _ => None,
+        }
+    }
+
+    /// Whether this is one node's clock stepped by less than `bound_ms`,
+    /// with [`WITHIN_MARGIN_MS`] to spare for the measurement's
+    /// uncertainty: a step that must change nothing.
+    pub fn within_bound(&self, bound_ms: u64) -> bool {
+        matches!(self, Fault::ClockBump { target, offset_ms }
+            if !matches!(target, Target::Majority)
+                && *offset_ms != 0
+                && offset_ms.unsigned_abs() + WITHIN_MARGIN_MS <= bound_ms)
+    }
 }
+
+/// How far inside the bound a step must stay to count as within it: half
+/// an advert round trip on loopback is a millisecond, a busy machine's
+/// scheduling adds tens; a hundred is ample.
+pub const WITHIN_MARGIN_MS: u64 = 100;
 
 /// One fault round: inject, hold, heal, wait for a write to succeed, settle.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -304,6 +373,10 @@ pub struct Expectations {
     /// run on the bus path.
     #[serde(default)]
     pub gate: bool,
+    /// The plan puts one node's clock beyond the bound: some such round
+    /// must have been checked, with a write served during it.
+    #[serde(default)]
+    pub clock: bool,
 }
 
 /// One cron schedule the workload puts. Its command appends a `start` and
@@ -345,16 +418,48 @@ pub struct CronPlan {
     pub poll_interval_ms: u64,
 }
 
+/// The node's own default of `max_clock_offset_ms` (a plan that does not
+/// set it runs nodes with this bound).
+pub const DEFAULT_CLOCK_BOUND_MS: u64 = 500;
+
 /// Settings written to every node's config file.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct NodeTuning {
     /// How long running commands may finish when a node drains.
     pub drain_grace_ms: u64,
+    /// How often the leader looks for lapsed leases (unset: the node's
+    /// default, 1 s). Finer than the default so that a lease taken back
+    /// early shows in real time by less than a sweep's wait.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sweep_interval_ms: Option<u64>,
+    /// The enforced clock bound (unset: the node's default, 500 ms); the
+    /// checkers judge real-time lease timing by it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_clock_offset_ms: Option<u64>,
 }
 
 impl Default for NodeTuning {
     fn default() -> Self {
-        NodeTuning { drain_grace_ms: 30_000 }
+        NodeTuning { drain_grace_ms: 30_000, sweep_interval_ms: None, max_clock_offset_ms: None }
+    }
+}
+
+impl NodeTuning {
+    /// The clock bound the nodes of this plan enforce.
+    pub fn clock_bound_ms(&self) -> u64 {
+        self.max_clock_offset_ms.unwrap_or(DEFAULT_CLOCK_BOUND_MS)
+    }
+
+    /// The node config file's text.
+    pub fn config_text(&self) -> String {
+        let mut text = format!("drain_grace_ms = {}\n", self.drain_grace_ms);
+        if let Some(ms) = self.sweep_interval_ms {
+            text.push_str(&format!("sweep_interval_ms = {ms}\n"));
+        }
+        if let Some(ms) = self.max_clock_offset_ms {
+            text.push_str(&format!("max_clock_offset_ms = {ms}\n"));
+        }
+        text
     }
 }
 
@@ -410,7 +515,9 @@ impl Plan {
                 let workload = WorkloadPlan {
                     producers: 2,
                     workers: 3,
-                    jobs_per_producer: 250,
+                    // Enough to keep writing through every round (about 2.5 minutes
+                    // of faults at one job every ~0.3 s each).
+                    jobs_per_producer: 450,
                     // Slower than the workers drain, so a redelivered job
                     // is not stuck behind a backlog and zombies meet their
                     // successors.
@@ -449,7 +556,7 @@ impl Plan {
                 (workload, soak_rounds(&mut rng, mode, budget_ms), 5_000, budget_ms, 180_000)
             }
         };
-        Plan {
+        let mut plan = Plan {
             version: PLAN_VERSION,
             seed,
             profile,
@@ -472,13 +579,20 @@ impl Plan {
                 drains: true,
                 disk_full: true,
                 gate: true,
+                clock: true,
             },
             cron: Some(cron_plan()),
-            // Shorter than the slow schedule's runs, so a drain cuts some
-            // off and must release their leases.
-            tuning: NodeTuning { drain_grace_ms: 1_000 },
+            tuning: NodeTuning {
+                // Shorter than the slow schedule's runs, so a drain cuts
+                // some off and must release their leases.
+                drain_grace_ms: 1_000,
+                sweep_interval_ms: Some(100),
+                max_clock_offset_ms: Some(DEFAULT_CLOCK_BOUND_MS),
+            },
             disk_mb: 128,
-        }
+        };
+        plan.fit_expectations();
+        plan
     }
 
     /// Shortens a soak plan to about `minutes` of faults (for a trial soak).
@@ -490,11 +604,29 @@ impl Plan {
             spent += round.hold_ms + round.settle_ms + 2_000;
             spent <= budget_ms
         });
-        // The checkers that need a kind of round only expect it if it is left.
+        self.fit_expectations();
+    }
+
+    /// Keeps only the rounds of the given fault kinds (a focused run: one
+    /// kind of fault against a planted bug, say); answers how many are left.
+    pub fn keep_only(&mut self, kinds: &[String]) -> usize {
+        self.rounds.retain(|round| kinds.iter().any(|kind| kind == round.fault.kind()));
+        self.fit_expectations();
+        self.rounds.len()
+    }
+
+    /// The checkers that need a kind of round only expect it if the plan
+    /// has one.
+    fn fit_expectations(&mut self) {
         let has = |kinds: &[&str]| self.rounds.iter().any(|r| kinds.contains(&r.fault.kind()));
         self.expect.drains &= has(&["drain", "rolling-drain"]);
         self.expect.disk_full &= has(&["disk-full"]);
         self.expect.gate &= has(&["gate-flip"]);
+        let bound_ms = self.tuning.clock_bound_ms();
+        self.expect.clock &= self
+            .rounds
+            .iter()
+            .any(|r| r.fault.beyond_bound_after_ms(bound_ms, r.hold_ms).is_some());
     }
 
     /// The most a run of this plan may take in all: every phase at its
@@ -557,9 +689,13 @@ fn cron_plan() -> CronPlan {
     }
 }
 
-/// The quick profile: the five core kinds (leader SIGKILL + restart, SIGSTOP
-/// pause, minority partition, one-way cut, clock bump) in a seeded order,
-/// plus one seeded extra. Safety-only swaps the partition for a majority kill.
+/// The quick profile: the core kinds (leader SIGKILL + restart, SIGSTOP
+/// pause, minority partition, one-way cut, the leader's clock stepped
+/// minutes ahead, beyond the bound, so it must stand aside) and the
+/// workload's (rolling drain, full disk, client links, gate flip, claim
+/// answers that arrive after their lease lapsed, and a leader change
+/// between clocks spread within the bound) in a seeded order, plus one
+/// seeded extra. Safety-only adds a majority kill.
 fn quick_rounds(rng: &mut StdRng, mode: Mode) -> Vec<Round> {
     let one_way = if rng.gen_bool(0.5) {
         Fault::OneWay { from: Target::Leader, to: Target::Follower }
@@ -573,13 +709,30 @@ fn quick_rounds(rng: &mut StdRng, mode: Mode) -> Vec<Round> {
             target: if rng.gen_bool(0.5) { Target::Leader } else { Target::Follower },
         },
         one_way,
-        Fault::ClockBump { target: Target::Leader, offset_ms: rng.gen_range(3_000..=6_000) },
+        // Minutes ahead: far beyond the bound, and within the bus's
+        // ten-minute window so no other check is tripped by it.
+        Fault::ClockBump { target: Target::Leader, offset_ms: rng.gen_range(120_000..=300_000) },
         Fault::RollingDrain,
         Fault::DiskFull { target: Target::Leader },
         Fault::GateFlip { target: Target::Follower },
         Fault::ClientLinks {
             target: Target::Leader,
             mode: if rng.gen_bool(0.5) { ClientLinkMode::Blackhole } else { ClientLinkMode::Reset },
+        },
+        Fault::LateReplies {
+            target: if rng.gen_bool(0.5) { Target::Leader } else { Target::Follower },
+            delay_ms: rng.gen_range(2_500..=3_000),
+        },
+        Fault::ClockHandover {
+            offset_ms: HANDOVER_OFFSET_MS,
+            lease_ttl_ms: HANDOVER_LEASE_TTL_MS,
+            drift_rate: if rng.gen_bool(0.5) { 1.002 } else { 0.998 },
+        },
+        // A sub-second step within the bound, ahead or behind: nothing may
+        // change (no node unready).
+        Fault::ClockBump {
+            target: if rng.gen_bool(0.5) { Target::Leader } else { Target::Follower },
+            offset_ms: if rng.gen_bool(0.5) { WITHIN_STEP_MS } else { -WITHIN_STEP_MS },
         },
     ];
     if mode == Mode::SafetyOnly {
@@ -594,9 +747,39 @@ fn quick_rounds(rng: &mut StdRng, mode: Mode) -> Vec<Round> {
     faults.push(extra);
     faults
         .into_iter()
-        .map(|fault| Round { fault, hold_ms: rng.gen_range(4_000..=6_000), settle_ms: 3_000 })
+        .map(|fault| {
+            let hold_ms = match &fault {
+                // Long enough for the others to elect and serve while the
+                // skewed leader stands aside, and to see that it did.
+                Fault::ClockBump { offset_ms, .. }
+                    if offset_ms.unsigned_abs() > DEFAULT_CLOCK_BOUND_MS =>
+                {
+                    rng.gen_range(6_000..=7_000)
+                }
+                // A few advert intervals: a step that would make a node
+                // unready shows within two.
+                Fault::ClockBump { .. } => 3_000,
+                // Until the holder's lease has lapsed under the new leader.
+                Fault::ClockHandover { lease_ttl_ms, .. } => *lease_ttl_ms,
+                _ => rng.gen_range(4_000..=6_000),
+            };
+            Round { fault, hold_ms, settle_ms: 3_000 }
+        })
         .collect()
 }
+
+/// How far quick's within-bound step moves a clock: sub-second, and
+/// [`WITHIN_MARGIN_MS`] or more inside the default bound.
+pub const WITHIN_STEP_MS: i64 = 300;
+
+/// How far the clocks of a handover round's old and new leaders are set
+/// behind and ahead: each within the default bound of every other node,
+/// but more than the bound apart from each other.
+pub const HANDOVER_OFFSET_MS: i64 = 400;
+/// The handover holder's lease: it must outlast a new term's 5 s lease
+/// grace (plus the election), or the grace, not the clock bound, decides
+/// when it is taken back.
+pub const HANDOVER_LEASE_TTL_MS: u64 = 9_000;
 
 /// The soak profile: every kind, random targets, until the budget is spent.
 fn soak_rounds(rng: &mut StdRng, mode: Mode, budget_ms: u64) -> Vec<Round> {
@@ -604,13 +787,26 @@ fn soak_rounds(rng: &mut StdRng, mode: Mode, budget_ms: u64) -> Vec<Round> {
     let mut spent = 0;
     while spent < budget_ms {
         let fault = soak_fault(rng, mode);
-        let hold_ms = rng.gen_range(3_000..=15_000);
+        let hold_ms = rng.gen_range(3_000..=15_000).max(least_hold_ms(&fault));
         let settle_ms = rng.gen_range(2_000..=6_000);
         // Recovery is not free: count a couple of seconds for it.
         spent += hold_ms + settle_ms + 2_000;
         rounds.push(Round { fault, hold_ms, settle_ms });
     }
     rounds
+}
+
+/// The shortest hold a fault needs to show what it tests: a clock beyond
+/// the bound, time for the others to elect and serve; a handover, the
+/// holder's lease.
+fn least_hold_ms(fault: &Fault) -> u64 {
+    match fault {
+        Fault::ClockBump { offset_ms, .. } if offset_ms.unsigned_abs() > DEFAULT_CLOCK_BOUND_MS => {
+            6_000
+        }
+        Fault::ClockHandover { lease_ttl_ms, .. } => *lease_ttl_ms,
+        _ => 0,
+    }
 }
 
 fn any_target(rng: &mut StdRng) -> Target {
@@ -622,7 +818,7 @@ fn any_target(rng: &mut StdRng) -> Target {
 }
 
 fn soak_fault(rng: &mut StdRng, mode: Mode) -> Fault {
-    let kinds = if mode == Mode::SafetyOnly { 20 } else { 18 };
+    let kinds = if mode == Mode::SafetyOnly { 22 } else { 20 };
     match rng.gen_range(0..kinds) {
         0 => Fault::Kill { target: any_target(rng) },
         1 => Fault::Terminate { target: any_target(rng) },
@@ -641,14 +837,16 @@ fn soak_fault(rng: &mut StdRng, mode: Mode) -> Fault {
         6 => Fault::Delay { base_ms: rng.gen_range(5..=80), jitter_ms: rng.gen_range(0..=80) },
         7 => Fault::HoldRelease { target: any_target(rng) },
         8 => Fault::ResetLinks,
-        9 => Fault::ClockBump {
-            target: any_target(rng),
-            offset_ms: if rng.gen_bool(0.7) {
-                rng.gen_range(1_000..=8_000)
-            } else {
-                -rng.gen_range(1_000..=8_000)
-            },
-        },
+        9 => {
+            // Beyond the bound by minutes or seconds, or within it.
+            let magnitude = match rng.gen_range(0..3) {
+                0 => rng.gen_range(60_000..=300_000),
+                1 => rng.gen_range(1_000..=8_000),
+                _ => rng.gen_range(100..=300),
+            };
+            let offset_ms = if rng.gen_bool(0.6) { magnitude } else { -magnitude };
+            Fault::ClockBump { target: any_target(rng), offset_ms }
+        }
         10 => Fault::ClockStrobe {
             target: any_target(rng),
             offset_ms: rng.gen_range(500..=4_000),
@@ -656,7 +854,12 @@ fn soak_fault(rng: &mut StdRng, mode: Mode) -> Fault {
         },
         11 => Fault::ClockDrift {
             target: any_target(rng),
-            rate: if rng.gen_bool(0.5) { 2.0 } else { 0.5 },
+            rate: match rng.gen_range(0..4) {
+                0 => 2.0,
+                1 => 0.5,
+                2 => 1.002,
+                _ => 0.998,
+            },
         },
         12 => Fault::StoreFault {
             target: if rng.gen_bool(0.5) { Target::Follower } else { Target::Leader },
@@ -673,7 +876,15 @@ fn soak_fault(rng: &mut StdRng, mode: Mode) -> Fault {
         },
         16 => Fault::DiskFull { target: any_target(rng) },
         17 => Fault::GateFlip { target: any_target(rng) },
-        18 => Fault::Kill { target: Target::Majority },
+        18 => {
+            Fault::LateReplies { target: any_target(rng), delay_ms: rng.gen_range(2_500..=4_000) }
+        }
+        19 => Fault::ClockHandover {
+            offset_ms: HANDOVER_OFFSET_MS,
+            lease_ttl_ms: HANDOVER_LEASE_TTL_MS,
+            drift_rate: if rng.gen_bool(0.5) { 1.002 } else { 0.998 },
+        },
+        20 => Fault::Kill { target: Target::Majority },
         _ => Fault::StoreFault { target: Target::Majority },
     }
 }
@@ -706,8 +917,32 @@ mod tests {
                 "disk-full",
                 "client-links",
                 "gate-flip",
+                "late-replies",
+                "clock-handover",
             ] {
                 assert!(kinds.contains(&kind), "seed {seed}: {kinds:?}");
+            }
+            // The leader's clock goes minutes ahead, beyond the bound, for
+            // long enough to see it stand aside and the others serve.
+            let bound_ms = plan.tuning.clock_bound_ms();
+            assert!(plan.rounds.iter().any(|r| matches!(
+                r.fault,
+                Fault::ClockBump { target: Target::Leader, offset_ms } if offset_ms >= 120_000
+            )
+                && r.fault.beyond_bound_after_ms(bound_ms, r.hold_ms) == Some(0)
+                && r.hold_ms >= 6_000));
+            assert!(plan.expect.clock);
+            // And a sub-second step within it, which must change nothing.
+            assert!(plan.rounds.iter().any(|r| r.fault.within_bound(bound_ms)
+                && matches!(r.fault, Fault::ClockBump { offset_ms, .. } if offset_ms.abs() < 1_000)));
+            // The handover's clocks agree with the bound one by one but not
+            // with each other, and its hold outlasts the holder's lease.
+            for round in &plan.rounds {
+                if let Fault::ClockHandover { offset_ms, lease_ttl_ms, .. } = round.fault {
+                    assert!(offset_ms.unsigned_abs() < bound_ms);
+                    assert!(2 * offset_ms.unsigned_abs() > bound_ms);
+                    assert!(round.hold_ms >= lease_ttl_ms);
+                }
             }
             assert!(
                 !plan.rounds.iter().any(|r| matches!(
@@ -718,6 +953,54 @@ mod tests {
                 "safety+liveness keeps a quorum"
             );
         }
+    }
+
+    #[test]
+    fn beyond_the_bound_means_off_by_more_than_it() {
+        let bump = |offset_ms| Fault::ClockBump { target: Target::Follower, offset_ms };
+        assert_eq!(bump(-180_000).beyond_bound_after_ms(500, 6_000), Some(0));
+        assert_eq!(bump(501).beyond_bound_after_ms(500, 6_000), Some(0));
+        assert_eq!(bump(300).beyond_bound_after_ms(500, 6_000), None);
+        assert_eq!(bump(-500).beyond_bound_after_ms(500, 6_000), None);
+        let drift = |rate| Fault::ClockDrift { target: Target::Leader, rate };
+        // Twice real time is 500 ms off after 500 ms; 0.2 % takes 250 s.
+        assert_eq!(drift(2.0).beyond_bound_after_ms(500, 6_000), Some(500));
+        assert_eq!(drift(0.5).beyond_bound_after_ms(500, 6_000), Some(1_000));
+        assert_eq!(drift(1.002).beyond_bound_after_ms(500, 6_000), None);
+        assert_eq!(drift(1.0).beyond_bound_after_ms(500, 6_000), None);
+        let handover =
+            Fault::ClockHandover { offset_ms: 400, lease_ttl_ms: 9_000, drift_rate: 1.002 };
+        assert_eq!(handover.beyond_bound_after_ms(500, 9_000), None);
+        // Within: inside the bound with the margin to spare, one node.
+        assert!(bump(300).within_bound(500) && bump(-400).within_bound(500));
+        assert!(!bump(401).within_bound(500) && !bump(0).within_bound(500));
+        assert!(!bump(-180_000).within_bound(500) && !handover.within_bound(500));
+        let majority = Fault::ClockBump { target: Target::Majority, offset_ms: 300 };
+        assert!(!majority.within_bound(500));
+    }
+
+    #[test]
+    fn a_plan_can_be_narrowed_to_some_kinds() {
+        let mut plan = Plan::generate(5, Profile::Quick, Mode::SafetyLiveness);
+        assert_eq!(plan.keep_only(&["clock-handover".to_string()]), 1);
+        assert!(!plan.expect.drains && !plan.expect.disk_full && !plan.expect.gate);
+        assert!(!plan.expect.clock, "a handover keeps every clock within the bound");
+        let mut plan = Plan::generate(5, Profile::Quick, Mode::SafetyLiveness);
+        // Beyond the bound and within it, and the kill.
+        assert_eq!(plan.keep_only(&["clock-bump".to_string(), "kill".to_string()]), 3);
+        assert!(plan.expect.clock);
+    }
+
+    #[test]
+    fn node_settings_reach_the_config_file() {
+        let plan = Plan::generate(5, Profile::Quick, Mode::SafetyLiveness);
+        let text = plan.tuning.config_text();
+        assert!(text.contains("drain_grace_ms = 1000\n"), "{text}");
+        assert!(text.contains("sweep_interval_ms = 100\n"), "{text}");
+        assert!(text.contains("max_clock_offset_ms = 500\n"), "{text}");
+        // An older plan's nodes run with the node's own defaults.
+        assert_eq!(NodeTuning::default().config_text(), "drain_grace_ms = 30000\n");
+        assert_eq!(NodeTuning::default().clock_bound_ms(), DEFAULT_CLOCK_BOUND_MS);
     }
 
     #[test]
@@ -752,6 +1035,21 @@ mod tests {
         let older: Plan = serde_json::from_value(older)?;
         assert_eq!(older.cron, None);
         assert!(!older.expect.cron);
+        // A plan written before the clock work reads with no clock
+        // expectation and the nodes' own sweep and bound.
+        let mut before_clocks =
+            serde_json::to_value(Plan::generate(9, Profile::Quick, Mode::SafetyLiveness))?;
+        if let Some(expect) = before_clocks.get_mut("expect").and_then(|e| e.as_object_mut()) {
+            expect.remove("clock");
+        }
+        if let Some(tuning) = before_clocks.get_mut("tuning").and_then(|e| e.as_object_mut()) {
+            tuning.remove("sweep_interval_ms");
+            tuning.remove("max_clock_offset_ms");
+        }
+        let before_clocks: Plan = serde_json::from_value(before_clocks)?;
+        assert!(!before_clocks.expect.clock);
+        assert_eq!(before_clocks.tuning.sweep_interval_ms, None);
+        assert_eq!(before_clocks.tuning.clock_bound_ms(), DEFAULT_CLOCK_BOUND_MS);
         let mut old = plan;
         old.version = 0;
         old.write(&path)?;

@@ -122,8 +122,7 @@ pub async fn run(plan: &Plan, options: &Options) -> anyhow::Result<Summary> {
     }
     for spec in &specs {
         if let Some(config) = &spec.config {
-            let text = format!("drain_grace_ms = {}\n", plan.tuning.drain_grace_ms);
-            std::fs::write(config, text)
+            std::fs::write(config, plan.tuning.config_text())
                 .map_err(|e| anyhow::anyhow!("writing {}: {e}", config.display()))?;
         }
     }
@@ -171,10 +170,12 @@ pub async fn run(plan: &Plan, options: &Options) -> anyhow::Result<Summary> {
         ttl_read_after,
         disks,
         security: security.clone(),
+        queue: plan.queue.clone(),
     };
     let mut nemesis =
         Nemesis::new(supervisor, network, history.clone(), StdRng::seed_from_u64(plan.seed))
-            .with_extras(extras);
+            .with_extras(extras)
+            .with_clock_bound(plan.tuning.clock_bound_ms());
     let exec_log = run_dir.join("exec.log");
     let cron_names: Vec<String> =
         plan.cron.iter().flat_map(|c| &c.schedules).map(|s| s.name.clone()).collect();
@@ -228,15 +229,32 @@ pub async fn run(plan: &Plan, options: &Options) -> anyhow::Result<Summary> {
             break;
         }
         tracing::info!(round, fault = planned.fault.kind(), "--- inject");
-        let (active, injected) = nemesis.inject(round, &planned.fault).await;
+        let (active, injected) = nemesis.inject(round, &planned.fault, planned.hold_ms).await;
         if let Err(error) = injected {
             tracing::warn!(round, %error, "fault injection failed; healing");
         }
-        tokio::time::sleep(Duration::from_millis(planned.hold_ms)).await;
+        let hold = Duration::from_millis(planned.hold_ms);
+        let bound_ms = plan.tuning.clock_bound_ms();
+        let beyond_after_ms = planned.fault.beyond_bound_after_ms(bound_ms, planned.hold_ms);
+        let clock_round = beyond_after_ms.is_some() || planned.fault.within_bound(bound_ms);
+        if clock_round {
+            let probe_after = Duration::from_millis(
+                beyond_after_ms.unwrap_or(0) + crate::checkers::clock_bound::STAND_ASIDE_GRACE_MS,
+            );
+            let watch = ClockWatch { supervisor: &nemesis.supervisor, history: &history, round };
+            watch.hold(&security, &addrs, plan.seed, hold, probe_after).await;
+        } else {
+            tokio::time::sleep(hold).await;
+        }
         tracing::info!(round, "--- heal");
         let nodes = last_fault_nodes(&history, round);
+        let target = nodes.clone();
         if let Err(error) = nemesis.heal(active).await {
             tracing::warn!(round, %error, "heal reported an error");
+        }
+        if clock_round {
+            let watch = ClockWatch { supervisor: &nemesis.supervisor, history: &history, round };
+            watch.rejoin(&target).await;
         }
         let key = format!("probe-{}-{round}", plan.seed);
         let recovered =
@@ -304,6 +322,7 @@ pub async fn run(plan: &Plan, options: &Options) -> anyhow::Result<Summary> {
         runs,
         final_exec_jobs,
         cron: plan.cron.clone().map(|c| c.schedules).unwrap_or_default(),
+        clock_bound_ms: plan.tuning.clock_bound_ms(),
     };
     let verdicts = checkers::all().iter().map(|c| c.check(&record)).collect();
     let mut expect = plan.expect.clone();
@@ -342,6 +361,96 @@ pub async fn run(plan: &Plan, options: &Options) -> anyhow::Result<Summary> {
         }
     }
     Ok(summary)
+}
+
+/// How often a clock round reads every node's own clock verdict.
+const CLOCK_READ_EVERY: Duration = Duration::from_millis(250);
+
+/// The clock rounds' reads of every node's own clock verdict (process
+/// `clock-watch`), which `clock_bound` judges.
+struct ClockWatch<'a> {
+    supervisor: &'a Supervisor,
+    history: &'a History,
+    round: usize,
+}
+
+impl ClockWatch<'_> {
+    /// Reads node `id`'s own status into the history as a `clock_read`;
+    /// answers whether it judged its clock within the bound.
+    async fn read(&self, id: u64) -> bool {
+        use crate::checkers::clock_bound::CLOCK_WATCH;
+        use crate::history::{OpFunction, OpType, OpValue};
+        let base = OpValue { nodes: vec![id], round: Some(self.round), ..OpValue::default() };
+        self.history.invoke(CLOCK_WATCH, OpFunction::ClockRead, base.clone());
+        match self.supervisor.local_status(id).await {
+            Ok(status) => {
+                let skewed = status.clock_skewed;
+                let value = OpValue {
+                    role: Some(status.role),
+                    clock_skewed: Some(skewed),
+                    message: Some(status.clock),
+                    ..base
+                };
+                self.history.record(CLOCK_WATCH, OpType::Ok, OpFunction::ClockRead, value);
+                !skewed
+            }
+            Err(error) => {
+                let value = OpValue { message: Some(error.to_string()), ..base };
+                self.history.record(CLOCK_WATCH, OpType::Info, OpFunction::ClockRead, value);
+                false
+            }
+        }
+    }
+
+    /// Holds the round for `hold`, reading every node every
+    /// [`CLOCK_READ_EVERY`], and tries a write from `probe_after` on (once
+    /// a skewed node has had its grace to stand aside) until the hold ends.
+    async fn hold(
+        &self,
+        security: &Security,
+        addrs: &[String],
+        seed: u64,
+        hold: Duration,
+        probe_after: Duration,
+    ) {
+        let until = Instant::now() + hold;
+        let reads = async {
+            while Instant::now() < until {
+                for id in self.supervisor.ids() {
+                    self.read(id).await;
+                }
+                let left = until.saturating_duration_since(Instant::now());
+                tokio::time::sleep(CLOCK_READ_EVERY.min(left)).await;
+            }
+        };
+        let probe = async {
+            tokio::time::sleep(probe_after).await;
+            let left = until.saturating_duration_since(Instant::now());
+            if !left.is_zero() {
+                let key = format!("probe-{seed}-{}-during", self.round);
+                workload::probe_during(self.history, security, addrs, &key, self.round, left).await;
+            }
+        };
+        tokio::join!(reads, probe);
+    }
+
+    /// After the heal, reads `targets` until each judges its clock within
+    /// the bound again, at most the checker's rejoin limit.
+    async fn rejoin(&self, targets: &[u64]) {
+        use crate::checkers::clock_bound::REJOIN_LIMIT_MS;
+        let until = Instant::now() + Duration::from_millis(REJOIN_LIMIT_MS);
+        let mut left: Vec<u64> = targets.to_vec();
+        while !left.is_empty() && Instant::now() < until {
+            let mut still = Vec::new();
+            for id in left {
+                if !self.read(id).await {
+                    still.push(id);
+                }
+            }
+            left = still;
+            tokio::time::sleep(CLOCK_READ_EVERY).await;
+        }
+    }
 }
 
 /// Pins the node binary for the run: a hard link in the run directory, so a
@@ -607,6 +716,7 @@ pub fn check_dir(run_dir: &Path) -> anyhow::Result<Summary> {
         runs,
         final_exec_jobs,
         cron: plan.cron.clone().map(|c| c.schedules).unwrap_or_default(),
+        clock_bound_ms: plan.tuning.clock_bound_ms(),
     };
     let verdicts = checkers::all().iter().map(|c| c.check(&record)).collect();
     let previous: Option<Summary> = read_json(&run_dir.join("summary.json")).ok();

@@ -56,6 +56,12 @@ pub struct Counters {
     /// The disk-full rounds' paths.
     #[serde(default)]
     pub disk: crate::checkers::durable_acks::DiskCounters,
+    /// The clock rounds' paths.
+    #[serde(default)]
+    pub clock: crate::checkers::clock_bound::ClockCounters,
+    /// Lease hand-overs judged in real time against the clock bound.
+    #[serde(default)]
+    pub real_time: crate::checkers::lease_exclusivity::RealTimeCounters,
     /// Harness calls a node refused as unauthenticated or not permitted:
     /// the harness gives each client the role its calls need, so anything
     /// but zero is a harness (or auth) bug to look at.
@@ -132,6 +138,8 @@ pub fn count(run: &RunRecord) -> Counters {
         crate::checkers::journal_once::counters(run);
     counters.drain = crate::checkers::drained_leases::counters(run);
     counters.disk = crate::checkers::durable_acks::counters(run);
+    counters.clock = crate::checkers::clock_bound::counters(run);
+    counters.real_time = crate::checkers::lease_exclusivity::counters(run);
     for job in run.final_jobs.iter().flatten() {
         match job.state.as_str() {
             "acked" => counters.jobs_acked += 1,
@@ -196,6 +204,11 @@ pub fn vacuity(checker: &str, expect: &Expectations, counters: &Counters) -> Vec
                 "writes acknowledged while a disk was full",
             );
         }
+        "clock_bound" => need(
+            expect.clock,
+            counters.clock.beyond_rounds,
+            "clock rounds beyond the bound judged with a write served",
+        ),
         _ => {}
     }
     missing
@@ -208,6 +221,7 @@ pub fn applies(checker: &str, expect: &Expectations) -> bool {
         "cron_once" | "journal_once" => expect.cron,
         "drained_leases" => expect.drains,
         "durable_acks" => expect.disk_full,
+        "clock_bound" => expect.clock,
         _ => true,
     }
 }
@@ -481,6 +495,18 @@ impl Summary {
             c.disk.ok_writes,
             c.disk.refused_writes
         );
+        let closest =
+            c.real_time.closest_ms.map_or_else(|| "none".to_string(), |ms| format!("{ms:+} ms"));
+        let _ = writeln!(
+            out,
+            "exercised (clocks): rounds beyond the bound {} (reads standing aside {}), within it {}; hand-overs judged in real time {}, closest to the floor {}, inside the holder's own deadline {}",
+            c.clock.beyond_rounds,
+            c.clock.stood_aside,
+            c.clock.within_rounds,
+            c.real_time.handovers,
+            closest,
+            c.real_time.inside_holder_deadline
+        );
         let network: Vec<String> = self.network.iter().map(|(k, v)| format!("{k} {v}")).collect();
         let _ = writeln!(out, "proxies: {}", network.join(", "));
         let starts: Vec<String> =
@@ -600,17 +626,19 @@ mod tests {
             drains: true,
             disk_full: true,
             gate: true,
+            clock: true,
         };
         let summary = Summary::build(&run, verdicts.clone(), facts(expect));
         assert_eq!(summary.passed, 0);
-        assert_eq!(summary.failed, 9);
+        assert_eq!(summary.failed, 10);
         let text = summary.render();
-        assert_eq!(text.lines().last(), Some("0 passed, 9 failed"));
+        assert_eq!(text.lines().last(), Some("0 passed, 10 failed"));
         assert!(text.contains("vacuous"));
         // A plan without cron, drains or disk faults does not hold those
         // checkers to anything: they pass as not applicable.
         let queue_only = Expectations { stale_tokens_refused: true, ..Expectations::default() };
         let summary = Summary::build(&run, verdicts, facts(queue_only));
-        assert_eq!(summary.passed, 4);
+        // clock_bound among them: no clock round beyond the bound.
+        assert_eq!(summary.passed, 5);
     }
 }

@@ -215,7 +215,7 @@ fn complete<T>(
     }
 }
 
-fn lease_record(lease: &v1::Lease, job: Option<&v1::Job>) -> LeaseRecord {
+pub(crate) fn lease_record(lease: &v1::Lease, job: Option<&v1::Job>) -> LeaseRecord {
     LeaseRecord {
         job_id: lease.job_id,
         holder: lease.holder.clone(),
@@ -338,7 +338,7 @@ pub async fn worker(ctx: Context, index: u32) -> anyhow::Result<()> {
             ..Default::default()
         };
         ctx.history.invoke(&process, OpFunction::Claim, OpValue::default());
-        let ended = bounded(client.client.claim(request)).await;
+        let ended = bounded(client.client.claim_with_wait(request)).await;
         let grants = match complete(
             &ctx,
             &process,
@@ -346,14 +346,18 @@ pub async fn worker(ctx: Context, index: u32) -> anyhow::Result<()> {
             &OpValue::default(),
             ended,
             &mut client,
-            |grants: &Vec<v1::Grant>, v| {
-                v.leases = grants
+            |reply: &v1::ClaimResponse, v| {
+                v.leases = reply
+                    .grants
                     .iter()
                     .filter_map(|g| g.lease.as_ref().map(|l| lease_record(l, g.job.as_ref())))
                     .collect();
+                // How long the node held the call before granting: the
+                // lease's local deadline counts from send time plus this.
+                v.waited_ms = Some(reply.waited_ms);
             },
         ) {
-            Ok(grants) => grants,
+            Ok(reply) => reply.grants,
             Err(_) => {
                 nap(&ctx, Duration::from_millis(200)).await;
                 continue;
@@ -582,6 +586,31 @@ pub async fn probe_write(
     round: usize,
     limit: Duration,
 ) -> Option<Duration> {
+    probe(history, security, addrs, key, round, None, limit).await
+}
+
+/// A probe write while a fault holds (phase `during`): whether the nodes
+/// the fault spared still serve.
+pub async fn probe_during(
+    history: &History,
+    security: &Security,
+    addrs: &[String],
+    key: &str,
+    round: usize,
+    limit: Duration,
+) -> Option<Duration> {
+    probe(history, security, addrs, key, round, Some("during"), limit).await
+}
+
+async fn probe(
+    history: &History,
+    security: &Security,
+    addrs: &[String],
+    key: &str,
+    round: usize,
+    phase: Option<&str>,
+    limit: Duration,
+) -> Option<Duration> {
     let started = Instant::now();
     let mut client = match Rotating::new(addrs, round, security, Role::Producer) {
         Ok(client) => client,
@@ -598,8 +627,12 @@ pub async fn probe_write(
             idempotency_key: Some(key.to_string()),
             ..v1::JobSpec::default()
         };
-        let base =
-            OpValue { value: Some(key.to_string()), round: Some(round), ..OpValue::default() };
+        let base = OpValue {
+            value: Some(key.to_string()),
+            round: Some(round),
+            phase: phase.map(str::to_string),
+            ..OpValue::default()
+        };
         history.invoke(process, OpFunction::Probe, base.clone());
         let remaining = limit.saturating_sub(started.elapsed()).min(Duration::from_secs(5));
         match tokio::time::timeout(remaining, client.client.enqueue(vec![spec])).await {

@@ -6,7 +6,7 @@
 //!
 //! | file | guarantee |
 //! | --- | --- |
-//! | `lease_exclusivity` | §7.1: no two leases of one job overlap in cluster time |
+//! | `lease_exclusivity` | §7.1: no two leases of one job overlap in cluster time; §7.7: none is cut short in real time by more than the clock bound |
 //! | `fencing` | §7.1: tokens strictly increase; the sink never takes a lower token after a higher |
 //! | `no_redelivery` | §7.2: an acked job is never granted again; a stale ack is refused |
 //! | `none_lost` | §7.3: every enqueued job ends acked or dead, exactly once |
@@ -15,6 +15,7 @@
 //! | `journal_once` | §7.5: on the journal path no job runs twice; one path per claim |
 //! | `drained_leases` | §7.6: a drained node leaves no lease held past its TTL |
 //! | `durable_acks` | a node never acknowledges a write it could not make durable (disk full) |
+//! | `clock_bound` | §7.7: a node whose clock is beyond the bound stands aside, the others serve; within it nothing changes |
 
 use serde::{Deserialize, Serialize};
 
@@ -23,6 +24,7 @@ use crate::history::Op;
 use crate::plan::{CronSchedulePlan, Mode};
 use crate::sink::SinkWrite;
 
+pub mod clock_bound;
 pub mod convergence;
 pub mod cron_once;
 pub mod drained_leases;
@@ -89,6 +91,9 @@ pub struct RunRecord {
     pub final_exec_jobs: Option<Vec<FinalJob>>,
     /// The cron schedules the plan put.
     pub cron: Vec<CronSchedulePlan>,
+    /// The clock bound the nodes enforced (`max_clock_offset_ms`), by which
+    /// lease timing is judged in real time.
+    pub clock_bound_ms: u64,
 }
 
 /// Whether an anomaly breaks safety (always a failure) or liveness.
@@ -165,6 +170,7 @@ pub fn all() -> Vec<Box<dyn Checker>> {
         Box::new(journal_once::JournalOnce),
         Box::new(drained_leases::DrainedLeases),
         Box::new(durable_acks::DurableAcks),
+        Box::new(clock_bound::ClockBound),
     ]
 }
 
