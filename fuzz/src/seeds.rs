@@ -160,6 +160,10 @@ fn proposals() -> Vec<Proposal> {
         Command::SetDraining { node: 2, draining: true },
         Command::DeleteSchedule { name: "backup".into() },
         Command::Batch { commands: vec![Command::Sweep, Command::Purge] },
+        Command::Ruled {
+            limits: leasehold_core::Limits::default(),
+            command: Box::new(Command::Batch { commands: vec![Command::Sweep, Command::Purge] }),
+        },
     ];
     commands
         .into_iter()
