@@ -635,7 +635,11 @@ async fn join(
     let mut client = ClusterClient::new(channel);
     let deadline = tokio::time::Instant::now() + JOIN_DEADLINE;
     loop {
-        let request = JoinRequest { id, addr: advertise.to_string() };
+        let request = JoinRequest {
+            id,
+            addr: advertise.to_string(),
+            log_format: leasehold_core::command::LOG_FORMAT,
+        };
         match client.join(request).await {
             Ok(reply) => {
                 let reply = reply.into_inner();

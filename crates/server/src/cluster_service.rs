@@ -290,6 +290,16 @@ impl Cluster for ClusterService {
                 request.addr
             )));
         }
+        // A build that cannot decode what the cluster writes would stop at
+        // the first such entry; it must be upgraded before it joins.
+        let agreed = self.journal.log_format();
+        let joiner = request.log_format.max(1);
+        if joiner < agreed {
+            return Err(Status::failed_precondition(format!(
+                "log_format: node {} decodes log format {joiner}, and the cluster writes format {agreed}; upgrade it before it joins",
+                request.id
+            )));
+        }
         let raft = self.journal.raft();
         if membership.get_node(&request.id).is_none() {
             tracing::info!(node = request.id, addr = %request.addr, "adding learner");

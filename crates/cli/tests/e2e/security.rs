@@ -278,7 +278,7 @@ async fn proof_story(sandbox: &Sandbox) -> Result<()> {
                 && s.message().contains(NODE_PROOF_HEADER)),
             "{label}: an append was answered {answer:?}"
         );
-        let join = v1::JoinRequest { id: 2, addr: "127.0.0.1:9".into() };
+        let join = v1::JoinRequest { id: 2, addr: "127.0.0.1:9".into(), ..Default::default() };
         let answer = ClusterClient::new(channel).join(join).await;
         ensure!(
             matches!(&answer, Err(s) if s.code() == tonic::Code::Unauthenticated),

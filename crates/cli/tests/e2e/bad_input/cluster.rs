@@ -18,7 +18,13 @@ pub fn cases(member_addr: &str) -> Vec<Case> {
         AlreadyExists, FailedPrecondition, InvalidArgument as Invalid, NotFound, PermissionDenied,
     };
     let bad = Case::malformed;
-    let join = |id, addr: &str| rpc::join(v1::JoinRequest { id, addr: addr.to_string() });
+    let join = |id, addr: &str| {
+        rpc::join(v1::JoinRequest {
+            id,
+            addr: addr.to_string(),
+            log_format: leasehold_core::command::LOG_FORMAT,
+        })
+    };
     let long_addr = format!("{}.example:7070", "h".repeat(300));
     let mut cases = vec![
         // Join
@@ -37,6 +43,16 @@ pub fn cases(member_addr: &str) -> Vec<Case> {
         ),
         Case::too_large("join: a 313-byte addr", join(PROBE_NODE, &long_addr), Invalid, "addr"),
         bad("join: another member's addr", join(PROBE_NODE, member_addr), AlreadyExists, "addr"),
+        bad(
+            "join: a build older than the log format the cluster writes",
+            rpc::join(v1::JoinRequest {
+                id: PROBE_NODE,
+                addr: "127.0.0.1:7999".to_string(),
+                log_format: 0,
+            }),
+            FailedPrecondition,
+            "log_format",
+        ),
         bad(
             "join: as another node",
             join(PROBE_NODE + 1, "127.0.0.1:7999"),

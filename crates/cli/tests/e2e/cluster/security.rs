@@ -401,7 +401,11 @@ async fn internal_story(sandbox: &Sandbox) -> Result<()> {
         &cluster,
         "client joins as node 4",
         denied,
-        client.cluster().join(v1::JoinRequest { id: 4, addr: "127.0.0.1:9".into() }),
+        client.cluster().join(v1::JoinRequest {
+            id: 4,
+            addr: "127.0.0.1:9".into(),
+            ..Default::default()
+        }),
     )
     .await?;
     let mut peer = PeerClient::new(client.channel.clone());
@@ -433,7 +437,11 @@ async fn internal_story(sandbox: &Sandbox) -> Result<()> {
         &cluster,
         "foreign node joins",
         None,
-        foreign.cluster().join(v1::JoinRequest { id: 4, addr: "127.0.0.1:9".into() }),
+        foreign.cluster().join(v1::JoinRequest {
+            id: 4,
+            addr: "127.0.0.1:9".into(),
+            ..Default::default()
+        }),
     )
     .await?;
 
@@ -443,7 +451,11 @@ async fn internal_story(sandbox: &Sandbox) -> Result<()> {
         &cluster,
         "node 4 joins as node 5",
         denied,
-        four.cluster().join(v1::JoinRequest { id: 5, addr: "127.0.0.1:9".into() }),
+        four.cluster().join(v1::JoinRequest {
+            id: 5,
+            addr: "127.0.0.1:9".into(),
+            ..Default::default()
+        }),
     )
     .await?;
 
