@@ -29,6 +29,7 @@ use leasehold_security::{
 use leasehold_server::auth::{AuthConfig, AuthLayer};
 use leasehold_server::cluster_service::ClusterService;
 use leasehold_server::faults_service::FaultsService;
+use leasehold_server::health::HealthService;
 use leasehold_server::incoming::{self, ConnectionLimits};
 use leasehold_server::limits::{self, SizeLimitLayer};
 use leasehold_server::peer_service::PeerService;
@@ -318,9 +319,8 @@ impl Node {
         // while the servers keep serving.
         let (intake, intake_rx) = watch::channel(false);
 
-        let (mut tasks, health) =
+        let mut tasks =
             serve(&config, transport, &journal, &gate, &credentials, &readiness, &shutdown_rx)?;
-        tasks.push(tokio::spawn(report_health(readiness, health, shutdown_rx.clone())));
         if config.insecure && !config.grpc_is_loopback() {
             tasks.push(tokio::spawn(warn_insecure(config.grpc.clone(), shutdown_rx.clone())));
         }
@@ -427,13 +427,28 @@ fn serve(
     credentials: &Credentials,
     readiness: &Readiness,
     shutdown: &watch::Receiver<bool>,
-) -> Result<(Vec<ServingTask>, tonic_health::server::HealthReporter), NodeError> {
-    let (health_reporter, health) = tonic_health::server::health_reporter();
-    let reflection = tonic_reflection::server::Builder::configure()
-        .register_encoded_file_descriptor_set(leasehold_proto::FILE_DESCRIPTOR_SET)
-        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
-        .build_v1()
-        .map_err(|e| NodeError::Serve(e.to_string()))?;
+) -> Result<Vec<ServingTask>, NodeError> {
+    let health = HealthService::new(readiness.clone()).into_server();
+    // Reflection lists the services this node serves, and only those (the
+    // Faults service only with fault injection on), in both protocol
+    // versions: many tools still speak only v1alpha.
+    let reflection = || {
+        let mut builder = tonic_reflection::server::Builder::configure()
+            .register_encoded_file_descriptor_set(leasehold_proto::FILE_DESCRIPTOR_SET)
+            .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+            // Both versions' descriptors in both, so each describes both.
+            .register_encoded_file_descriptor_set(tonic_reflection::pb::v1::FILE_DESCRIPTOR_SET)
+            .register_encoded_file_descriptor_set(
+                tonic_reflection::pb::v1alpha::FILE_DESCRIPTOR_SET,
+            );
+        for name in served_services(config.fault_injection) {
+            builder = builder.with_service_name(name);
+        }
+        builder
+    };
+    let reflection_v1 = reflection().build_v1().map_err(|e| NodeError::Serve(e.to_string()))?;
+    let reflection_v1alpha =
+        reflection().build_v1alpha().map_err(|e| NodeError::Serve(e.to_string()))?;
     let faults = config.fault_injection.then(|| {
         FaultsServer::new(FaultsService::new(journal.clone()))
             .max_decoding_message_size(limits::MAX_SMALL_REQUEST_BYTES)
@@ -457,7 +472,8 @@ fn serve(
         .layer(layers)
         .add_optional_service(faults)
         .add_service(health)
-        .add_service(reflection)
+        .add_service(reflection_v1)
+        .add_service(reflection_v1alpha)
         .add_service(
             QueueServer::new(QueueService::new(journal.clone()))
                 .max_decoding_message_size(limits::MAX_QUEUE_REQUEST_BYTES)
@@ -495,7 +511,25 @@ fn serve(
         tokio::spawn(async move { grpc.await.map_err(|e| e.to_string()) }),
         tokio::spawn(async move { http.await.map_err(|e| e.to_string()) }),
     ];
-    Ok((tasks, health_reporter))
+    Ok(tasks)
+}
+
+/// The gRPC services a node serves, by full name, as reflection lists them.
+fn served_services(fault_injection: bool) -> Vec<&'static str> {
+    let mut names = vec![
+        "leasehold.v1.Queue",
+        "leasehold.v1.Schedules",
+        "leasehold.v1.Cluster",
+        "leasehold.v1.Peer",
+        "leasehold.v1.Raft",
+        "grpc.health.v1.Health",
+        "grpc.reflection.v1.ServerReflection",
+        "grpc.reflection.v1alpha.ServerReflection",
+    ];
+    if fault_injection {
+        names.push("leasehold.v1.Faults");
+    }
+    names
 }
 
 /// Starts what takes in work: the executor (when on), the node's
@@ -694,28 +728,6 @@ fn tls_failure(status: &tonic::Status) -> Option<String> {
 
 async fn signalled(mut shutdown: watch::Receiver<bool>) {
     let _ = shutdown.wait_for(|stop| *stop).await;
-}
-
-/// Mirrors readiness into grpc.health.v1 (service "" and the Queue service).
-async fn report_health(
-    readiness: Readiness,
-    health: tonic_health::server::HealthReporter,
-    mut shutdown: watch::Receiver<bool>,
-) -> Result<(), String> {
-    let mut tick = tokio::time::interval(Duration::from_secs(1));
-    loop {
-        tokio::select! {
-            _ = shutdown.changed() => return Ok(()),
-            _ = tick.tick() => {}
-        }
-        let status = if readiness.report().await.ready {
-            tonic_health::ServingStatus::Serving
-        } else {
-            tonic_health::ServingStatus::NotServing
-        };
-        health.set_service_status("", status).await;
-        health.set_service_status("leasehold.v1.Queue", status).await;
-    }
 }
 
 fn raft_config(config: &Config) -> Result<Arc<openraft::Config>, NodeError> {

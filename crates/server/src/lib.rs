@@ -13,6 +13,7 @@ pub mod auth;
 pub mod cluster_service;
 pub mod error;
 pub mod faults_service;
+pub mod health;
 pub mod http;
 pub mod incoming;
 pub mod limits;

@@ -38,8 +38,8 @@ use super::support::{
 const EXEC_QUEUE: &str = "exec";
 /// How long a freshly started single node may take to serve.
 const NODE_READY_TIMEOUT: Duration = Duration::from_secs(45);
-/// Readiness is cached about a second and grpc.health is refreshed every
-/// second: a change shows on both within this.
+/// Readiness is cached about a second (grpc.health reads the same cache):
+/// a change shows on both within this.
 const READINESS_FLIP_TIMEOUT: Duration = Duration::from_secs(4);
 /// A node cut off from its peers notices within a few election timeouts
 /// (500–1000 ms each) plus the readiness cache.
@@ -533,6 +533,128 @@ async fn readiness_story(sandbox: &Sandbox) -> Result<()> {
     quorum_loss(&mut cluster, survivor, &stopped, "a follower, its leader and peer stopped")
         .await?;
     Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn grpc_health_agrees_with_readyz_at_once_and_reflection_lists_what_is_served() -> Result<()>
+{
+    let sandbox = Sandbox::new("lifecycle-health")?;
+    sandbox.run(Duration::from_secs(120), health_story(&sandbox)).await
+}
+
+/// grpc.health answers from the same readiness as `/readyz`: the first
+/// `/readyz` that shows a flip is followed at once by a health answer that
+/// agrees (a copy refreshed once a second lagged here), and a `Watch` sees
+/// the flip. Reflection answers in both protocol versions and lists the
+/// Faults service exactly when fault injection is on.
+async fn health_story(sandbox: &Sandbox) -> Result<()> {
+    phase("a node with fault injection, and one without");
+    let with = Settings { fault_injection: true, ..Settings::default() };
+    let faulty = start_single(sandbox, "with-faults", &with).await?;
+    let http = faulty.http;
+    let mut faults = FaultsClient::new(channel(&faulty)?);
+    let mut health = HealthClient::new(channel(&faulty)?);
+    wait_readiness(http, &mut health, Ready::Yes, "", deadline_in(READINESS_FLIP_TIMEOUT)).await?;
+    let request = |service: &str| HealthCheckRequest { service: service.to_string() };
+    let mut watch = health.watch(request("")).await.context("Watch")?.into_inner();
+    let first = watch.message().await.context("the first Watch message")?;
+    ensure!(
+        first.map(|m| m.status) == Some(ServingStatus::Serving as i32),
+        "Watch starts with SERVING"
+    );
+    let unknown = health.check(request("leasehold.v1.Nothing")).await;
+    ensure!(
+        matches!(&unknown, Err(s) if s.code() == tonic::Code::NotFound),
+        "an unknown service is NOT_FOUND: {unknown:?}"
+    );
+
+    for (on, want, status) in
+        [(true, 503, ServingStatus::NotServing), (false, 200, ServingStatus::Serving)]
+    {
+        phase(&format!("probe fault {on}: the first /readyz {want} and grpc.health agree"));
+        faults.set_probe_fault(v1::SetFaultRequest { on }).await.context("SetProbeFault")?;
+        wait_until(
+            &format!("/readyz to answer {want}"),
+            deadline_in(READINESS_FLIP_TIMEOUT),
+            || async move {
+                let readyz = http_get(http, "/readyz").await?;
+                Ok(if readyz.status == want { Check::Done(()) } else { Check::NotYet(readyz.body) })
+            },
+        )
+        .await?;
+        let answered = health.check(request("")).await.context("Check")?.into_inner().status;
+        ensure!(
+            answered == status as i32,
+            "right after /readyz {want}, grpc.health said {answered}"
+        );
+        let queue = health.check(request("leasehold.v1.Queue")).await?.into_inner().status;
+        ensure!(queue == status as i32, "the Queue service's health follows too: {queue}");
+        let seen = tokio::time::timeout(Duration::from_secs(2), watch.message())
+            .await
+            .context("Watch sent nothing within 2 s of the flip")?
+            .context("Watch")?;
+        ensure!(seen.map(|m| m.status) == Some(status as i32), "Watch sent the new status");
+    }
+
+    phase("reflection, v1 and v1alpha, lists what each node serves");
+    let plain = start_single(sandbox, "without-faults", &Settings::default()).await?;
+    for (node, faults_served) in [(&faulty, true), (&plain, false)] {
+        let v1 = reflection_v1_services(node).await?;
+        let v1alpha = reflection_v1alpha_services(node).await?;
+        ensure!(v1 == v1alpha, "the two versions list the same services: {v1:?} / {v1alpha:?}");
+        for name in ["leasehold.v1.Queue", "leasehold.v1.Schedules", "grpc.health.v1.Health"] {
+            ensure!(v1.contains(name), "{name} is listed: {v1:?}");
+        }
+        ensure!(
+            v1.contains("leasehold.v1.Faults") == faults_served,
+            "Faults listed iff fault injection is on ({faults_served}): {v1:?}"
+        );
+    }
+    Ok(())
+}
+
+/// The services a node lists through grpc.reflection.v1.
+async fn reflection_v1_services(node: &Node) -> Result<std::collections::BTreeSet<String>> {
+    use tonic_reflection::pb::v1::ServerReflectionRequest;
+    use tonic_reflection::pb::v1::server_reflection_client::ServerReflectionClient;
+    use tonic_reflection::pb::v1::server_reflection_request::MessageRequest;
+    use tonic_reflection::pb::v1::server_reflection_response::MessageResponse;
+    let mut client = ServerReflectionClient::new(channel(node)?);
+    let request = ServerReflectionRequest {
+        host: String::new(),
+        message_request: Some(MessageRequest::ListServices(String::new())),
+    };
+    let mut answers =
+        client.server_reflection_info(futures::stream::iter([request])).await?.into_inner();
+    let answer = answers.message().await?.context("no v1 reflection answer")?;
+    match answer.message_response {
+        Some(MessageResponse::ListServicesResponse(list)) => {
+            Ok(list.service.into_iter().map(|s| s.name).collect())
+        }
+        other => bail!("v1 reflection answered {other:?}"),
+    }
+}
+
+/// The services a node lists through grpc.reflection.v1alpha.
+async fn reflection_v1alpha_services(node: &Node) -> Result<std::collections::BTreeSet<String>> {
+    use tonic_reflection::pb::v1alpha::ServerReflectionRequest;
+    use tonic_reflection::pb::v1alpha::server_reflection_client::ServerReflectionClient;
+    use tonic_reflection::pb::v1alpha::server_reflection_request::MessageRequest;
+    use tonic_reflection::pb::v1alpha::server_reflection_response::MessageResponse;
+    let mut client = ServerReflectionClient::new(channel(node)?);
+    let request = ServerReflectionRequest {
+        host: String::new(),
+        message_request: Some(MessageRequest::ListServices(String::new())),
+    };
+    let mut answers =
+        client.server_reflection_info(futures::stream::iter([request])).await?.into_inner();
+    let answer = answers.message().await?.context("no v1alpha reflection answer")?;
+    match answer.message_response {
+        Some(MessageResponse::ListServicesResponse(list)) => {
+            Ok(list.service.into_iter().map(|s| s.name).collect())
+        }
+        other => bail!("v1alpha reflection answered {other:?}"),
+    }
 }
 
 /// SIGSTOPs `stopped`, checks that `survivor` turns unready (leader check)
