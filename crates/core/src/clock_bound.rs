@@ -16,7 +16,10 @@
 //! - **skewed** when a majority of the voters disagree with it: it is the
 //!   odd one out, and must not lead, stamp time or report ready;
 //! - **unknown** otherwise (too few measurements, or a split): it may not
-//!   stamp time, but nothing says it is wrong, so it stays ready.
+//!   stamp time, but nothing says it is wrong, so it stays ready — unless
+//!   it was last found skewed: it stays skewed until a majority agrees with
+//!   it again ([`sustain_skew`]), so a correct peer going quiet does not
+//!   let the wrong clock lead.
 //!
 //! A node whose clock is right never becomes skewed because another node's
 //! is wrong: the wrong node disagrees with it, but the others (a majority,
@@ -121,6 +124,21 @@ pub fn judge_clock(me: u64, voters: &[u64], offsets: &[PeerOffset], bound_ms: u6
     }
 }
 
+/// The verdict to act on, from the one judged now and the skew this node
+/// was last found in (`last_skew`: the latest [`ClockVerdict::Skewed`],
+/// unless an agreed verdict came after it). A node found skewed stays
+/// skewed until a majority agrees with it again: a correct peer going
+/// quiet (paused, restarted, cut off) leaves only an unknown verdict, which
+/// is no evidence that this clock came right — without this the wrong node
+/// would stand for election, and win with its fast timer, the moment one
+/// correct peer paused, and then lead a cluster it cannot stamp time for.
+pub fn sustain_skew(judged: ClockVerdict, last_skew: Option<&ClockVerdict>) -> ClockVerdict {
+    match (&judged, last_skew) {
+        (ClockVerdict::Unknown { .. }, Some(skew @ ClockVerdict::Skewed { .. })) => skew.clone(),
+        _ => judged,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -174,5 +192,28 @@ mod tests {
         assert!(!judge_clock(4, &voters, &[peer(1, 0)], 500).may_stamp());
         // Offsets of nodes that are not voters are ignored.
         assert!(!judge_clock(1, &[1, 2, 3], &[peer(7, 0), peer(8, 0)], 500).may_stamp());
+    }
+
+    #[test]
+    fn a_skewed_clock_stays_skewed_until_a_majority_agrees_again() {
+        let voters = [1, 2, 3];
+        let skewed = judge_clock(3, &voters, &[peer(1, -120_000), peer(2, -120_000)], 500);
+        assert!(skewed.is_skewed());
+        // Node 1 pauses: only node 2 is measured, and the judged verdict
+        // alone would let node 3 stand for election.
+        let one_quiet = judge_clock(3, &voters, &[peer(2, -120_000)], 500);
+        assert!(matches!(one_quiet, ClockVerdict::Unknown { .. }));
+        assert_eq!(sustain_skew(one_quiet.clone(), Some(&skewed)), skewed);
+        // A node never found skewed keeps the unknown verdict (it may not
+        // stamp, but nothing says it is wrong).
+        assert_eq!(
+            sustain_skew(one_quiet, None),
+            judge_clock(3, &voters, &[peer(2, -120_000)], 500)
+        );
+        // Put right: a majority agrees, whatever came before.
+        let agreed = judge_clock(3, &voters, &[peer(1, 5), peer(2, -5)], 500);
+        assert_eq!(sustain_skew(agreed.clone(), Some(&skewed)), agreed);
+        let skewed_again = judge_clock(3, &voters, &[peer(1, 900), peer(2, 900)], 500);
+        assert_eq!(sustain_skew(skewed_again.clone(), Some(&skewed)), skewed_again);
     }
 }

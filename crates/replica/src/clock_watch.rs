@@ -17,7 +17,7 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use leasehold_core::clock_bound::{ClockVerdict, PeerOffset, judge_clock};
+use leasehold_core::clock_bound::{ClockVerdict, PeerOffset, judge_clock, sustain_skew};
 
 use crate::clock::Clock;
 
@@ -39,6 +39,10 @@ struct Measurement {
 #[derive(Clone)]
 pub struct ClockWatch {
     measurements: Arc<Mutex<BTreeMap<u64, Measurement>>>,
+    /// The latest skewed verdict, until an agreed one comes after it: a
+    /// skewed node stays skewed until a majority agrees with it again
+    /// (`leasehold_core::clock_bound::sustain_skew`).
+    last_skew: Arc<Mutex<Option<ClockVerdict>>>,
     bound_ms: u64,
     fresh_for: Duration,
 }
@@ -47,7 +51,7 @@ impl ClockWatch {
     /// A watch enforcing `bound_ms` (`max_clock_offset_ms`), counting a
     /// measurement for `fresh_for` after it was made.
     pub fn new(bound_ms: u64, fresh_for: Duration) -> ClockWatch {
-        ClockWatch { measurements: Arc::default(), bound_ms, fresh_for }
+        ClockWatch { measurements: Arc::default(), last_skew: Arc::default(), bound_ms, fresh_for }
     }
 
     /// The bound enforced.
@@ -101,9 +105,18 @@ impl ClockWatch {
             .collect()
     }
 
-    /// The verdict on node `me`'s clock among `voters`, now.
+    /// The verdict on node `me`'s clock among `voters`, now; skewed while
+    /// the last decisive verdict was, until a majority agrees again.
     pub fn verdict(&self, me: u64, voters: &[u64], clock: &Clock) -> ClockVerdict {
-        judge_clock(me, voters, &self.offsets(clock), self.bound_ms)
+        let judged = judge_clock(me, voters, &self.offsets(clock), self.bound_ms);
+        let Ok(mut last_skew) = self.last_skew.lock() else { return judged };
+        let verdict = sustain_skew(judged, last_skew.as_ref());
+        match &verdict {
+            ClockVerdict::Agreed { .. } => *last_skew = None,
+            ClockVerdict::Skewed { .. } => *last_skew = Some(verdict.clone()),
+            ClockVerdict::Unknown { .. } => {}
+        }
+        verdict
     }
 
     /// How old each peer's last measurement is, for status.
@@ -216,6 +229,34 @@ mod tests {
         assert!((-120_100..=-119_900).contains(&three), "{offsets:?}");
         let two = offsets.iter().find(|o| o.node == 2).map(|o| o.offset_ms).unwrap_or_default();
         assert!(two.abs() < 200, "{offsets:?}");
+    }
+
+    #[test]
+    fn a_skewed_node_stays_aside_when_a_peer_goes_quiet_until_a_majority_agrees() {
+        let clock = Clock::system();
+        let watch = ClockWatch::new(500, Duration::from_millis(200));
+        let record = |peer: u64, offset_ms: u64| {
+            let sent_at = Instant::now();
+            let wall_ms = clock.now_ms();
+            watch.record(peer, wall_ms, sent_at, sent_at, wall_ms.saturating_sub(offset_ms));
+        };
+        // This node (3) reads two minutes ahead of both peers.
+        record(1, 120_000);
+        record(2, 120_000);
+        assert!(watch.verdict(3, &[1, 2, 3], &clock).is_skewed());
+        // Node 1 goes quiet: its measurement lapses, node 2's is renewed.
+        std::thread::sleep(Duration::from_millis(250));
+        record(2, 120_000);
+        assert_eq!(watch.offsets(&clock).len(), 1);
+        assert!(watch.verdict(3, &[1, 2, 3], &clock).is_skewed(), "still the odd one out");
+        // Put right, and agreed by both: no longer skewed; then both go
+        // quiet, and an unknown verdict is no reason to stand aside.
+        record(1, 0);
+        record(2, 0);
+        assert!(watch.verdict(3, &[1, 2, 3], &clock).may_stamp());
+        std::thread::sleep(Duration::from_millis(250));
+        let quiet = watch.verdict(3, &[1, 2, 3], &clock);
+        assert!(!quiet.is_skewed() && !quiet.may_stamp(), "{quiet:?}");
     }
 
     #[test]

@@ -181,6 +181,16 @@ impl QueueService {
             }
         };
         validate_command(&command, self.journal.limits()).map_err(Error::from)?;
+        // A retry of a claim that granted is answered from the request log,
+        // though the queue may hold nothing claimable now (its first try
+        // took the job): it is proposed at once, and answered as is. The
+        // lease predates this call, so no hold is counted (`waited_ms` 0).
+        if let Command::ClaimOnce { request_id, worker, .. } = &command
+            && self.journal.read_stale(|state| state.remembers_claim(worker, request_id))
+        {
+            let grants = self.claim_once(&command).await?;
+            return Ok(Reply::new(v1::ClaimResponse { grants, waited_ms: 0 }));
+        }
         let (queue, selector) = (&queue, &selector);
         let deadline = tokio::time::Instant::now() + wait;
         let mut applied = self.journal.state_machine().subscribe();

@@ -43,7 +43,8 @@ pub const MAX_READ_BYTES: usize = 2 * 1024 * 1024;
 /// The sled-backed Raft log store. Cheap to clone: clones share the database.
 ///
 /// openraft serializes every write to it (one Raft core drives it), so the
-/// store keeps no lock of its own; readers clone it freely.
+/// store keeps no lock of its own for those; readers clone it freely. Only
+/// readiness probes, which anyone may ask for at any time, take turns.
 #[derive(Clone, Debug)]
 pub struct LogStore {
     /// The database's data file and blob files, fsynced after each flush
@@ -54,6 +55,10 @@ pub struct LogStore {
     logs: sled::Tree,
     meta: sled::Tree,
     probe: sled::Tree,
+    /// Held through one probe's write, flush and read-back: two probes at
+    /// once (two health checkers polling the node) would otherwise read
+    /// each other's nonce and fail a healthy store.
+    probe_turn: std::sync::Arc<tokio::sync::Mutex<()>>,
     failpoint: Failpoint,
 }
 
@@ -64,6 +69,7 @@ impl LogStore {
             logs: db.open_tree(LOG_TREE)?,
             meta: db.open_tree(META_TREE)?,
             probe: db.open_tree(PROBE_TREE)?,
+            probe_turn: std::sync::Arc::default(),
             data_file: None,
             db,
             failpoint,
@@ -120,6 +126,7 @@ impl LogStore {
     /// fails, or the record does not come back as written.
     pub async fn probe(&self) -> Result<(), StorageError> {
         self.failpoint.check()?;
+        let _turn = self.probe_turn.lock().await;
         // A nonce that changes every call proves this probe's write landed,
         // rather than an old record still sitting there.
         let nonce = self.db.generate_id()?.to_be_bytes();

@@ -19,6 +19,7 @@ use anyhow::{Context, Result, anyhow, bail, ensure};
 use leasehold_client::{Client, ClientTls};
 use leasehold_proto::v1;
 use leasehold_proto::v1::cluster_client::ClusterClient;
+use leasehold_proto::v1::faults_client::FaultsClient;
 use leasehold_proto::v1::queue_client::QueueClient;
 use leasehold_proto::v1::schedules_client::SchedulesClient;
 pub use leasehold_testkit::{Check, NODE_READY_TIMEOUT, Process, Sandbox, deadline_in, wait_until};
@@ -145,6 +146,11 @@ impl Node {
     /// A raw generated Schedules stub.
     pub fn schedules_stub(&self) -> Result<SchedulesClient<Channel>> {
         Ok(SchedulesClient::new(self.channel()?))
+    }
+
+    /// A raw generated Faults stub (served only with `fault_injection`).
+    pub fn faults_stub(&self) -> Result<FaultsClient<Channel>> {
+        Ok(FaultsClient::new(self.channel()?))
     }
 
     /// A raw channel. On a secure node it speaks TLS as node 1 (a node's
@@ -377,6 +383,10 @@ pub struct ClusterOptions {
     /// A `leasehold dev-certs` directory: every node runs with mutual TLS
     /// and its tokens (see [`Node::secure`]).
     pub secure: Option<PathBuf>,
+    /// More TOML for one node (by id), appended to `config` in a file of
+    /// that node's own, so it must not repeat a key of `config`: one node's
+    /// clock skew or election timeouts, say.
+    pub node_config: Vec<(u64, String)>,
 }
 
 /// What a converged cluster answered: every member a reachable voter, one
@@ -398,6 +408,8 @@ pub struct Converged {
 /// directory, so it can be killed, paused, wiped and restarted as itself.
 pub struct Cluster {
     nodes: Vec<Node>,
+    /// The configuration every node shares (without any one node's extra).
+    config: Option<PathBuf>,
 }
 
 impl Cluster {
@@ -422,7 +434,22 @@ impl Cluster {
             std::fs::write(&path, &options.config).context("writing the node config")?;
             Some(path)
         };
-        let mut first = Node::new(sandbox, 1, config.clone(), None)?;
+        let config_of = |id: u64| -> Result<Option<PathBuf>> {
+            let extra: Vec<&str> = options
+                .node_config
+                .iter()
+                .filter(|(node, _)| *node == id)
+                .map(|(_, toml)| toml.as_str())
+                .collect();
+            if extra.is_empty() {
+                return Ok(config.clone());
+            }
+            let path = sandbox.path().join(format!("node-{id}.toml"));
+            let text = format!("{}\n{}\n", options.config, extra.join("\n"));
+            std::fs::write(&path, text).with_context(|| format!("writing node {id}'s config"))?;
+            Ok(Some(path))
+        };
+        let mut first = Node::new(sandbox, 1, config_of(1)?, None)?;
         if !options.log_filter.is_empty() {
             first.log_filter = options.log_filter.clone();
         }
@@ -430,9 +457,9 @@ impl Cluster {
         first.launch(sandbox)?;
         first.wait_leading().await?;
         let join = first.grpc;
-        let mut cluster = Cluster { nodes: vec![first] };
+        let mut cluster = Cluster { nodes: vec![first], config: config.clone() };
         for id in 2..=size {
-            let mut node = Node::new(sandbox, id, config.clone(), Some(join))?;
+            let mut node = Node::new(sandbox, id, config_of(id)?, Some(join))?;
             node.log_filter = cluster.nodes[0].log_filter.clone();
             node.secure = options.secure.clone();
             node.launch(sandbox)?;
@@ -460,10 +487,11 @@ impl Cluster {
     }
 
     /// A node `id` that is not part of the cluster yet, set to join through
-    /// node 1, not started (a story launches it, or changes it first).
+    /// node 1, with the configuration every node shares, not started (a
+    /// story launches it, or changes it first).
     pub fn spare_node(&self, sandbox: &Sandbox, id: u64) -> Result<Node> {
         let first = self.node(1)?;
-        Node::new(sandbox, id, first.config.clone(), Some(first.grpc))
+        Node::new(sandbox, id, self.config.clone(), Some(first.grpc))
     }
 
     /// Every node id.

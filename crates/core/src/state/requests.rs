@@ -127,6 +127,14 @@ impl State {
         response
     }
 
+    /// Whether a claim named `request_id` by `worker` granted leases and is
+    /// still remembered: its retry is answered from the log, so it must be
+    /// proposed even when the queue holds nothing claimable any more (the
+    /// first try took the job).
+    pub fn remembers_claim(&self, worker: &str, request_id: &str) -> bool {
+        matches!(self.requests.by_key.get(&key(worker, request_id)), Some((_, Outcome::Claimed(_))))
+    }
+
     /// How many claims and triggers are remembered for retries.
     pub fn remembered_requests(&self) -> usize {
         self.requests.len()
@@ -190,6 +198,21 @@ mod tests {
             Vec::<(u64, u64)>::new(),
             "a finished lease is not handed out"
         );
+    }
+
+    #[test]
+    fn a_granted_claim_is_remembered_for_its_worker_only_and_an_empty_one_not_at_all() {
+        let mut state = State::new();
+        apply(&mut state, 1_000, claim("r-0", "w"));
+        assert!(!state.remembers_claim("w", "r-0"), "an empty claim is not remembered");
+        enqueue(&mut state, 1);
+        apply(&mut state, 2_000, claim("r-1", "w"));
+        // The job is taken: a server that asked only `has_claimable` would
+        // never propose the retry, and the worker would get nothing back.
+        assert!(!state.has_claimable("q", &[], 2_000));
+        assert!(state.remembers_claim("w", "r-1"));
+        assert!(!state.remembers_claim("v", "r-1"), "ids are scoped by worker");
+        assert!(!state.remembers_claim("w", "r-2"));
     }
 
     #[test]
