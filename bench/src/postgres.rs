@@ -5,6 +5,13 @@
 //!   RETURNING id, token`, the token drawn from a sequence;
 //! - ack: `UPDATE … SET state = 'acked' WHERE id = $1 AND token = $2`.
 //!
+//! Jobs carry tags the way leasehold's do, as the strongest fair schema a
+//! competent user would write for them: a canonical tag-set column
+//! (`tag_key`, the sorted, deduplicated tags joined; `''` for none) that
+//! leads the partial ready index, so a claim reads only the index range of
+//! the tag sets its worker may take, as leasehold's claim reads only those
+//! groups. The workload's jobs and claims are untagged (`tag_key = ''`).
+//!
 //! Every statement is its own transaction (autocommit), so each commit waits
 //! for its WAL flush under the server's `fsync = on`, `synchronous_commit =
 //! on` (concurrent commits share flushes, as PostgreSQL's group commit does).
@@ -22,9 +29,10 @@ CREATE TABLE IF NOT EXISTS jobs (
     state       text        NOT NULL DEFAULT 'ready',
     lease_until timestamptz,
     token       bigint,
+    tag_key     text        NOT NULL DEFAULT '',
     enqueued_at timestamptz NOT NULL DEFAULT now()
 );
-CREATE INDEX IF NOT EXISTS jobs_ready ON jobs (priority DESC, id) WHERE state = 'ready';
+CREATE INDEX IF NOT EXISTS jobs_ready ON jobs (tag_key, priority DESC, id) WHERE state = 'ready';
 CREATE SEQUENCE IF NOT EXISTS claim_tokens;
 ";
 
@@ -32,7 +40,7 @@ const ENQUEUE: &str = "INSERT INTO jobs (queue, payload, priority) VALUES ('benc
 const CLAIM: &str = "
 UPDATE jobs SET state = 'claimed', lease_until = now() + interval '30 seconds',
                 token = nextval('claim_tokens')
- WHERE id = (SELECT id FROM jobs WHERE state = 'ready'
+ WHERE id = (SELECT id FROM jobs WHERE state = 'ready' AND tag_key = ''
               ORDER BY priority DESC, id LIMIT 1 FOR UPDATE SKIP LOCKED)
 RETURNING id, token";
 const ACK: &str = "UPDATE jobs SET state = 'acked' WHERE id = $1 AND token = $2";
