@@ -10,7 +10,9 @@
 //! (`tag_key`, the sorted, deduplicated tags joined; `''` for none) that
 //! leads the partial ready index, so a claim reads only the index range of
 //! the tag sets its worker may take, as leasehold's claim reads only those
-//! groups. The workload's jobs and claims are untagged (`tag_key = ''`).
+//! groups. The workload's jobs and claims are untagged (`tag_key = ''`); a
+//! backlog ([`Postgres::fill_backlog`]) is rows with `tag_key = 'absent'`,
+//! which the claim's range never reaches.
 //!
 //! Every statement is its own transaction (autocommit), so each commit waits
 //! for its WAL flush under the server's `fsync = on`, `synchronous_commit =
@@ -43,6 +45,13 @@ UPDATE jobs SET state = 'claimed', lease_until = now() + interval '30 seconds',
  WHERE id = (SELECT id FROM jobs WHERE state = 'ready' AND tag_key = ''
               ORDER BY priority DESC, id LIMIT 1 FOR UPDATE SKIP LOCKED)
 RETURNING id, token";
+/// The backlog in one statement (one transaction): `$2` rows of payload `$1`
+/// with a tag set no claim takes, in the workload's queue and priority.
+const BACKLOG: &str = "
+INSERT INTO jobs (queue, payload, priority, tag_key)
+SELECT 'bench', $1::bytea, 0, 'absent' FROM generate_series(1, $2::bigint)";
+const BACKLOG_READY: &str =
+    "SELECT count(*) FROM jobs WHERE state = 'ready' AND tag_key = 'absent'";
 const ACK: &str = "UPDATE jobs SET state = 'acked' WHERE id = $1 AND token = $2";
 
 /// A PostgreSQL server at one loopback address.
@@ -70,6 +79,22 @@ impl Postgres {
     /// Succeeds once the server accepts a query.
     pub async fn probe(&self) -> anyhow::Result<()> {
         self.open().await?.simple_query("SELECT 1").await?;
+        Ok(())
+    }
+
+    /// Inserts `jobs` backlog rows of `payload_bytes` bytes in one committed
+    /// statement, reads their count back, and refreshes the planner's
+    /// statistics (as autovacuum would soon after a bulk load), so the
+    /// window starts from a settled table rather than an ANALYZE inside it.
+    pub async fn fill_backlog(&self, jobs: usize, payload_bytes: usize) -> anyhow::Result<()> {
+        let client = self.open().await?;
+        let payload = vec![0x5a_u8; payload_bytes];
+        let wanted = i64::try_from(jobs)?;
+        let inserted = client.execute(BACKLOG, &[&payload, &wanted]).await?;
+        anyhow::ensure!(inserted == u64::try_from(jobs)?, "backlog inserted {inserted} rows");
+        let ready: i64 = client.query_one(BACKLOG_READY, &[]).await?.try_get(0)?;
+        anyhow::ensure!(ready == wanted, "after a backlog of {jobs} rows, {ready} are ready");
+        client.batch_execute("ANALYZE jobs").await?;
         Ok(())
     }
 
