@@ -10,7 +10,17 @@
 //! With TLS ([`Access`]) each client is a secured one: mutual TLS with the
 //! client certificate, and a token whose roles cover the whole cycle
 //! (producer and worker).
+//!
+//! A backlog ([`Leasehold::fill_backlog`]) is jobs in the same queue tagged
+//! [`BACKLOG_TAG`]: the workload claims with an empty selector, which only
+//! takes untagged jobs, so none of them is ever claimed, and every one of
+//! them is ahead of the workload's jobs in the claim order (same priority,
+//! lower ids).
 
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use anyhow::Context;
 use leasehold_client::Client;
 use leasehold_proto::v1;
 
@@ -23,6 +33,12 @@ const QUEUE: &str = "bench";
 const LEASE_TTL_MS: u64 = 30_000;
 /// Long-poll of one claim try.
 const CLAIM_WAIT_MS: u64 = 1_000;
+/// The one tag of every backlog job; no benchmark claim selects it.
+pub const BACKLOG_TAG: &str = "absent";
+/// Jobs per backlog enqueue: the enqueue batch limit (`Limits::max_batch`).
+const BACKLOG_BATCH_JOBS: usize = 1_000;
+/// Backlog enqueues in flight at once, each on its own connection.
+const BACKLOG_IN_FLIGHT: usize = 4;
 
 /// A leasehold node, or a cluster, at one or more gRPC addresses.
 pub struct Leasehold {
@@ -47,6 +63,54 @@ impl Leasehold {
         rotated.join(",")
     }
 
+    /// Enqueues `jobs` jobs tagged [`BACKLOG_TAG`] (payload `payload_bytes`
+    /// bytes) in batches of [`BACKLOG_BATCH_JOBS`], at most
+    /// [`BACKLOG_IN_FLIGHT`] batches at a time, then reads the queue's ready
+    /// count back (a linearizable read): every enqueue is answered once its
+    /// entry is committed and applied, so on return the backlog is in place.
+    /// The enqueues carry no idempotency key, so a failed batch is not
+    /// retried (it may have landed) and the fill fails instead.
+    pub async fn fill_backlog(&self, jobs: usize, payload_bytes: usize) -> anyhow::Result<()> {
+        let batches = jobs.div_ceil(BACKLOG_BATCH_JOBS);
+        let next = Arc::new(AtomicUsize::new(0));
+        let mut senders = tokio::task::JoinSet::new();
+        for index in 0..BACKLOG_IN_FLIGHT.min(batches) {
+            let client = self.access.client(&self.addrs_from(index))?;
+            let next = Arc::clone(&next);
+            senders.spawn(async move {
+                loop {
+                    let batch = next.fetch_add(1, Ordering::Relaxed);
+                    if batch >= batches {
+                        return anyhow::Ok(());
+                    }
+                    let first = batch * BACKLOG_BATCH_JOBS;
+                    let count = BACKLOG_BATCH_JOBS.min(jobs - first);
+                    let specs = (0..count).map(|_| backlog_job(payload_bytes)).collect();
+                    let results = client
+                        .enqueue(specs)
+                        .await
+                        .with_context(|| format!("backlog batch {batch} of {batches}"))?;
+                    anyhow::ensure!(
+                        results.len() == count,
+                        "backlog batch {batch}: {} results for {count} jobs",
+                        results.len()
+                    );
+                }
+            });
+        }
+        while let Some(joined) = senders.join_next().await {
+            joined??;
+        }
+        let client = self.access.client(&self.addrs_from(0))?;
+        let stats = client.stats(Some(QUEUE.to_string()), false).await?;
+        let ready: u64 = stats.queues.iter().filter(|q| q.queue == QUEUE).map(|q| q.ready).sum();
+        anyhow::ensure!(
+            ready == u64::try_from(jobs)?,
+            "after enqueuing a backlog of {jobs} jobs, queue {QUEUE} has {ready} ready"
+        );
+        Ok(())
+    }
+
     /// Succeeds once every node answers a linearizable read (each one with a
     /// leader to forward to).
     pub async fn probe(&self) -> anyhow::Result<()> {
@@ -55,6 +119,18 @@ impl Leasehold {
             client.stats(None, false).await?;
         }
         Ok(())
+    }
+}
+
+/// One backlog job: the workload's queue, payload size and lease, and a tag
+/// its claims never select.
+fn backlog_job(payload_bytes: usize) -> v1::JobSpec {
+    v1::JobSpec {
+        queue: QUEUE.to_string(),
+        payload: vec![0x5a_u8; payload_bytes],
+        lease_ttl_ms: Some(LEASE_TTL_MS),
+        tags: vec![BACKLOG_TAG.to_string()],
+        ..Default::default()
     }
 }
 

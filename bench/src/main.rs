@@ -7,7 +7,8 @@
 //! binary only connects, loads, measures and reports:
 //!
 //! - `run` drives N clients for a warm-up plus a measured window and prints
-//!   one JSON summary line (appended to `--results` too);
+//!   one JSON summary line (appended to `--results` too); with `--backlog
+//!   N` it first fills the queue with N jobs the clients can never claim;
 //! - `report` turns those lines into the markdown tables of
 //!   `docs/benchmarks.md`;
 //! - `wait` blocks until a server answers (bounded);
@@ -117,6 +118,11 @@ struct RunArgs {
     /// Append the JSON summary line to this file.
     #[arg(long)]
     results: Option<PathBuf>,
+    /// Jobs put in the queue before the warm-up, ahead of the workload's
+    /// own, that its claims can never take (leasehold: tag `absent`;
+    /// PostgreSQL: `tag_key = 'absent'`); waited for until committed.
+    #[arg(long, default_value_t = 0)]
+    backlog: usize,
     /// Worker threads of the load generator's runtime.
     #[arg(long, default_value_t = 2)]
     threads: usize,
@@ -363,6 +369,29 @@ fn single_thread_runtime() -> anyhow::Result<tokio::runtime::Runtime> {
     Ok(tokio::runtime::Builder::new_current_thread().enable_all().build()?)
 }
 
+/// Largest `--backlog`: ten times the benchmark's own, so a typo cannot fill
+/// the disk.
+const MAX_BACKLOG: usize = 1_000_000;
+
+/// Fills the backlog through `fill` when there is one, saying how long it took.
+async fn fill_backlog(
+    args: &RunArgs,
+    fill: impl std::future::Future<Output = anyhow::Result<()>>,
+) -> anyhow::Result<()> {
+    if args.backlog == 0 {
+        return Ok(());
+    }
+    let started = std::time::Instant::now();
+    fill.await.with_context(|| format!("filling a backlog of {} jobs", args.backlog))?;
+    eprintln!(
+        "{}: backlog of {} jobs in place after {:.1} s",
+        args.system.name(),
+        args.backlog,
+        started.elapsed().as_secs_f64()
+    );
+    Ok(())
+}
+
 fn run(args: RunArgs) -> anyhow::Result<()> {
     anyhow::ensure!((1..=1024).contains(&args.clients), "--clients must be 1 ..= 1024");
     anyhow::ensure!(
@@ -371,6 +400,11 @@ fn run(args: RunArgs) -> anyhow::Result<()> {
     );
     anyhow::ensure!(args.warmup >= 0.0 && args.warmup <= 600.0, "--warmup must be 0 ..= 600");
     anyhow::ensure!(args.payload_bytes <= 64 * 1024, "--payload-bytes must be <= 65536");
+    anyhow::ensure!(args.backlog <= MAX_BACKLOG, "--backlog must be <= {MAX_BACKLOG}");
+    anyhow::ensure!(
+        args.backlog == 0 || args.system != System::Etcd,
+        "--backlog is for leasehold and postgres runs"
+    );
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(args.threads.clamp(1, 64))
         .enable_all()
@@ -394,9 +428,10 @@ fn run(args: RunArgs) -> anyhow::Result<()> {
         match args.system {
             System::Leasehold => {
                 let addrs = cluster::split_addrs(&args.addr);
+                let system = leasehold::Leasehold::new(&args.addr, access.clone());
+                fill_backlog(&args, system.fill_backlog(args.backlog, args.payload_bytes)).await?;
                 let before =
                     if nodes > 1 { Some(cluster::max_term(&addrs, &access).await?) } else { None };
-                let system = leasehold::Leasehold::new(&args.addr, access.clone());
                 let mut summary =
                     measure::drive(&system, System::Leasehold, &config, &args.server_pid).await?;
                 if let Some(before) = before {
@@ -412,11 +447,13 @@ fn run(args: RunArgs) -> anyhow::Result<()> {
             System::Postgres => {
                 let system = postgres::Postgres::new(&args.addr, &args.pg_user);
                 system.create_schema().await?;
+                fill_backlog(&args, system.fill_backlog(args.backlog, args.payload_bytes)).await?;
                 measure::drive(&system, System::Postgres, &config, &args.server_pid).await
             }
         }
     })?;
     summary.tls = tls;
+    summary.backlog = u64::try_from(args.backlog)?;
     summary.server_peak_rss_kib =
         args.server_pid.iter().filter_map(|pid| measure::peak_rss_kib(*pid)).max();
     let line = serde_json::to_string(&summary)?;

@@ -151,6 +151,11 @@ pub struct RunSummary {
     /// each other) used mutual TLS and tokens; lines from before TLS lack it.
     #[serde(default)]
     pub tls: bool,
+    /// Jobs put in the queue before the warm-up that the workload's claims
+    /// can never take (a tag no claim selects), ahead of its own jobs; lines
+    /// from before the backlog parts lack it and mean none.
+    #[serde(default)]
+    pub backlog: u64,
 }
 
 fn one() -> usize {
@@ -161,10 +166,11 @@ impl RunSummary {
     /// A short human-readable line for the log.
     pub fn one_line(&self) -> String {
         format!(
-            "{}{} nodes={} clients={} cycles/s={:.0} claim p50/p99={}/{} µs cycle p50/p99={}/{} µs errors={} retries={}",
+            "{}{} nodes={} backlog={} clients={} cycles/s={:.0} claim p50/p99={}/{} µs cycle p50/p99={}/{} µs errors={} retries={}",
             self.system.name(),
             if self.tls { " tls" } else { "" },
             self.nodes,
+            self.backlog,
             self.clients,
             self.cycles_per_s,
             self.claim.p50_us,
@@ -276,6 +282,7 @@ pub async fn drive<T: Target>(
         server_cpu_s: cpu.await.ok().flatten(),
         elections: None,
         tls: false,
+        backlog: 0,
     })
 }
 

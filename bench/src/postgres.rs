@@ -5,6 +5,15 @@
 //!   RETURNING id, token`, the token drawn from a sequence;
 //! - ack: `UPDATE … SET state = 'acked' WHERE id = $1 AND token = $2`.
 //!
+//! Jobs carry tags the way leasehold's do, as the strongest fair schema a
+//! competent user would write for them: a canonical tag-set column
+//! (`tag_key`, the sorted, deduplicated tags joined; `''` for none) that
+//! leads the partial ready index, so a claim reads only the index range of
+//! the tag sets its worker may take, as leasehold's claim reads only those
+//! groups. The workload's jobs and claims are untagged (`tag_key = ''`); a
+//! backlog ([`Postgres::fill_backlog`]) is rows with `tag_key = 'absent'`,
+//! which the claim's range never reaches.
+//!
 //! Every statement is its own transaction (autocommit), so each commit waits
 //! for its WAL flush under the server's `fsync = on`, `synchronous_commit =
 //! on` (concurrent commits share flushes, as PostgreSQL's group commit does).
@@ -22,9 +31,10 @@ CREATE TABLE IF NOT EXISTS jobs (
     state       text        NOT NULL DEFAULT 'ready',
     lease_until timestamptz,
     token       bigint,
+    tag_key     text        NOT NULL DEFAULT '',
     enqueued_at timestamptz NOT NULL DEFAULT now()
 );
-CREATE INDEX IF NOT EXISTS jobs_ready ON jobs (priority DESC, id) WHERE state = 'ready';
+CREATE INDEX IF NOT EXISTS jobs_ready ON jobs (tag_key, priority DESC, id) WHERE state = 'ready';
 CREATE SEQUENCE IF NOT EXISTS claim_tokens;
 ";
 
@@ -32,9 +42,16 @@ const ENQUEUE: &str = "INSERT INTO jobs (queue, payload, priority) VALUES ('benc
 const CLAIM: &str = "
 UPDATE jobs SET state = 'claimed', lease_until = now() + interval '30 seconds',
                 token = nextval('claim_tokens')
- WHERE id = (SELECT id FROM jobs WHERE state = 'ready'
+ WHERE id = (SELECT id FROM jobs WHERE state = 'ready' AND tag_key = ''
               ORDER BY priority DESC, id LIMIT 1 FOR UPDATE SKIP LOCKED)
 RETURNING id, token";
+/// The backlog in one statement (one transaction): `$2` rows of payload `$1`
+/// with a tag set no claim takes, in the workload's queue and priority.
+const BACKLOG: &str = "
+INSERT INTO jobs (queue, payload, priority, tag_key)
+SELECT 'bench', $1::bytea, 0, 'absent' FROM generate_series(1, $2::bigint)";
+const BACKLOG_READY: &str =
+    "SELECT count(*) FROM jobs WHERE state = 'ready' AND tag_key = 'absent'";
 const ACK: &str = "UPDATE jobs SET state = 'acked' WHERE id = $1 AND token = $2";
 
 /// A PostgreSQL server at one loopback address.
@@ -62,6 +79,22 @@ impl Postgres {
     /// Succeeds once the server accepts a query.
     pub async fn probe(&self) -> anyhow::Result<()> {
         self.open().await?.simple_query("SELECT 1").await?;
+        Ok(())
+    }
+
+    /// Inserts `jobs` backlog rows of `payload_bytes` bytes in one committed
+    /// statement, reads their count back, and refreshes the planner's
+    /// statistics (as autovacuum would soon after a bulk load), so the
+    /// window starts from a settled table rather than an ANALYZE inside it.
+    pub async fn fill_backlog(&self, jobs: usize, payload_bytes: usize) -> anyhow::Result<()> {
+        let client = self.open().await?;
+        let payload = vec![0x5a_u8; payload_bytes];
+        let wanted = i64::try_from(jobs)?;
+        let inserted = client.execute(BACKLOG, &[&payload, &wanted]).await?;
+        anyhow::ensure!(inserted == u64::try_from(jobs)?, "backlog inserted {inserted} rows");
+        let ready: i64 = client.query_one(BACKLOG_READY, &[]).await?.try_get(0)?;
+        anyhow::ensure!(ready == wanted, "after a backlog of {jobs} rows, {ready} are ready");
+        client.batch_execute("ANALYZE jobs").await?;
         Ok(())
     }
 

@@ -3,7 +3,10 @@
 //! the same invocation, peak memory and the throughput goal; for three nodes,
 //! leasehold against a three-member etcd and the cluster goal, and the cost
 //! of mutual TLS and tokens (the TLS cluster against the plaintext one);
-//! then the failover trials and the cron fire lag, each against its goal.
+//! for one node behind a backlog of jobs its claims cannot take, leasehold
+//! against itself without the backlog and against PostgreSQL with the same
+//! backlog; then the failover trials and the cron fire lag, each against its
+//! goal.
 
 use std::collections::BTreeMap;
 use std::fmt::Write;
@@ -57,8 +60,8 @@ fn cpu_per_cycle(run: &RunSummary) -> String {
     cpu_ms_per_cycle(run).map_or_else(|| "–".to_string(), |ms| format!("{ms:.2}"))
 }
 
-/// Runs by (nodes, clients, system, TLS).
-type Runs<'a> = BTreeMap<(usize, usize, u8, bool), &'a RunSummary>;
+/// Runs by (nodes, clients, system, TLS, backlog).
+type Runs<'a> = BTreeMap<(usize, usize, u8, bool, u64), &'a RunSummary>;
 
 /// Renders every section there are results for (later lines win for the
 /// same system, size and client count).
@@ -70,7 +73,7 @@ pub fn render(
 ) -> String {
     let mut by_key: Runs = BTreeMap::new();
     for run in runs {
-        by_key.insert((run.nodes, run.clients, run.system as u8, run.tls), run);
+        by_key.insert((run.nodes, run.clients, run.system as u8, run.tls, run.backlog), run);
     }
     let mut out = String::new();
     if let Some(run) = runs.first() {
@@ -81,9 +84,20 @@ pub fn render(
             run.warmup_s, run.duration_s, run.payload_bytes
         );
     }
-    if runs.iter().any(|r| r.nodes == 1) {
+    if runs.iter().any(|r| r.nodes == 1 && r.backlog == 0) {
         out.push_str("### One node\n\n");
         single(&mut out, &by_key, targets);
+    }
+    let backlogs: Vec<u64> = {
+        let mut sizes: Vec<u64> =
+            runs.iter().filter(|r| r.nodes == 1).map(|r| r.backlog).filter(|b| *b > 0).collect();
+        sizes.sort_unstable();
+        sizes.dedup();
+        sizes
+    };
+    for backlog in backlogs {
+        let _ = writeln!(out, "\n### Claims behind {} unclaimable jobs\n", thousands(backlog));
+        behind_backlog(&mut out, &by_key, backlog);
     }
     let cluster_sizes: Vec<usize> = {
         let mut sizes: Vec<usize> = runs.iter().map(|r| r.nodes).filter(|n| *n > 1).collect();
@@ -106,17 +120,35 @@ pub fn render(
     out
 }
 
-fn client_counts(by_key: &Runs, nodes: usize) -> Vec<usize> {
-    let mut counts: Vec<usize> =
-        by_key.keys().filter(|(n, _, _, _)| *n == nodes).map(|(_, c, _, _)| *c).collect();
+/// The client counts of the runs with `nodes` nodes and `backlog` jobs of
+/// backlog, ascending.
+fn client_counts(by_key: &Runs, nodes: usize, backlog: u64) -> Vec<usize> {
+    let mut counts: Vec<usize> = by_key
+        .keys()
+        .filter(|(n, _, _, _, b)| *n == nodes && *b == backlog)
+        .map(|(_, c, _, _, _)| *c)
+        .collect();
     counts.dedup();
     counts
 }
 
+/// `n` with a comma between each group of three digits.
+fn thousands(n: u64) -> String {
+    let digits = n.to_string();
+    let mut out = String::with_capacity(digits.len() + digits.len() / 3);
+    for (position, digit) in digits.chars().enumerate() {
+        if position > 0 && (digits.len() - position).is_multiple_of(3) {
+            out.push(',');
+        }
+        out.push(digit);
+    }
+    out
+}
+
 fn single(out: &mut String, by_key: &Runs, targets: &Targets) {
     let get =
-        |clients: usize, system: System| by_key.get(&(1, clients, system as u8, false)).copied();
-    let client_counts = client_counts(by_key, 1);
+        |clients: usize, system: System| by_key.get(&(1, clients, system as u8, false, 0)).copied();
+    let client_counts = client_counts(by_key, 1, 0);
     out.push_str(
         "| clients | system | cycles/s | server CPU ms/cycle | claim p50 | claim p99 | cycle p50 | cycle p99 | errors | claim retries |\n",
     );
@@ -206,10 +238,10 @@ fn single(out: &mut String, by_key: &Runs, targets: &Targets) {
 
 fn cluster(out: &mut String, by_key: &Runs, nodes: usize, targets: &Targets) {
     let get_tls = |n: usize, clients: usize, system: System, tls: bool| {
-        by_key.get(&(n, clients, system as u8, tls)).copied()
+        by_key.get(&(n, clients, system as u8, tls, 0)).copied()
     };
     let get = |n: usize, clients: usize, system: System| get_tls(n, clients, system, false);
-    let client_counts = client_counts(by_key, nodes);
+    let client_counts = client_counts(by_key, nodes, 0);
     out.push_str(
         "| clients | system | cycles/s | server CPU ms/cycle | enqueue p50 | enqueue p99 | claim p50 | claim p99 | ack p50 | ack p99 | cycle p50 | cycle p99 | errors | claim retries | elections |\n",
     );
@@ -286,6 +318,84 @@ fn cluster(out: &mut String, by_key: &Runs, nodes: usize, targets: &Targets) {
         tls_cost(out, nodes, &client_counts, |clients, tls| {
             get_tls(nodes, clients, System::Leasehold, tls)
         });
+    }
+}
+
+/// One node behind `backlog` jobs no claim can take: leasehold with the
+/// backlog against leasehold without it (the tag-set index's point is that
+/// the backlog costs a claim nothing, so near 1×) and against PostgreSQL
+/// with the same backlog, client count by client count.
+fn behind_backlog(out: &mut String, by_key: &Runs, backlog: u64) {
+    let get = |clients: usize, system: System, backlog: u64| {
+        by_key.get(&(1, clients, system as u8, false, backlog)).copied()
+    };
+    let client_counts = client_counts(by_key, 1, backlog);
+    let jobs = thousands(backlog);
+    let _ = writeln!(
+        out,
+        "Before the warm-up the queue is filled with {jobs} jobs the workload's claims can never \
+         take, ahead of its own jobs (leasehold: tag `absent`, claims with an empty selector; \
+         PostgreSQL: `tag_key = 'absent'`, claims on `tag_key = ''`). The rows without a backlog \
+         are the one-node runs of the same invocation.\n"
+    );
+    out.push_str(
+        "| clients | system | backlog | cycles/s | server CPU ms/cycle | claim p50 | claim p99 | cycle p50 | cycle p99 | errors | claim retries |\n",
+    );
+    out.push_str("| ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n");
+    for &clients in &client_counts {
+        let rows = [
+            (System::Leasehold, 0),
+            (System::Leasehold, backlog),
+            (System::Postgres, 0),
+            (System::Postgres, backlog),
+        ];
+        for (system, jobs) in rows {
+            if let Some(run) = get(clients, system, jobs) {
+                let _ = writeln!(
+                    out,
+                    "| {clients} | {} | {} | {:.0} | {} | {} | {} | {} | {} | {} | {} |",
+                    system.name(),
+                    thousands(jobs),
+                    run.cycles_per_s,
+                    cpu_per_cycle(run),
+                    ms(run.claim.p50_us),
+                    ms(run.claim.p99_us),
+                    ms(run.cycle.p50_us),
+                    ms(run.cycle.p99_us),
+                    run.errors,
+                    run.claim_retries
+                );
+            }
+        }
+    }
+    let _ = writeln!(
+        out,
+        "\nRatios of leasehold behind {jobs} jobs ÷ leasehold with none, and ÷ PostgreSQL \
+         behind the same {jobs}, same invocation. Against itself, near 1× means the backlog \
+         costs nothing; against PostgreSQL, throughput above 1× and latency below 1× mean \
+         leasehold is faster.\n"
+    );
+    out.push_str(
+        "| clients | cycles/s vs no backlog | claim p50 vs no backlog | claim p99 vs no backlog | cycles/s vs postgres | claim p50 vs postgres | claim p99 vs postgres |\n",
+    );
+    out.push_str("| ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n");
+    let cycles = |run: Option<&RunSummary>| run.map(|r| r.cycles_per_s);
+    let p50 = |run: Option<&RunSummary>| run.map(|r| r.claim.p50_us as f64);
+    let p99 = |run: Option<&RunSummary>| run.map(|r| r.claim.p99_us as f64);
+    for &clients in &client_counts {
+        let ours = get(clients, System::Leasehold, backlog);
+        let clear = get(clients, System::Leasehold, 0);
+        let postgres = get(clients, System::Postgres, backlog);
+        let _ = writeln!(
+            out,
+            "| {clients} | {} | {} | {} | {} | {} | {} |",
+            ratio(cycles(ours), cycles(clear)),
+            ratio(p50(ours), p50(clear)),
+            ratio(p99(ours), p99(clear)),
+            ratio(cycles(ours), cycles(postgres)),
+            ratio(p50(ours), p50(postgres)),
+            ratio(p99(ours), p99(postgres)),
+        );
     }
 }
 
@@ -469,7 +579,9 @@ fn fire_lag(out: &mut String, lag: &FireLagSummary, targets: &Targets) {
 mod tests {
     //! The report's arithmetic on hand-made result lines: the TLS cost
     //! table pairs each TLS run with the plaintext run of the same cluster
-    //! and client count, and a plaintext-only invocation prints no such table.
+    //! and client count, and a plaintext-only invocation prints no such table;
+    //! a backlog run is set beside the same system's run without one and
+    //! PostgreSQL's with the same backlog, and stays out of the one-node table.
 
     use super::*;
     use crate::measure::Latency;
@@ -495,7 +607,19 @@ mod tests {
             server_cpu_s: Some(cpu_s),
             elections: Some(0),
             tls,
+            backlog: 0,
         }
+    }
+
+    /// A one-node run of `system` behind `backlog` jobs.
+    fn single_run(
+        system: System,
+        backlog: u64,
+        clients: usize,
+        cycles: u64,
+        claim_p99_us: u64,
+    ) -> RunSummary {
+        RunSummary { system, nodes: 1, backlog, ..run(false, clients, cycles, claim_p99_us, 1.0) }
     }
 
     fn targets() -> Targets {
@@ -520,6 +644,39 @@ mod tests {
         assert!(text.contains(row), "{text}");
         // The goal stays a plaintext one: no etcd run, so not measured.
         assert!(text.contains("not measured"), "{text}");
+    }
+
+    #[test]
+    fn backlog_runs_are_set_beside_the_clear_queue_and_postgres() {
+        // 8 clients: 20,000 cycles without a backlog (claim p99 4 ms),
+        // 19,000 behind 100,000 jobs (5 ms), PostgreSQL 10,000 behind the
+        // same backlog (10 ms, p50 half of p99 throughout).
+        let runs = [
+            single_run(System::Leasehold, 0, 8, 20_000, 4_000),
+            single_run(System::Leasehold, 100_000, 8, 19_000, 5_000),
+            single_run(System::Postgres, 100_000, 8, 10_000, 10_000),
+        ];
+        let text = render(&runs, &[], &[], &targets());
+        assert!(text.contains("### Claims behind 100,000 unclaimable jobs"), "{text}");
+        assert!(text.contains("| 8 | leasehold | 0 | 2000 |"), "{text}");
+        assert!(text.contains("| 8 | leasehold | 100,000 | 1900 |"), "{text}");
+        assert!(text.contains("| 8 | postgres | 100,000 | 1000 |"), "{text}");
+        let row = "| 8 | 0.95× | 1.25× | 1.25× | 1.90× | 0.50× | 0.50× |";
+        assert!(text.contains(row), "{text}");
+        // The one-node table and its ratios see only the clear queue: no
+        // PostgreSQL run without a backlog, so no ratio against it.
+        let one_node = text.split("### Claims behind").next().unwrap_or_default();
+        assert!(!one_node.contains("| 8 | postgres |"), "{text}");
+        assert!(one_node.contains("| 8 | – | – |"), "{text}");
+    }
+
+    #[test]
+    fn thousands_groups_digits() {
+        assert_eq!(thousands(0), "0");
+        assert_eq!(thousands(999), "999");
+        assert_eq!(thousands(1_000), "1,000");
+        assert_eq!(thousands(100_000), "100,000");
+        assert_eq!(thousands(1_234_567), "1,234,567");
     }
 
     #[test]
