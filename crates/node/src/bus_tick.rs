@@ -94,7 +94,7 @@ pub async fn run_bus_tick(
                 schedule = %name,
                 bucket,
                 key = %key,
-                "won the bus claim, but the journal holds another record of the tick; not run"
+                "won the bus claim, but the journal did not admit the tick to the bus; not run"
             );
         }
         Ok(Outcome::Won) => {
