@@ -552,9 +552,9 @@ impl Plan {
                 let workload = WorkloadPlan {
                     producers: 2,
                     workers: 3,
-                    // Enough to keep writing through every round (about 2.5 minutes
+                    // Enough to keep writing through every round (about 3 minutes
                     // of faults at one job every ~0.3 s each).
-                    jobs_per_producer: 450,
+                    jobs_per_producer: 600,
                     // Slower than the workers drain, so a redelivered job
                     // is not stuck behind a backlog and zombies meet their
                     // successors.
@@ -570,7 +570,9 @@ impl Plan {
                     refresh_per_mille: 150,
                     zombies_per_worker: 3,
                 };
-                (workload, quick_rounds(&mut rng, mode), 3_000, 150_000, 60_000)
+                // 150 s for the thirteen rounds before advert-loss and
+                // rejoin, about 30 s more for those two.
+                (workload, quick_rounds(&mut rng, mode), 3_000, 185_000, 60_000)
             }
             Profile::Soak => {
                 let workload = WorkloadPlan {
