@@ -144,6 +144,8 @@ pub struct Active {
     disks: Vec<u64>,
     /// Nodes whose journal_lease flag was turned off.
     gate: Vec<u64>,
+    /// Nodes removed and wiped, to join afresh at heal.
+    rejoin: Vec<u64>,
     /// What the injection found (recorded with the fault).
     note: Option<String>,
 }
@@ -354,6 +356,24 @@ impl LeaseReader {
     }
 }
 
+/// Empties a data dir (keeping the dir itself: it may be a mount point).
+fn wipe(dir: &std::path::Path) -> anyhow::Result<()> {
+    let entries = match std::fs::read_dir(dir) {
+        Ok(entries) => entries,
+        Err(error) if error.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(error) => return Err(error.into()),
+    };
+    for entry in entries {
+        let path = entry?.path();
+        if path.is_dir() {
+            std::fs::remove_dir_all(&path)?;
+        } else {
+            std::fs::remove_file(&path)?;
+        }
+    }
+    Ok(())
+}
+
 impl Nemesis {
     /// A nemesis over a started cluster. `rng` makes the run-time choices
     /// (which follower) deterministic for a given cluster state.
@@ -482,6 +502,44 @@ impl Nemesis {
                 Err(status.into())
             }
         }
+    }
+
+    /// Removes node `id` from the membership, asked of the leader (another
+    /// member once `id` is down), retried a few times (a leader may be
+    /// between elections).
+    async fn remove_member(&self, id: u64) -> anyhow::Result<()> {
+        let mut last_error = None;
+        for _ in 0..10 {
+            let Some(leader) = self.leader().await.filter(|l| *l != id) else {
+                tokio::time::sleep(Duration::from_millis(300)).await;
+                continue;
+            };
+            let mut client = self.supervisor.cluster(leader, Role::Admin)?;
+            let mut request = tonic::Request::new(v1::RemoveRequest { id });
+            request.set_timeout(Duration::from_secs(5));
+            match client.remove(request).await {
+                Ok(_) => return Ok(()),
+                Err(status) => last_error = Some(status.message().to_string()),
+            }
+            tokio::time::sleep(Duration::from_millis(300)).await;
+        }
+        anyhow::bail!("removing node {id}: {}", last_error.unwrap_or_else(|| "no leader".into()))
+    }
+
+    /// Starts node `id` (its data dir wiped) as a fresh node that joins the
+    /// leader, and waits until it serves as a voter.
+    async fn join_fresh(&mut self, id: u64) -> anyhow::Result<()> {
+        if self.supervisor.state(id) != ProcessState::Down {
+            return Ok(());
+        }
+        let leader = self
+            .leader()
+            .await
+            .filter(|l| *l != id)
+            .ok_or_else(|| anyhow::anyhow!("node {id} cannot join: no leader"))?;
+        let member = self.supervisor.spec(leader)?.grpc;
+        self.supervisor.start(id, Some(member))?;
+        self.wait_serving(id, RESTART_LIMIT).await
     }
 
     /// Waits until node `id` answers its status as a voter with a leader
@@ -687,6 +745,7 @@ impl Nemesis {
             .chain(&active.kill_then_restart)
             .chain(&active.disks)
             .chain(&active.gate)
+            .chain(&active.rejoin)
             .copied()
             .collect();
         nodes.sort_unstable();
@@ -939,6 +998,29 @@ impl Nemesis {
                 }
                 Ok(nodes)
             }
+            Fault::AdvertLoss { target } => {
+                let nodes = self.resolve(*target, None).await?;
+                let id = nodes.first().copied().ok_or_else(|| anyhow::anyhow!("no target"))?;
+                active.network = true;
+                for other in self.supervisor.ids().into_iter().filter(|other| *other != id) {
+                    self.network.cut_one_way(id, other)?;
+                }
+                // Behind the cut: the others never hear of the change.
+                active.gate.push(id);
+                self.set_gate(active.round, id, false).await?;
+                Ok(nodes)
+            }
+            Fault::Rejoin { target } => {
+                let nodes = self.resolve(*target, None).await?;
+                let id = nodes.first().copied().ok_or_else(|| anyhow::anyhow!("no target"))?;
+                if self.supervisor.state(id) != ProcessState::Down {
+                    self.supervisor.kill(id).await?;
+                }
+                active.rejoin.push(id);
+                self.remove_member(id).await?;
+                wipe(&self.supervisor.spec(id)?.data_dir)?;
+                Ok(nodes)
+            }
             Fault::DiskFull { target } => {
                 let disks = self.extras.as_ref().and_then(|e| e.disks.as_ref());
                 let why = match disks {
@@ -1039,6 +1121,9 @@ impl Nemesis {
                 note(self.set_gate(active.round, *id, true).await);
             }
         }
+        for id in &active.rejoin {
+            note(self.join_fresh(*id).await);
+        }
         for id in &active.disks {
             let emptied = match self.supervisor.spec(*id) {
                 Ok(spec) => crate::disk::empty(&spec.data_dir),
@@ -1072,6 +1157,11 @@ impl Nemesis {
         self.network.heal();
         for id in self.supervisor.ids() {
             match self.supervisor.state(id) {
+                // A wiped node restarted without a join would found a
+                // cluster of its own.
+                ProcessState::Down if active.rejoin.contains(&id) => {
+                    note(self.join_fresh(id).await)
+                }
                 ProcessState::Down => note(self.supervisor.restart(id)),
                 ProcessState::Paused => note(self.supervisor.resume(id)),
                 ProcessState::Running => {}

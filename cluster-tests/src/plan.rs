@@ -207,6 +207,28 @@ pub enum Fault {
         /// Whose flag.
         target: Target,
     },
+    /// Everything the target sends its peers is lost (its adverts among
+    /// it: the proxies relay TLS streams and cannot single adverts out),
+    /// while what they send it passes; then its `journal_lease` flag is
+    /// turned off behind the cut. The target hears the others and decides
+    /// the bus; they hear nothing new from it and decide by its last
+    /// advert (the journal) until that is older than the nodes'
+    /// `advert_stale_after_ms`, then the bus. Held past that: views of the
+    /// peers differ for the whole round. Healed: links pass, flag on.
+    AdvertLoss {
+        /// The node whose messages are lost (a follower: a leader whose
+        /// appends are lost is simply deposed).
+        target: Target,
+    },
+    /// The target is killed, removed from the membership and its data dir
+    /// wiped; at heal it starts again as a fresh node that `--join`s the
+    /// leader. While it is out, the others hold its advert until it goes
+    /// stale; as it joins, each node hears it at its own moment (heard by
+    /// some, not yet by others) and its own registry starts empty.
+    Rejoin {
+        /// Who.
+        target: Target,
+    },
     /// The target's data dir (a size-limited tmpfs) is filled with a
     /// ballast file until writes fail with ENOSPC; at heal the ballast is
     /// removed, and the node is restarted if it did not recover by itself.
@@ -252,6 +274,8 @@ impl Fault {
             Fault::ClientLinks { .. } => "client-links",
             Fault::DiskFull { .. } => "disk-full",
             Fault::GateFlip { .. } => "gate-flip",
+            Fault::AdvertLoss { .. } => "advert-loss",
+            Fault::Rejoin { .. } => "rejoin",
         }
     }
 
@@ -436,11 +460,21 @@ pub struct NodeTuning {
     /// checkers judge real-time lease timing by it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_clock_offset_ms: Option<u64>,
+    /// How old a peer's advert may be before the gate stops trusting it
+    /// (unset: the node's default, 30 s). Shorter, so an advert-loss round
+    /// outlasts it within the quick profile's budget.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub advert_stale_after_ms: Option<u64>,
 }
 
 impl Default for NodeTuning {
     fn default() -> Self {
-        NodeTuning { drain_grace_ms: 30_000, sweep_interval_ms: None, max_clock_offset_ms: None }
+        NodeTuning {
+            drain_grace_ms: 30_000,
+            sweep_interval_ms: None,
+            max_clock_offset_ms: None,
+            advert_stale_after_ms: None,
+        }
     }
 }
 
@@ -458,6 +492,9 @@ impl NodeTuning {
         }
         if let Some(ms) = self.max_clock_offset_ms {
             text.push_str(&format!("max_clock_offset_ms = {ms}\n"));
+        }
+        if let Some(ms) = self.advert_stale_after_ms {
+            text.push_str(&format!("advert_stale_after_ms = {ms}\n"));
         }
         text
     }
@@ -515,9 +552,9 @@ impl Plan {
                 let workload = WorkloadPlan {
                     producers: 2,
                     workers: 3,
-                    // Enough to keep writing through every round (about 2.5 minutes
+                    // Enough to keep writing through every round (about 3 minutes
                     // of faults at one job every ~0.3 s each).
-                    jobs_per_producer: 450,
+                    jobs_per_producer: 600,
                     // Slower than the workers drain, so a redelivered job
                     // is not stuck behind a backlog and zombies meet their
                     // successors.
@@ -533,7 +570,9 @@ impl Plan {
                     refresh_per_mille: 150,
                     zombies_per_worker: 3,
                 };
-                (workload, quick_rounds(&mut rng, mode), 3_000, 150_000, 60_000)
+                // 150 s for the thirteen rounds before advert-loss and
+                // rejoin, about 30 s more for those two.
+                (workload, quick_rounds(&mut rng, mode), 3_000, 185_000, 60_000)
             }
             Profile::Soak => {
                 let workload = WorkloadPlan {
@@ -588,6 +627,7 @@ impl Plan {
                 drain_grace_ms: 1_000,
                 sweep_interval_ms: Some(100),
                 max_clock_offset_ms: Some(DEFAULT_CLOCK_BOUND_MS),
+                advert_stale_after_ms: Some(ADVERT_STALE_AFTER_MS),
             },
             disk_mb: 128,
         };
@@ -621,7 +661,7 @@ impl Plan {
         let has = |kinds: &[&str]| self.rounds.iter().any(|r| kinds.contains(&r.fault.kind()));
         self.expect.drains &= has(&["drain", "rolling-drain"]);
         self.expect.disk_full &= has(&["disk-full"]);
-        self.expect.gate &= has(&["gate-flip"]);
+        self.expect.gate &= has(&["gate-flip", "advert-loss"]);
         let bound_ms = self.tuning.clock_bound_ms();
         self.expect.clock &= self
             .rounds
@@ -715,6 +755,10 @@ fn quick_rounds(rng: &mut StdRng, mode: Mode) -> Vec<Round> {
         Fault::RollingDrain,
         Fault::DiskFull { target: Target::Leader },
         Fault::GateFlip { target: Target::Follower },
+        // Views of the peers that differ: never-both must hold for the
+        // pool, not only per node (SPEC §7.8).
+        Fault::AdvertLoss { target: Target::Follower },
+        Fault::Rejoin { target: Target::Follower },
         Fault::ClientLinks {
             target: Target::Leader,
             mode: if rng.gen_bool(0.5) { ClientLinkMode::Blackhole } else { ClientLinkMode::Reset },
@@ -761,6 +805,7 @@ fn quick_rounds(rng: &mut StdRng, mode: Mode) -> Vec<Round> {
                 Fault::ClockBump { .. } => 3_000,
                 // Until the holder's lease has lapsed under the new leader.
                 Fault::ClockHandover { lease_ttl_ms, .. } => *lease_ttl_ms,
+                Fault::AdvertLoss { .. } | Fault::Rejoin { .. } => least_hold_ms(&fault),
                 _ => rng.gen_range(4_000..=6_000),
             };
             Round { fault, hold_ms, settle_ms: 3_000 }
@@ -805,9 +850,19 @@ fn least_hold_ms(fault: &Fault) -> u64 {
             6_000
         }
         Fault::ClockHandover { lease_ttl_ms, .. } => *lease_ttl_ms,
+        // Past the point where the others stop trusting the target's last
+        // advert, with a few ticks decided on each side of it.
+        Fault::AdvertLoss { .. } => ADVERT_STALE_AFTER_MS + 4_000,
+        // Out long enough for its last advert to go stale everywhere.
+        Fault::Rejoin { .. } => ADVERT_STALE_AFTER_MS + 1_000,
         _ => 0,
     }
 }
+
+/// The nodes' `advert_stale_after_ms` in generated plans: past three advert
+/// intervals (the node refuses less), short enough that an advert-loss
+/// round outlasts it within quick's budget.
+pub const ADVERT_STALE_AFTER_MS: u64 = 8_000;
 
 fn any_target(rng: &mut StdRng) -> Target {
     match rng.gen_range(0..3) {
@@ -818,7 +873,7 @@ fn any_target(rng: &mut StdRng) -> Target {
 }
 
 fn soak_fault(rng: &mut StdRng, mode: Mode) -> Fault {
-    let kinds = if mode == Mode::SafetyOnly { 22 } else { 20 };
+    let kinds = if mode == Mode::SafetyOnly { 24 } else { 22 };
     match rng.gen_range(0..kinds) {
         0 => Fault::Kill { target: any_target(rng) },
         1 => Fault::Terminate { target: any_target(rng) },
@@ -884,7 +939,13 @@ fn soak_fault(rng: &mut StdRng, mode: Mode) -> Fault {
             lease_ttl_ms: HANDOVER_LEASE_TTL_MS,
             drift_rate: if rng.gen_bool(0.5) { 1.002 } else { 0.998 },
         },
-        20 => Fault::Kill { target: Target::Majority },
+        20 => Fault::AdvertLoss {
+            target: if rng.gen_bool(0.8) { Target::Follower } else { any_target(rng) },
+        },
+        21 => Fault::Rejoin {
+            target: if rng.gen_bool(0.5) { Target::Follower } else { any_target(rng) },
+        },
+        22 => Fault::Kill { target: Target::Majority },
         _ => Fault::StoreFault { target: Target::Majority },
     }
 }
@@ -919,9 +980,18 @@ mod tests {
                 "gate-flip",
                 "late-replies",
                 "clock-handover",
+                "advert-loss",
+                "rejoin",
             ] {
                 assert!(kinds.contains(&kind), "seed {seed}: {kinds:?}");
             }
+            // The advert loss outlasts the nodes' trust in the last advert.
+            let stale_ms = plan.tuning.advert_stale_after_ms.unwrap_or(30_000);
+            assert!(
+                plan.rounds
+                    .iter()
+                    .any(|r| matches!(r.fault, Fault::AdvertLoss { .. }) && r.hold_ms > stale_ms)
+            );
             // The leader's clock goes minutes ahead, beyond the bound, for
             // long enough to see it stand aside and the others serve.
             let bound_ms = plan.tuning.clock_bound_ms();

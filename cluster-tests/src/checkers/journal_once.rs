@@ -7,8 +7,12 @@
 //! as `gate_flip` operations. A claim is one (schedule, bucket).
 //!
 //! Safety: one claim run on both paths (the gate answered both, or the
-//! claim seam consulted both stores); on the journal path, one claim run as
-//! more than one job, or one lease (token) starting more than one run. A
+//! claim seam consulted both stores, or two nodes whose views of their
+//! peers differed decided different paths: SPEC §7.8, never-both for the
+//! pool); on the bus path, one claim run more than once (two nodes each
+//! won it, or one node ran it twice); on the journal path, one claim run as
+//! more than one job, or one lease (token) starting more than one run.
+//! Together: across all nodes and both paths a bucket runs as one claim. A
 //! job re-run under a newer token after its lease lapsed or was released is
 //! a redelivery, which the journal path allows (execution is at least once,
 //! fenced by the token); it is counted by `cron_once`.
@@ -65,6 +69,19 @@ impl Checker for JournalOnce {
                     format!(
                         "schedule {schedule} bucket {bucket} was claimed on both paths ({})",
                         nodes.join(", ")
+                    ),
+                    Vec::new(),
+                ));
+            }
+            // Never-both for the pool (§7.8) also means once on the bus:
+            // each bus start is a claim won, so two of them are two runs.
+            let bus: Vec<_> = starts.iter().filter(|e| e.path == "bus").collect();
+            if bus.len() > 1 {
+                let nodes: Vec<u64> = bus.iter().map(|e| e.node).collect();
+                anomalies.push(Anomaly::safety(
+                    format!(
+                        "schedule {schedule} bucket {bucket} ran {} times on the bus path (nodes {nodes:?})",
+                        bus.len()
                     ),
                     Vec::new(),
                 ));
@@ -152,6 +169,26 @@ mod tests {
         assert_eq!(verdict.anomalies.len(), 1, "{:?}", verdict.anomalies);
         assert_eq!(verdict.anomalies[0].severity, Severity::Safety);
         assert!(verdict.anomalies[0].message.contains("claimed on both paths"));
+    }
+
+    #[test]
+    fn a_bucket_run_twice_on_the_bus_path_is_caught() {
+        // Two nodes that did not hear each other each won bucket 102's bus
+        // claim: one bucket, two runs, though each path alone looks clean.
+        let mut run = clean();
+        run.runs.push(on_bus(event(Start, 9, "t", 102, 3, 0, 0)));
+        let verdict = JournalOnce.check(&run);
+        assert_eq!(verdict.anomalies.len(), 1, "{:?}", verdict.anomalies);
+        assert_eq!(verdict.anomalies[0].severity, Severity::Safety);
+        assert!(
+            verdict.anomalies[0].message.contains("ran 2 times on the bus path (nodes [2, 3])"),
+            "{:?}",
+            verdict.anomalies
+        );
+        // A second bus bucket run once each is fine.
+        let mut run = clean();
+        run.runs.push(on_bus(event(Start, 9, "t", 103, 3, 0, 0)));
+        assert!(JournalOnce.check(&run).anomalies.is_empty());
     }
 
     #[test]

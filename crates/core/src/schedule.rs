@@ -390,6 +390,41 @@ pub fn plan_ticks(
     plan
 }
 
+/// Whether a tick this node won on the bus may run here, judged from the
+/// journal: SPEC §7.8 (never-both for the pool, whatever each node's view
+/// of its peers). Nodes decide a tick's path from their own peer
+/// registries, so the leader may fire a tick on the journal while a node
+/// that hears the pool differently wins it on the bus. A bus winner
+/// therefore first proposes `Skip{bucket, reason: Bus}`, and the journal's
+/// `bucket > last_fired_bucket` guard lets exactly one record of the
+/// bucket in: a `Fire` (the journal path runs it), or one bus record.
+///
+/// `answer` is the journal's answer to this node's bus record (`Some`: it
+/// was taken; `None`: the bucket was already covered, or the outcome is
+/// unknown). `recorded` is the journal's record of the bucket, read after
+/// the proposal; only a `target = each` tick consults it, since each member
+/// runs its own share of a bucket some node recorded for the bus.
+pub fn may_run_on_bus(
+    target: Target,
+    answer: Option<&TickOutcome>,
+    recorded: Option<&TickRecord>,
+    bucket: u64,
+) -> bool {
+    let on_bus = |outcome: &TickOutcome| {
+        matches!(outcome, TickOutcome::Skipped { reason: SkipReason::Bus, .. })
+    };
+    match answer {
+        Some(outcome) => on_bus(outcome),
+        // Someone else's record: for `any`, another claimant (the journal's
+        // fire, or a second bus winner) has the tick; for `each`, the
+        // bucket is the bus's if its record says so.
+        None => {
+            target == Target::Each
+                && recorded.is_some_and(|record| record.bucket == bucket && on_bus(&record.outcome))
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -577,5 +612,36 @@ mod tests {
         assert_eq!(schedule.history.len(), HISTORY_LEN);
         assert_eq!(schedule.fired_count, HISTORY_LEN as u64 + 10);
         assert_eq!(schedule.history.front().map(|r| r.bucket), Some(bucket(10)));
+    }
+
+    #[test]
+    fn a_bus_win_runs_only_when_the_journal_took_this_nodes_bus_record() {
+        let bus = TickOutcome::Skipped { reason: SkipReason::Bus, ticks: 1 };
+        let fired = TickOutcome::Fired { job_ids: vec![7], lag_ms: 20 };
+        let record = |outcome: &TickOutcome, bucket| TickRecord {
+            bucket,
+            outcome: outcome.clone(),
+            late: false,
+        };
+        // This node's record went in: the bus is the tick's path.
+        assert!(may_run_on_bus(Target::Any, Some(&bus), None, 100));
+        // The leader fired the tick on the journal first (its view put the
+        // tick there): the bus winner must not run it too.
+        assert!(!may_run_on_bus(Target::Any, None, Some(&record(&fired, 100)), 100));
+        // Another bus winner recorded it first (two nodes that did not hear
+        // each other both won): only that one runs.
+        assert!(!may_run_on_bus(Target::Any, None, Some(&record(&bus, 100)), 100));
+        // Unknown outcome, nothing read: not run (at most once).
+        assert!(!may_run_on_bus(Target::Any, None, None, 100));
+        assert!(!may_run_on_bus(Target::Each, None, None, 100));
+        // `each`: every member runs its share of a bus bucket, never of a
+        // fired one (each member got a job), nor of another bucket's record.
+        assert!(may_run_on_bus(Target::Each, Some(&bus), None, 100));
+        assert!(may_run_on_bus(Target::Each, None, Some(&record(&bus, 100)), 100));
+        assert!(!may_run_on_bus(Target::Each, None, Some(&record(&fired, 100)), 100));
+        assert!(!may_run_on_bus(Target::Each, None, Some(&record(&bus, 101)), 100));
+        // Any other answer (a refusal of another kind) is not a bus record.
+        let paused = TickOutcome::Skipped { reason: SkipReason::Paused, ticks: 1 };
+        assert!(!may_run_on_bus(Target::Any, Some(&paused), None, 100));
     }
 }

@@ -1,9 +1,19 @@
 //! The claim seam of a cron tick on the broadcast (bus) path: claim, run
 //! the schedule's command on this node, release.
 //!
-//! Which path a tick takes is decided once, by the driver, with
+//! Which path a tick takes is decided once per node, by the driver, with
 //! [`leasehold_replica::Gate::decide_for_claim`]; this module only carries a
-//! bus decision out. Release goes only to the bus, the path that claimed:
+//! bus decision out. Nodes decide from their own peer registries, which may
+//! differ (a node joining, adverts lost one way), so the leader may fire
+//! the same tick on the journal. A bus winner therefore records the tick in
+//! the journal (`Skip{bucket, reason: Bus}`) before it runs it, and runs it
+//! only if the journal took that record
+//! ([`leasehold_core::schedule::may_run_on_bus`]): the journal's
+//! `bucket > last_fired_bucket` guard admits one record per bucket, a fire
+//! or a bus record, so across all nodes and both paths a tick runs at most
+//! once (SPEC §7.8; docs/safety.md, "5 and 6").
+//!
+//! Release goes only to the bus, the path that claimed:
 //! a journal lease this node holds on a job with the same key is another
 //! run of the same tick (the journal path's, taken by this node's
 //! executor), and releasing it would hand that run to a second claimant
@@ -12,9 +22,10 @@
 use std::time::Duration;
 
 use leasehold_client::exec::{self, CommandLine};
-use leasehold_core::schedule::Schedule;
-use leasehold_replica::Gate;
+use leasehold_core::schedule::{Schedule, SkipReason, TickOutcome, TickRecord, may_run_on_bus};
+use leasehold_core::{Command, Response};
 use leasehold_replica::bus::Outcome;
+use leasehold_replica::{Gate, Journal};
 
 /// What a bus tick needs from the node.
 #[derive(Clone, Debug)]
@@ -23,18 +34,69 @@ pub struct BusRunner {
     pub command_timeout: Duration,
 }
 
+/// Records a bus tick this node won in the journal and answers whether it
+/// may run here: the journal took this node's record, or (`target = each`)
+/// holds a bus record of the bucket. Any failure answers no: a tick not run
+/// is a tick missed, a tick run twice is what this prevents.
+async fn journal_admits(journal: &Journal, schedule: &Schedule, bucket: u64, ticks: u64) -> bool {
+    let name = schedule.spec.name.clone();
+    let command = Command::Skip { schedule: name.clone(), bucket, reason: SkipReason::Bus, ticks };
+    let answer: Option<TickOutcome> = match journal.propose(command).await {
+        Ok(Response::Tick(outcome)) => outcome,
+        Ok(other) => {
+            tracing::warn!(schedule = %name, bucket, response = ?other, "bus record refused");
+            return false;
+        }
+        Err(error) => {
+            tracing::warn!(schedule = %name, bucket, %error, "bus record not committed; not run");
+            return false;
+        }
+    };
+    let recorded: Option<TickRecord> = if answer.is_none() {
+        let read = journal
+            .read(false, |state| {
+                state
+                    .schedules()
+                    .get(&name)
+                    .and_then(|s| s.history.iter().find(|r| r.bucket == bucket).cloned())
+            })
+            .await;
+        read.unwrap_or_else(|error| {
+            tracing::warn!(schedule = %name, bucket, %error, "tick record unreadable");
+            None
+        })
+    } else {
+        None
+    };
+    may_run_on_bus(schedule.spec.target, answer.as_ref(), recorded.as_ref(), bucket)
+}
+
 /// Claims `key` (a tick of `schedule` at `bucket`) on the bus and, if this
-/// node wins, runs the schedule's command here; then releases the bus
-/// claim (a no-op unless this node won it).
+/// node wins and the journal admits the tick to the bus (`ticks` ticks
+/// since the journal's last record end at it), runs the schedule's command
+/// here; then releases the bus claim (a no-op unless this node won it).
 pub async fn run_bus_tick(
     gate: Gate,
+    journal: Journal,
     runner: BusRunner,
     schedule: Schedule,
-    bucket: u64,
+    tick: (u64, u64),
     key: String,
 ) {
     let name = schedule.spec.name.clone();
+    let (bucket, ticks) = tick;
     match gate.bus_claim(&key).await {
+        Ok(Outcome::Won) if !journal_admits(&journal, &schedule, bucket, ticks).await => {
+            tracing::info!(
+                event = "lease.contend",
+                path = "bus",
+                node = gate.node_id(),
+                schedule = %name,
+                bucket,
+                key = %key,
+                "won the bus claim, but the journal did not admit the tick to the bus; not run"
+            );
+        }
         Ok(Outcome::Won) => {
             tracing::info!(
                 event = "lease.acquire",

@@ -7,7 +7,11 @@
 //! - **journal**: the leader proposes `Fire`/`Skip` (exactly once per tick
 //!   through the journal's `last_fired_bucket`); the other nodes do nothing;
 //! - **bus**: every node claims `(schedule, bucket)` on the bus and the
-//!   winner runs the schedule's command itself ([`crate::bus_tick`]).
+//!   winner records the tick in the journal (`Skip{reason: Bus}`) and runs
+//!   the schedule's command itself only if the journal took that record
+//!   ([`crate::bus_tick`]): nodes whose views of their peers differ may
+//!   decide different paths for one tick, and the journal's bucket guard
+//!   admits one of them.
 //!
 //! When the pool comes back from the bus to the journal, the leader first
 //! records the ticks the bus ran as skipped (`SkipReason::Bus`), so the
@@ -258,11 +262,37 @@ pub async fn tick_schedules(
                     Target::Each => schedule.job_key(bucket, Some(gate.node_id())),
                 };
                 let runner = BusRunner { command_timeout: config.command_timeout };
-                ticker.running.spawn(run_bus_tick(gate.clone(), runner, schedule, bucket, key));
+                // The ticks since the journal's last record that this bus
+                // record stands for (as skip_bus_ran counts them).
+                let ticks = ticker
+                    .parsed
+                    .get(&cron_key(&schedule))
+                    .and_then(Option::as_ref)
+                    .map_or(1, |cron| {
+                        let after_ms = if schedule.last_fired_bucket > 0 {
+                            cron::tick_ms(schedule.last_fired_bucket)
+                        } else {
+                            schedule.created_at_ms
+                        };
+                        cron.ticks_between(after_ms, newest_ms + 1, MAX_TICKS_READ).len().max(1)
+                            as u64
+                    });
+                ticker.running.spawn(run_bus_tick(
+                    gate.clone(),
+                    journal.clone(),
+                    runner,
+                    schedule,
+                    (bucket, ticks),
+                    key,
+                ));
             }
         }
     }
     while journal_fires.join_next().await.is_some() {}
+}
+
+fn cron_key(schedule: &Schedule) -> (String, String) {
+    (schedule.spec.cron.clone(), schedule.spec.timezone.clone())
 }
 
 /// Why this node takes no bus claim for a tick, if it does not.
