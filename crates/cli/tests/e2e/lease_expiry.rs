@@ -15,7 +15,7 @@ use anyhow::{Context, Result, bail, ensure};
 use leasehold_proto::v1;
 use tokio::time::Instant;
 
-use super::support::{Node, Sandbox, job, phase};
+use super::support::{Node, Sandbox, enqueue_job, phase};
 
 const QUEUE: &str = "expiry";
 const LEASE_TTL_MS: u64 = 1_000;
@@ -40,15 +40,7 @@ async fn story(sandbox: &Sandbox) -> Result<()> {
     phase("start node 1 and enqueue one job");
     let node = Node::start(sandbox).await?;
     let mut stub = node.stub()?;
-    let enqueued = stub
-        .enqueue(v1::EnqueueRequest { jobs: vec![job(QUEUE, b"only one")] })
-        .await
-        .context("enqueue")?
-        .into_inner();
-    let job_id = match enqueued.results.as_slice() {
-        [result] => result.job_id,
-        other => bail!("enqueue answered {other:?}"),
-    };
+    let job_id = enqueue_job(&mut stub, QUEUE, b"only one").await?;
 
     phase("worker-a claims with a 1 s lease and never refreshes");
     let claim = |worker: &str, wait_ms: u64| v1::ClaimRequest {

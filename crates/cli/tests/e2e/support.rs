@@ -975,3 +975,20 @@ pub async fn queue_stats(stub: &mut QueueClient<Channel>, queue: &str) -> Result
 pub fn job(queue: &str, payload: &[u8]) -> v1::JobSpec {
     v1::JobSpec { queue: queue.to_string(), payload: payload.to_vec(), ..Default::default() }
 }
+
+/// Enqueues one job of `payload` into `queue` through `stub`; its id.
+pub async fn enqueue_job(
+    stub: &mut QueueClient<Channel>,
+    queue: &str,
+    payload: &[u8],
+) -> Result<u64> {
+    let enqueued = stub
+        .enqueue(v1::EnqueueRequest { jobs: vec![job(queue, payload)] })
+        .await
+        .context("enqueue")?
+        .into_inner();
+    match enqueued.results.as_slice() {
+        [result] => Ok(result.job_id),
+        other => bail!("enqueue answered {other:?}"),
+    }
+}

@@ -22,7 +22,7 @@ use tonic::transport::Endpoint;
 
 use super::proxy::Proxy;
 use crate::e2e::cluster::cluster_slot;
-use crate::e2e::support::{Node, Sandbox, job, phase};
+use crate::e2e::support::{Node, Sandbox, enqueue_job, phase};
 
 const QUEUE: &str = "retried";
 const WORKER: &str = "worker-retry";
@@ -56,15 +56,7 @@ async fn story(sandbox: &Sandbox) -> Result<()> {
     phase("start a node and enqueue one job");
     let node = Node::start(sandbox).await?;
     let mut direct = node.stub()?;
-    let enqueued = direct
-        .enqueue(v1::EnqueueRequest { jobs: vec![job(QUEUE, b"claimed once")] })
-        .await
-        .context("enqueue")?
-        .into_inner();
-    let job_id = match enqueued.results.as_slice() {
-        [result] => result.job_id,
-        other => bail!("enqueue answered {other:?}"),
-    };
+    let job_id = enqueue_job(&mut direct, QUEUE, b"claimed once").await?;
     let tokens_before = direct
         .stats(v1::StatsRequest { queue: None, stale: false })
         .await

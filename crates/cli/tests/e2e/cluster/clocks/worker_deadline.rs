@@ -30,7 +30,7 @@ use tokio::time::Instant;
 
 use super::proxy::Proxy;
 use crate::e2e::cluster::cluster_slot;
-use crate::e2e::support::{Check, Node, Sandbox, deadline_in, job, phase, wait_until};
+use crate::e2e::support::{Check, Node, Sandbox, deadline_in, enqueue_job, phase, wait_until};
 
 const QUEUE: &str = "deadline";
 const WORKER: &str = "worker-slow-link";
@@ -87,15 +87,7 @@ async fn story(sandbox: &Sandbox) -> Result<()> {
     phase("start a node and enqueue one job");
     let node = Node::start(sandbox).await?;
     let mut direct = node.stub()?;
-    let enqueued = direct
-        .enqueue(v1::EnqueueRequest { jobs: vec![job(QUEUE, b"slow answer")] })
-        .await
-        .context("enqueue")?
-        .into_inner();
-    let job_id = match enqueued.results.as_slice() {
-        [result] => result.job_id,
-        other => bail!("enqueue answered {other:?}"),
-    };
+    let job_id = enqueue_job(&mut direct, QUEUE, b"slow answer").await?;
 
     phase("start a worker whose answers come 2.5 s late (4 s leases)");
     let proxy = Proxy::start(node.grpc, ANSWER_DELAY).await?;
