@@ -150,6 +150,7 @@ async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
     let plans = plans(&args, &regressions_dir)?;
     let mut summaries: Vec<Summary> = Vec::new();
     let mut errors = 0;
+    let mut incomplete: Vec<String> = Vec::new();
     let mut interrupted = false;
     for plan in &plans {
         if interrupted {
@@ -178,6 +179,8 @@ async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
             Err(error) => {
                 errors += 1;
                 println!("run of seed {} could not complete: {error:#}", plan.seed);
+                incomplete
+                    .push(format!("failed: seed {} could not complete: {error:#}", plan.seed));
             }
         }
     }
@@ -193,6 +196,31 @@ async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
         })
         .count();
     let failed = names.len() - passed;
+    // A CI log is often read from its tail: repeat each failure (seed,
+    // checker, its first anomalies) right above the closing line.
+    for summary in &summaries {
+        for checker in summary.checkers.iter().filter(|c| !c.passed) {
+            println!(
+                "failed: seed {} checker {} ({} safety, {} liveness{}) in {}",
+                summary.seed,
+                checker.name,
+                checker.safety,
+                checker.liveness,
+                if checker.vacuous.is_empty() {
+                    String::new()
+                } else {
+                    format!(", vacuous: {}", checker.vacuous.join(", "))
+                },
+                summary.run_dir
+            );
+            for anomaly in checker.anomalies.iter().take(3) {
+                println!("  {:?}: {}", anomaly.severity, anomaly.message);
+            }
+        }
+    }
+    for line in &incomplete {
+        println!("{line}");
+    }
     if plans.len() > 1 {
         println!("over {} runs ({} could not complete):", plans.len(), errors);
     }
