@@ -39,6 +39,20 @@ pub enum ClientError {
     /// say), or the address's scheme does not match the TLS setting.
     #[error("{0}")]
     Credential(String),
+    /// The call's effect is unknown: a try got no answer (the connection
+    /// broke, or the node said UNAVAILABLE), so it may have applied, and
+    /// the retry was refused for a reason that try itself would cause — a
+    /// release that applied leaves its token stale. Code `Unknown`.
+    #[error(
+        "outcome unknown: a try failed in transit ({}) and may have applied; the retry was refused: {} ({:?})",
+        .first.message(), .last.message(), .last.code()
+    )]
+    OutcomeUnknown {
+        /// The failure that left the first try's effect unknown.
+        first: tonic::Status,
+        /// The retry's refusal.
+        last: tonic::Status,
+    },
 }
 
 impl From<tonic::Status> for ClientError {
@@ -56,6 +70,7 @@ impl ClientError {
             | ClientError::Tls(_)
             | ClientError::Credential(_) => tonic::Code::InvalidArgument,
             ClientError::Status(status) => status.code(),
+            ClientError::OutcomeUnknown { .. } => tonic::Code::Unknown,
         }
     }
 }
@@ -378,15 +393,25 @@ impl Client {
 
     /// Makes `call` (against the current node), retrying transient
     /// failures on the next node when `retry`; follows a leader hint on
-    /// the answer.
-    async fn retrying<T, F, Fut>(&self, retry: bool, mut call: F) -> Result<T, ClientError>
+    /// the answer. For calls whose repeat answers the same as the first
+    /// try (reads, acks, claims and triggers under a request id).
+    async fn retrying<T, F, Fut>(&self, retry: bool, call: F) -> Result<T, ClientError>
     where
         F: FnMut() -> Fut,
         Fut: std::future::Future<Output = Result<tonic::Response<T>, tonic::Status>>,
     {
-        let attempts = if retry { self.retry.attempts.max(1) } else { 1 };
+        self.retrying_as(if retry { Repeat::Same } else { Repeat::Never }, call).await
+    }
+
+    async fn retrying_as<T, F, Fut>(&self, repeat: Repeat, mut call: F) -> Result<T, ClientError>
+    where
+        F: FnMut() -> Fut,
+        Fut: std::future::Future<Output = Result<tonic::Response<T>, tonic::Status>>,
+    {
+        let attempts = if repeat == Repeat::Never { 1 } else { self.retry.attempts.max(1) };
         let mut delay = self.retry.first_delay;
         let mut tried = 0;
+        let mut in_transit: Option<tonic::Status> = None;
         loop {
             tried += 1;
             match call().await {
@@ -396,11 +421,12 @@ impl Client {
                 }
                 Err(status) if is_retryable(&status) && tried < attempts => {
                     tracing::debug!(%status, tried, "retrying after a transient failure");
+                    in_transit.get_or_insert(status);
                     self.rotate();
                     tokio::time::sleep(delay).await;
                     delay = (delay * 2).min(self.retry.max_delay);
                 }
-                Err(status) => return Err(status.into()),
+                Err(status) => return Err(final_error(repeat, in_transit, status)),
             }
         }
     }
@@ -523,9 +549,12 @@ impl Client {
         .await
     }
 
-    /// Gives a job back without charging an attempt.
+    /// Gives a job back without charging an attempt. Retried on transient
+    /// failures; when a retry is refused after a try whose answer was lost
+    /// (that try may have released the job, which makes the token stale),
+    /// the answer is [`ClientError::OutcomeUnknown`], not the refusal.
     pub async fn release(&self, job_id: u64, token: u64) -> Result<(), ClientError> {
-        self.retrying(true, || {
+        self.retrying_as(Repeat::Differs, || {
             let mut stub = self.queue();
             let request = self.request(v1::ReleaseRequest { job_id, token }, self.call_timeout);
             async move { stub.release(request).await }
@@ -624,15 +653,47 @@ impl Client {
         .await
     }
 
-    /// Removes a member (learner or voter, the leader included).
+    /// Removes a member (learner or voter, the leader included). A retry
+    /// refused after a lost answer is [`ClientError::OutcomeUnknown`] (the
+    /// lost try may have removed it).
     pub async fn remove_member(&self, id: u64) -> Result<Vec<u64>, ClientError> {
-        self.retrying(true, || {
+        self.retrying_as(Repeat::Differs, || {
             let mut stub = self.cluster();
             let request = self.request(v1::RemoveRequest { id }, self.call_timeout);
             async move { stub.remove(request).await }
         })
         .await
         .map(|r| r.voters)
+    }
+}
+
+/// Whether a call may be repeated after a try whose answer was lost, and
+/// whether the repeat answers as the first try did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Repeat {
+    /// Not repeated: a lost answer may have charged something.
+    Never,
+    /// Repeated; a repeat of a try that applied answers the same.
+    Same,
+    /// Repeated; but a try that applied changes what a repeat is told (a
+    /// released token is stale to its retry), so a refused repeat after a
+    /// lost answer leaves the outcome unknown.
+    Differs,
+}
+
+/// The error a call ends with: the refusal itself, unless an earlier try of
+/// a [`Repeat::Differs`] call went unanswered and the last was refused by
+/// the server (a failure in transit stays what it is).
+fn final_error(
+    repeat: Repeat,
+    in_transit: Option<tonic::Status>,
+    last: tonic::Status,
+) -> ClientError {
+    match in_transit {
+        Some(first) if repeat == Repeat::Differs && !is_retryable(&last) => {
+            ClientError::OutcomeUnknown { first, last }
+        }
+        _ => ClientError::Status(last),
     }
 }
 
@@ -703,5 +764,24 @@ mod tests {
         for (status, retryable) in cases {
             assert_eq!(is_retryable(&status), retryable, "{status:?}");
         }
+    }
+
+    #[test]
+    fn a_refused_retry_of_a_call_that_changes_its_own_answer_is_an_unknown_outcome() {
+        let lost = || tonic::Status::unavailable("not committed within 5000 ms");
+        let stale = || tonic::Status::failed_precondition("stale fencing token 181 for job 144");
+        let unknown = final_error(Repeat::Differs, Some(lost()), stale());
+        assert!(matches!(unknown, ClientError::OutcomeUnknown { .. }), "{unknown:?}");
+        assert_eq!(unknown.code(), tonic::Code::Unknown);
+        assert!(unknown.to_string().contains("stale fencing token 181"), "{unknown}");
+        // Refused at the first try: nothing was in transit, the refusal holds.
+        let refused = final_error(Repeat::Differs, None, stale());
+        assert_eq!(refused.code(), tonic::Code::FailedPrecondition);
+        // A call whose repeat answers the same keeps the refusal.
+        let same = final_error(Repeat::Same, Some(lost()), stale());
+        assert_eq!(same.code(), tonic::Code::FailedPrecondition);
+        // Out of tries while still in transit: still unavailable.
+        let gone = final_error(Repeat::Differs, Some(lost()), lost());
+        assert_eq!(gone.code(), tonic::Code::Unavailable);
     }
 }
