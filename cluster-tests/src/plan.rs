@@ -316,6 +316,17 @@ impl Fault {
     }
 }
 
+impl Fault {
+    /// Whether a checker's expectation depends on this kind of round (a
+    /// disk filled, a drain, a gate flip, a clock beyond the bound): such a
+    /// round runs even after the fault phase's budget is spent, since
+    /// skipping it would fail its checker as vacuous on a slow machine.
+    pub fn feeds_expectation(&self, bound_ms: u64, hold_ms: u64) -> bool {
+        matches!(self, Fault::DiskFull { .. } | Fault::RollingDrain | Fault::GateFlip { .. })
+            || self.beyond_bound_after_ms(bound_ms, hold_ms).is_some()
+    }
+}
+
 /// How far inside the bound a step must stay to count as within it: half
 /// an advert round trip on loopback is a millisecond, a busy machine's
 /// scheduling adds tens; a hundred is ample.
@@ -953,6 +964,7 @@ fn soak_fault(rng: &mut StdRng, mode: Mode) -> Fault {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::collections::BTreeSet;
 
     #[test]
     fn a_seed_makes_one_plan() {
@@ -1071,6 +1083,27 @@ mod tests {
         // An older plan's nodes run with the node's own defaults.
         assert_eq!(NodeTuning::default().config_text(), "drain_grace_ms = 30000\n");
         assert_eq!(NodeTuning::default().clock_bound_ms(), DEFAULT_CLOCK_BOUND_MS);
+    }
+
+    #[test]
+    fn the_rounds_that_checkers_expect_outlive_the_budget() {
+        let plan = Plan::generate(7, Profile::Quick, Mode::SafetyLiveness);
+        let bound = plan.tuning.clock_bound_ms();
+        let kept: BTreeSet<&str> = plan
+            .rounds
+            .iter()
+            .filter(|r| r.fault.feeds_expectation(bound, r.hold_ms))
+            .map(|r| r.fault.kind())
+            .collect();
+        assert_eq!(
+            kept,
+            BTreeSet::from(["clock-bump", "disk-full", "gate-flip", "rolling-drain"]),
+            "{:?}",
+            plan.rounds
+        );
+        let within = Fault::ClockBump { target: Target::Leader, offset_ms: WITHIN_STEP_MS };
+        assert!(!within.feeds_expectation(bound, 5_000), "a step within the bound is not needed");
+        assert!(!Fault::Kill { target: Target::Leader }.feeds_expectation(bound, 5_000));
     }
 
     #[test]
