@@ -35,6 +35,16 @@ cargo fmt --all -- --check
 step "cargo clippy (warnings are errors)"
 cargo clippy --workspace --all-targets --locked -- -D warnings
 
+step "the other build, for the mixed-version test"
+# The replay tool with another build's compiled-in limits (leasehold-core's
+# `older-build` feature), kept apart from the normal build of it. Only the
+# core, storage and replay crates compile again for it.
+cargo build -p leasehold-replay --features older-build --locked
+target_dir=${CARGO_TARGET_DIR:-target}
+mkdir -p "$target_dir/older-build"
+cp "$target_dir/debug/leasehold-replay" "$target_dir/older-build/leasehold-replay"
+export LEASEHOLD_REQUIRE_OLDER_BUILD=1
+
 step "cargo test"
 cargo test --workspace --locked
 

@@ -37,7 +37,7 @@ pub struct Limits {
 impl Default for Limits {
     fn default() -> Self {
         Limits {
-            max_payload_bytes: 256 * 1024,
+            max_payload_bytes: if cfg!(feature = "older-build") { 16 * 1024 } else { 256 * 1024 },
             max_batch: 1_000,
             min_lease_ttl_ms: 1_000,
             max_lease_ttl_ms: 12 * 60 * 60 * 1_000,
@@ -45,7 +45,7 @@ impl Default for Limits {
             default_max_attempts: 5,
             max_max_attempts: 1_000,
             retention_ms: 24 * 60 * 60 * 1_000,
-            max_text_bytes: 256,
+            max_text_bytes: if cfg!(feature = "older-build") { 64 } else { 256 },
             max_tags: 32,
             max_error_bytes: 4 * 1024,
             max_result_bytes: 16 * 1024,

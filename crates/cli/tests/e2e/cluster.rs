@@ -22,6 +22,7 @@ mod formation;
 mod forwarding;
 mod history;
 mod load;
+mod mixed_version;
 mod no_quorum;
 mod rolling_restart;
 mod security;
