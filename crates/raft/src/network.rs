@@ -89,6 +89,7 @@ pub struct NetworkFactory {
     channels: Arc<Mutex<HashMap<String, Channel>>>,
     security: Arc<RwLock<PeerSecurity>>,
     local_address: Option<IpAddr>,
+    wires: envelope::PeerWires,
 }
 
 impl NetworkFactory {
@@ -105,7 +106,14 @@ impl NetworkFactory {
             local_address,
             security: Arc::new(RwLock::new(security)),
             channels: Arc::default(),
+            wires: envelope::PeerWires::default(),
         }
+    }
+
+    /// The envelope layout each peer reads, kept current from its adverts;
+    /// every client of this factory sends by it.
+    pub fn wires(&self) -> &envelope::PeerWires {
+        &self.wires
     }
 
     /// Replaces the credentials (rotated certificates) and drops every
@@ -170,7 +178,12 @@ impl RaftNetworkFactory<TypeConfig> for NetworkFactory {
     type Network = PeerClient;
 
     async fn new_client(&mut self, target: NodeId, node: &BasicNode) -> PeerClient {
-        PeerClient { target, addr: node.addr.clone(), channel: self.channel(&node.addr).ok() }
+        PeerClient {
+            target,
+            addr: node.addr.clone(),
+            channel: self.channel(&node.addr).ok(),
+            wires: self.wires.clone(),
+        }
     }
 }
 
@@ -179,6 +192,7 @@ pub struct PeerClient {
     target: NodeId,
     addr: String,
     channel: Option<PeerChannel>,
+    wires: envelope::PeerWires,
 }
 
 type RpcResult<T, E> = Result<T, RPCError<NodeId, BasicNode, E>>;
@@ -202,8 +216,8 @@ impl PeerClient {
             ));
             return Err(RPCError::Unreachable(Unreachable::new(&problem)));
         };
-        let data =
-            envelope::encode(request).map_err(|e| RPCError::Network(NetworkError::new(&e)))?;
+        let data = envelope::encode_as(self.wires.of(self.target), request)
+            .map_err(|e| RPCError::Network(NetworkError::new(&e)))?;
         let mut grpc = tonic::Request::new(RaftEnvelope { data });
         let ttl = option.hard_ttl();
         grpc.set_timeout(if ttl.is_zero() { DEFAULT_RPC_TIMEOUT } else { ttl });

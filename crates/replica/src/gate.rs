@@ -320,6 +320,20 @@ impl Gate {
             journal_lease_since_ms: state.since_ms,
             journal_lease_before: Some(state.before.advertised_journal_lease()),
             log_format: leasehold_core::command::LOG_FORMAT,
+            wire_format: leasehold_raft::envelope::WIRE_FORMAT,
+        }
+    }
+
+    /// Tells the peer links which envelope layout each member reads, by
+    /// the adverts heard (kept across restarts); a member not heard from
+    /// is sent JSON.
+    fn publish_peer_wires(&self) {
+        let entries = self.inner.registry.snapshot().unwrap_or_default();
+        let wires = self.inner.journal.peers().wires();
+        for (id, _) in self.membership() {
+            if let Some(entry) = entries.get(&id) {
+                wires.set(id, entry.advert.wire_format);
+            }
         }
     }
 
@@ -564,6 +578,7 @@ pub async fn run_adverts(gate: Gate, mut shutdown: watch::Receiver<bool>) {
         // each advert; once a round is often enough (a member that joins
         // was checked at its join).
         gate.inner.journal.set_log_format(gate.log_format());
+        gate.publish_peer_wires();
         send_adverts(&gate).await;
         rounds += 1;
         if rounds.is_multiple_of(60) {

@@ -534,7 +534,9 @@ impl Journal {
             .peers
             .channel(&addr)
             .map_err(|e| Unavailable::Peer(format!("leader {leader_id} at {addr}: {e}")))?;
-        let data = envelope::encode(&request).map_err(|e| Error::Internal(e.to_string()))?;
+        let wire = self.inner.peers.wires().of(leader_id);
+        let data =
+            envelope::encode_as(wire, &request).map_err(|e| Error::Internal(e.to_string()))?;
         let mut grpc = tonic::Request::new(RaftEnvelope { data });
         grpc.set_timeout(self.inner.config.quorum_timeout);
         let reply = RaftClient::new(channel)

@@ -59,6 +59,13 @@ pub struct GateLabels {
     pub reason: String,
 }
 
+/// Labels of a Raft envelope a peer sent this node.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct WireLabels {
+    /// binary or json.
+    pub wire: String,
+}
+
 /// Labels of a dropped peer message.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct RejectLabels {
@@ -131,6 +138,8 @@ pub struct Metrics {
     pub adverts_accepted: Counter,
     /// Peer messages dropped, by kind and reason.
     pub peer_rejected: Family<RejectLabels, Counter>,
+    /// Raft envelopes received from peers, by layout.
+    pub raft_envelopes: Family<WireLabels, Counter>,
     /// Bus claims made by this node, by outcome.
     pub bus_claims: Family<OutcomeLabels, Counter>,
     /// Calls refused for want of a credential or a role, by service and reason.
@@ -209,6 +218,12 @@ impl Metrics {
             "Peer adverts and bus messages dropped (bad MAC, malformed, replayed), by kind and reason",
             peer_rejected.clone(),
         );
+        let raft_envelopes = Family::<WireLabels, Counter>::default();
+        registry.register(
+            "raft_envelopes_received",
+            "Raft messages received from peers, by envelope layout (binary, or json from a peer of an earlier build or not yet heard from)",
+            raft_envelopes.clone(),
+        );
         let bus_claims = Family::<OutcomeLabels, Counter>::default();
         registry.register("bus_claims", "Bus claims made here, by outcome", bus_claims.clone());
         let auth_refused = Family::<AuthLabels, Counter>::default();
@@ -248,6 +263,7 @@ impl Metrics {
             gate_decisions,
             adverts_accepted,
             peer_rejected,
+            raft_envelopes,
             bus_claims,
             auth_refused,
             clock_offset_ms,

@@ -8,7 +8,7 @@
 use leasehold_core::{Command, Limits, ValidationError, validate_command};
 use leasehold_proto::v1::RaftEnvelope;
 use leasehold_proto::v1::raft_server::Raft as RaftRpc;
-use leasehold_raft::envelope;
+use leasehold_raft::envelope::{self, Wire};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use tonic::{Request, Response, Status};
@@ -33,14 +33,16 @@ impl RaftService {
 
 /// The message in an envelope, or INVALID_ARGUMENT naming the field of
 /// `data` it fails at (`data.vote.leader_id.term: invalid type: …`).
-fn open<T: DeserializeOwned>(request: Request<RaftEnvelope>) -> Result<T, Status> {
+/// The layout it came in is the layout to answer in (a peer of an earlier
+/// build sends and reads JSON only).
+fn open<T: DeserializeOwned>(request: Request<RaftEnvelope>) -> Result<(T, Wire), Status> {
     let data = request.into_inner().data;
     if data.is_empty() {
         return Err(Status::invalid_argument(
-            "data: must not be empty (an openraft message as JSON)",
+            "data: must not be empty (an openraft message, binary or JSON)",
         ));
     }
-    envelope::decode(&data).map_err(|error| {
+    envelope::decode_with_wire(&data).map_err(|error| {
         let field = match error.path() {
             "" => "data".to_string(),
             path => format!("data.{path}"),
@@ -85,8 +87,28 @@ fn from_its_sender(caller: u64, vote: &openraft::Vote<u64>, what: &str) -> Resul
     }
 }
 
-fn seal<T: Serialize>(value: &T) -> Result<Response<RaftEnvelope>, Status> {
-    let data = envelope::encode(value).map_err(|e| Status::internal(e.to_string()))?;
+impl RaftService {
+    /// Opens `request` (see [`open`]) and counts its layout.
+    fn open<T: DeserializeOwned>(
+        &self,
+        request: Request<RaftEnvelope>,
+    ) -> Result<(T, Wire), Status> {
+        let (value, wire) = open(request)?;
+        let label = match wire {
+            Wire::Binary => "binary",
+            Wire::Json => "json",
+        };
+        self.journal
+            .metrics()
+            .raft_envelopes
+            .get_or_create(&leasehold_replica::metrics::WireLabels { wire: label.to_string() })
+            .inc();
+        Ok((value, wire))
+    }
+}
+
+fn seal<T: Serialize>(wire: Wire, value: &T) -> Result<Response<RaftEnvelope>, Status> {
+    let data = envelope::encode_as(wire, value).map_err(|e| Status::internal(e.to_string()))?;
     Ok(Response::new(RaftEnvelope { data }))
 }
 
@@ -97,16 +119,17 @@ impl RaftRpc for RaftService {
         request: Request<RaftEnvelope>,
     ) -> Result<Response<RaftEnvelope>, Status> {
         let (caller, _) = Caller::node_of(&request)?;
-        let rpc: openraft::raft::AppendEntriesRequest<leasehold_raft::TypeConfig> = open(request)?;
+        let (rpc, wire): (openraft::raft::AppendEntriesRequest<leasehold_raft::TypeConfig>, _) =
+            self.open(request)?;
         from_its_sender(caller, &rpc.vote, "an append")?;
-        seal(&self.journal.raft().append_entries(rpc).await)
+        seal(wire, &self.journal.raft().append_entries(rpc).await)
     }
 
     async fn vote(&self, request: Request<RaftEnvelope>) -> Result<Response<RaftEnvelope>, Status> {
         let (caller, _) = Caller::node_of(&request)?;
-        let rpc: openraft::raft::VoteRequest<u64> = open(request)?;
+        let (rpc, wire): (openraft::raft::VoteRequest<u64>, _) = self.open(request)?;
         from_its_sender(caller, &rpc.vote, "a vote request")?;
-        seal(&self.journal.raft().vote(rpc).await)
+        seal(wire, &self.journal.raft().vote(rpc).await)
     }
 
     async fn install_snapshot(
@@ -114,10 +137,10 @@ impl RaftRpc for RaftService {
         request: Request<RaftEnvelope>,
     ) -> Result<Response<RaftEnvelope>, Status> {
         let (caller, _) = Caller::node_of(&request)?;
-        let rpc: openraft::raft::InstallSnapshotRequest<leasehold_raft::TypeConfig> =
-            open(request)?;
+        let (rpc, wire): (openraft::raft::InstallSnapshotRequest<leasehold_raft::TypeConfig>, _) =
+            self.open(request)?;
         from_its_sender(caller, &rpc.vote, "a snapshot")?;
-        seal(&self.journal.raft().install_snapshot(rpc).await)
+        seal(wire, &self.journal.raft().install_snapshot(rpc).await)
     }
 
     async fn forward(
@@ -125,7 +148,7 @@ impl RaftRpc for RaftService {
         request: Request<RaftEnvelope>,
     ) -> Result<Response<RaftEnvelope>, Status> {
         Caller::node_of(&request)?;
-        let forwarded: ForwardRequest = open(request)?;
+        let (forwarded, wire): (ForwardRequest, _) = self.open(request)?;
         if let ForwardRequest::Write(proposal) = &forwarded {
             check_forwarded(&proposal.command).map_err(|error| {
                 Status::from(Error::Invalid(ValidationError {
@@ -134,7 +157,7 @@ impl RaftRpc for RaftService {
                 }))
             })?;
         }
-        seal(&self.journal.serve_forwarded(forwarded).await)
+        seal(wire, &self.journal.serve_forwarded(forwarded).await)
     }
 }
 

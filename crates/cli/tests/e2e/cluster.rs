@@ -27,6 +27,7 @@ mod no_quorum;
 mod rolling_restart;
 mod security;
 mod snapshot_rejoin;
+mod wire;
 
 /// Clusters running at once across the stories of this module.
 const CONCURRENT_CLUSTERS: usize = 1;
