@@ -85,13 +85,10 @@ fn parse_line(text: &str, default_queue: Option<&str>) -> Result<v1::JobSpec, St
     let mut deserializer = serde_json::Deserializer::from_str(text);
     let line: Line = serde_path_to_error::deserialize(&mut deserializer).map_err(|error| {
         let path = error.path().to_string();
-        // serde counts lines within the text it was given: one line here,
-        // so only the column says anything.
-        let inner = error.into_inner().to_string().replace(" at line 1 column ", " (column ");
-        let inner = if inner.contains(" (column ") { format!("{inner})") } else { inner };
+        let inner = column_only(&error.into_inner());
         if path == "." || path.is_empty() { inner } else { format!("{path}: {inner}") }
     })?;
-    deserializer.end().map_err(|error| format!("after the object: {error}"))?;
+    deserializer.end().map_err(|error| format!("after the object: {}", column_only(&error)))?;
     let queue = match (line.queue, default_queue) {
         (Some(queue), _) => queue,
         (None, Some(queue)) => queue.to_string(),
@@ -121,6 +118,16 @@ fn parse_line(text: &str, default_queue: Option<&str>) -> Result<v1::JobSpec, St
     validate_command(&Command::Enqueue { jobs: vec![core] }, &Limits::default())
         .map_err(|error| strip_index(&error.to_string()))?;
     Ok(spec)
+}
+
+/// A JSON error with its position as a column: serde counts lines within
+/// the text it was given, which is one line of the file here.
+fn column_only(error: &serde_json::Error) -> String {
+    let text = error.to_string();
+    match text.split_once(" at line 1 column ") {
+        Some((message, column)) => format!("{message} (column {column})"),
+        None => text,
+    }
 }
 
 /// `jobs[0].queue: …` → `queue: …`: on a line there is only one job.

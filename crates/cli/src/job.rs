@@ -39,7 +39,10 @@ enum JobCommand {
         /// max_attempts, lease_ttl_ms, idempotency_key (or key), tags and
         /// backoff ({"base_ms","cap_ms"}); `-` for stdin. Every line is
         /// checked first: one bad line and nothing is sent.
-        #[arg(long, conflicts_with_all = ["payload", "payload_file", "key", "tags", "delay_ms"])]
+        #[arg(long, conflicts_with_all = [
+            "payload", "payload_file", "key", "tags", "delay_ms", "priority", "max_attempts",
+            "lease_ttl_ms",
+        ])]
         file: Option<PathBuf>,
         /// With --file: most jobs per Enqueue call (each call is atomic).
         #[arg(long, default_value_t = crate::bulk::DEFAULT_BATCH_JOBS, requires = "file")]
