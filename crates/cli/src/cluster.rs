@@ -16,6 +16,10 @@ pub struct ClusterArgs {
 #[derive(clap::Subcommand, Debug)]
 enum ClusterCommand {
     /// Members, roles, leader and per-node progress.
+    #[command(after_help = "Examples:
+  leasehold cluster status
+  leasehold cluster status --addr http://10.0.0.11:7070,http://10.0.0.12:7070
+  leasehold cluster status --output json")]
     Status {
         /// Output format.
         #[arg(long, value_enum, default_value_t)]
@@ -23,11 +27,15 @@ enum ClusterCommand {
     },
     /// Drain a node: it stops taking claims, lets running commands finish,
     /// releases what it holds, hands leadership over, and exits.
+    #[command(after_help = "Examples:
+  leasehold cluster drain 3")]
     Drain {
         /// The node's id.
         id: u64,
     },
     /// Remove a member (the leader included: it hands over once the change commits).
+    #[command(after_help = "Examples:
+  leasehold cluster remove 3")]
     Remove {
         /// The member's node id.
         id: u64,
@@ -35,6 +43,9 @@ enum ClusterCommand {
     /// Change a node's cutover-gate flags at run time (any member may be
     /// asked; it passes the change on). A change counts on every node from
     /// three heartbeat intervals after it is made.
+    #[command(after_help = "Examples:
+  leasehold cluster flags --node 2 --journal-lease on
+  leasehold cluster flags --node 2 --dry-run off --output json")]
     Flags {
         /// The node whose flags change.
         #[arg(long = "node")]
@@ -51,6 +62,13 @@ enum ClusterCommand {
     },
 }
 
+impl ClusterArgs {
+    /// How this subcommand reaches a node.
+    pub fn connection(&self) -> &Connection {
+        &self.connection
+    }
+}
+
 /// Runs a cluster subcommand.
 pub async fn run(args: ClusterArgs) -> anyhow::Result<ExitCode> {
     let client = args.connection.client()?;
@@ -59,25 +77,7 @@ pub async fn run(args: ClusterArgs) -> anyhow::Result<ExitCode> {
             let status = client.status().await?;
             match output {
                 Output::Json => render::print_json(&render::status(&status)),
-                Output::Text => {
-                    println!("leader: {}", status.leader);
-                    for node in &status.nodes {
-                        println!(
-                            "node {} {} role={} voter={} term={} commit={} applied={} digest={:016x}",
-                            node.id,
-                            node.addr,
-                            node.role,
-                            node.voter,
-                            node.term,
-                            node.commit_index,
-                            node.applied_index,
-                            node.digest
-                        );
-                        for line in render::gate_lines(node) {
-                            println!("  {line}");
-                        }
-                    }
-                }
+                Output::Text => render::print_text(&render::status_text(&status)),
             }
         }
         ClusterCommand::Drain { id } => {

@@ -21,6 +21,10 @@ pub struct CronArgs {
 #[derive(clap::Subcommand, Debug)]
 enum CronCommand {
     /// Create a schedule or replace its spec.
+    #[command(after_help = "Examples:
+  leasehold cron put nightly-backup --cron '0 3 * * *' --timezone Europe/Paris --command 'backup.sh'
+  leasehold cron put heartbeat --cron '@every 30s' --queue pings --payload ping
+  leasehold cron put rotate-logs --cron '@hourly' --command 'logrotate /etc/app.conf' --target each --tag web")]
     Put {
         /// Schedule name.
         name: String,
@@ -71,11 +75,16 @@ enum CronCommand {
         paused: bool,
     },
     /// Delete a schedule.
+    #[command(after_help = "Examples:
+  leasehold cron delete nightly-backup")]
     Delete {
         /// Schedule name.
         name: String,
     },
     /// Show a schedule.
+    #[command(after_help = "Examples:
+  leasehold cron get nightly-backup
+  leasehold cron get nightly-backup --output json")]
     Get {
         /// Schedule name.
         name: String,
@@ -84,22 +93,32 @@ enum CronCommand {
         output: Output,
     },
     /// List schedules.
+    #[command(after_help = "Examples:
+  leasehold cron list
+  leasehold cron list --output json")]
     List {
         /// Output format.
         #[arg(long, value_enum, default_value_t)]
         output: Output,
     },
     /// Pause a schedule (ticks are recorded as skipped).
+    #[command(after_help = "Examples:
+  leasehold cron pause nightly-backup")]
     Pause {
         /// Schedule name.
         name: String,
     },
     /// Resume a schedule.
+    #[command(after_help = "Examples:
+  leasehold cron resume nightly-backup")]
     Resume {
         /// Schedule name.
         name: String,
     },
     /// Run a schedule's job now (honours overlap unless --force).
+    #[command(after_help = "Examples:
+  leasehold cron trigger nightly-backup
+  leasehold cron trigger nightly-backup --force")]
     Trigger {
         /// Schedule name.
         name: String,
@@ -108,6 +127,9 @@ enum CronCommand {
         force: bool,
     },
     /// Ticks fired, skipped (with reason) and late.
+    #[command(after_help = "Examples:
+  leasehold cron history nightly-backup
+  leasehold cron history nightly-backup --output json")]
     History {
         /// Schedule name.
         name: String,
@@ -172,19 +194,60 @@ fn schedule_json(schedule: &v1::Schedule) -> Value {
     })
 }
 
-fn tick_line(record: &v1::TickRecord) -> String {
-    match record.outcome.as_str() {
-        "fired" => format!(
-            "{} fired jobs={:?} lag_ms={}{}",
-            record.bucket,
-            record.job_ids,
-            record.lag_ms,
-            if record.late { " late" } else { "" }
-        ),
-        _ => format!(
-            "{} skipped reason={} ticks={}",
-            record.bucket, record.skip_reason, record.ticks
-        ),
+fn spec_timezone_empty(schedule: &v1::Schedule) -> bool {
+    schedule.spec.as_ref().is_none_or(|spec| spec.timezone.is_empty())
+}
+
+/// `cron get` as text: the schedule's fields, then its newest ticks.
+fn schedule_text(schedule: &v1::Schedule) -> String {
+    let value = schedule_json(schedule);
+    let text = |key: &str| match &value[key] {
+        Value::String(s) if s.is_empty() => "-".to_string(),
+        Value::String(s) => s.clone(),
+        Value::Null => "-".to_string(),
+        Value::Array(items) if items.is_empty() => "-".to_string(),
+        Value::Array(items) => items
+            .iter()
+            .map(|i| i.as_str().map_or(i.to_string(), str::to_string))
+            .collect::<Vec<_>>()
+            .join(","),
+        other => other.to_string(),
+    };
+    let fields = [
+        "name",
+        "cron",
+        "timezone",
+        "command",
+        "queue",
+        "tags",
+        "overlap",
+        "catchup",
+        "catchup_window_ms",
+        "catchup_max",
+        "target",
+        "paused",
+        "next_tick_ms",
+        "last_fired_bucket",
+        "fired_count",
+        "skipped_count",
+    ]
+    .map(|key| match key {
+        "timezone" if spec_timezone_empty(schedule) => (key, "UTC".to_string()),
+        _ => (key, text(key)),
+    });
+    let mut out = render::fields_text(&fields);
+    let newest: Vec<_> = schedule.history.iter().rev().take(5).rev().cloned().collect();
+    if !newest.is_empty() {
+        out.push_str("\nNewest ticks (all: cron history):\n");
+        out.push_str(&render::ticks_text(&newest));
+    }
+    out
+}
+
+impl CronArgs {
+    /// How this subcommand reaches a node.
+    pub fn connection(&self) -> &Connection {
+        &self.connection
     }
 }
 
@@ -260,19 +323,7 @@ pub async fn run(args: CronArgs) -> anyhow::Result<ExitCode> {
                 .into_inner();
             match output {
                 Output::Json => render::print_json(&schedule_json(&schedule)),
-                Output::Text => {
-                    let value = schedule_json(&schedule);
-                    println!(
-                        "{} cron={} tz={} paused={} last_fired_bucket={} fired={} skipped={}",
-                        value["name"],
-                        value["cron"],
-                        value["timezone"],
-                        value["paused"],
-                        value["last_fired_bucket"],
-                        value["fired_count"],
-                        value["skipped_count"]
-                    );
-                }
+                Output::Text => render::print_text(&schedule_text(&schedule)),
             }
         }
         CronCommand::List { output } => {
@@ -285,19 +336,7 @@ pub async fn run(args: CronArgs) -> anyhow::Result<ExitCode> {
                 Output::Json => render::print_json(&json!(
                     list.schedules.iter().map(schedule_json).collect::<Vec<_>>()
                 )),
-                Output::Text => {
-                    for schedule in &list.schedules {
-                        let spec = schedule.spec.clone().unwrap_or_default();
-                        println!(
-                            "{} {:?} paused={} fired={} skipped={}",
-                            spec.name,
-                            spec.cron,
-                            spec.paused,
-                            schedule.fired_count,
-                            schedule.skipped_count
-                        );
-                    }
-                }
+                Output::Text => render::print_text(&render::schedules_text(&list.schedules)),
             }
         }
         CronCommand::Pause { name } => {
@@ -332,11 +371,7 @@ pub async fn run(args: CronArgs) -> anyhow::Result<ExitCode> {
                 Output::Json => render::print_json(&json!(
                     schedule.history.iter().map(tick_json).collect::<Vec<_>>()
                 )),
-                Output::Text => {
-                    for record in &schedule.history {
-                        println!("{}", tick_line(record));
-                    }
-                }
+                Output::Text => render::print_text(&render::ticks_text(&schedule.history)),
             }
         }
     }

@@ -20,11 +20,33 @@ pub struct JobArgs {
 
 #[derive(clap::Subcommand, Debug)]
 enum JobCommand {
-    /// Enqueue one job; prints its id.
+    /// Enqueue one job (prints its id), or every job of a JSON-lines file
+    /// (`--file`, in batches, with a progress bar and a summary).
+    #[command(after_help = "Examples:
+  leasehold job enqueue --queue emails --payload '{\"to\":\"ana@example.com\"}'
+  leasehold job enqueue --queue reports --payload-file report.json --priority 5 --tag gpu
+  leasehold job enqueue --queue emails --payload hi --key welcome-ana --delay-ms 60000
+  leasehold job enqueue --file jobs.jsonl --queue emails
+  # jobs.jsonl, one job per line:
+  #   {\"queue\":\"emails\",\"payload\":\"hi\",\"priority\":2,\"idempotency_key\":\"a-1\"}
+  #   {\"payload\":{\"to\":\"bo@example.com\"},\"tags\":[\"eu\"],\"delay_ms\":5000}")]
     Enqueue {
-        /// Queue name.
-        #[arg(long)]
-        queue: String,
+        /// Queue name (with --file: the queue of lines that name none).
+        #[arg(long, required_unless_present = "file")]
+        queue: Option<String>,
+        /// Enqueue every job of this file: one JSON object per line, with
+        /// the fields queue, payload, priority, delay_ms, not_before_ms,
+        /// max_attempts, lease_ttl_ms, idempotency_key (or key), tags and
+        /// backoff ({"base_ms","cap_ms"}); `-` for stdin. Every line is
+        /// checked first: one bad line and nothing is sent.
+        #[arg(long, conflicts_with_all = [
+            "payload", "payload_file", "key", "tags", "delay_ms", "priority", "max_attempts",
+            "lease_ttl_ms",
+        ])]
+        file: Option<PathBuf>,
+        /// With --file: most jobs per Enqueue call (each call is atomic).
+        #[arg(long, default_value_t = crate::bulk::DEFAULT_BATCH_JOBS, requires = "file")]
+        batch_size: usize,
         /// Payload text.
         #[arg(long, conflicts_with = "payload_file")]
         payload: Option<String>,
@@ -54,6 +76,9 @@ enum JobCommand {
         output: Output,
     },
     /// Claim jobs (prints their leases and tokens).
+    #[command(after_help = "Examples:
+  leasehold job claim --queue emails
+  leasehold job claim --queue emails --max 10 --wait-ms 5000 --worker mailer-1 --output json")]
     Claim {
         /// Queue name.
         #[arg(long)]
@@ -78,6 +103,8 @@ enum JobCommand {
         output: Output,
     },
     /// Extend a lease.
+    #[command(after_help = "Examples:
+  leasehold job refresh --job 42 --fencing-token 1007 --lease-ttl-ms 60000")]
     Refresh {
         /// Job id.
         #[arg(long)]
@@ -96,6 +123,8 @@ enum JobCommand {
         output: Output,
     },
     /// Finish a job.
+    #[command(after_help = "Examples:
+  leasehold job ack --job 42 --fencing-token 1007")]
     Ack {
         /// Job id.
         #[arg(long)]
@@ -105,6 +134,9 @@ enum JobCommand {
         fencing_token: u64,
     },
     /// Fail an attempt.
+    #[command(after_help = "Examples:
+  leasehold job nack --job 42 --fencing-token 1007 --error 'smtp timeout'
+  leasehold job nack --job 42 --fencing-token 1007 --retry-after-ms 30000")]
     Nack {
         /// Job id.
         #[arg(long)]
@@ -120,6 +152,8 @@ enum JobCommand {
         retry_after_ms: Option<u64>,
     },
     /// Give a job back without charging an attempt.
+    #[command(after_help = "Examples:
+  leasehold job release --job 42 --fencing-token 1007")]
     Release {
         /// Job id.
         #[arg(long)]
@@ -129,6 +163,10 @@ enum JobCommand {
         fencing_token: u64,
     },
     /// Show one job.
+    #[command(after_help = "Examples:
+  leasehold job get 42
+  leasehold job get 42 --output json
+  leasehold job get 42 --stale --addr http://10.0.0.12:7070")]
     Get {
         /// Job id.
         id: u64,
@@ -140,6 +178,10 @@ enum JobCommand {
         output: Output,
     },
     /// List jobs in id order.
+    #[command(after_help = "Examples:
+  leasehold job list --queue emails
+  leasehold job list --queue emails --state dead --limit 20
+  leasehold job list --output json --page-token 1200")]
     List {
         /// Only this queue.
         #[arg(long)]
@@ -161,6 +203,9 @@ enum JobCommand {
         output: Output,
     },
     /// Counts per queue.
+    #[command(after_help = "Examples:
+  leasehold job stats
+  leasehold job stats --queue emails --output json")]
     Stats {
         /// Only this queue.
         #[arg(long)]
@@ -173,6 +218,9 @@ enum JobCommand {
         output: Output,
     },
     /// Dead jobs back to ready.
+    #[command(after_help = "Examples:
+  leasehold job redrive --queue emails
+  leasehold job redrive --job 41 --job 42")]
     Redrive {
         /// Every dead job of this queue.
         #[arg(long, conflicts_with = "jobs")]
@@ -218,12 +266,25 @@ fn read_payload(payload: Option<String>, file: Option<PathBuf>) -> anyhow::Resul
     }
 }
 
+impl JobArgs {
+    /// How this subcommand reaches a node.
+    pub fn connection(&self) -> &Connection {
+        &self.connection
+    }
+}
+
 /// Runs a job subcommand.
 pub async fn run(args: JobArgs) -> anyhow::Result<ExitCode> {
     let client = args.connection.client()?;
     match args.command {
+        JobCommand::Enqueue { queue, file: Some(file), batch_size, output, .. } => {
+            return crate::bulk::enqueue_file(&client, &file, queue.as_deref(), batch_size, output)
+                .await;
+        }
         JobCommand::Enqueue {
             queue,
+            file: None,
+            batch_size: _,
             payload,
             payload_file,
             priority,
@@ -234,6 +295,8 @@ pub async fn run(args: JobArgs) -> anyhow::Result<ExitCode> {
             tags,
             output,
         } => {
+            // clap requires --queue when --file is absent.
+            let queue = queue.context("--queue is required")?;
             let spec = v1::JobSpec {
                 queue,
                 payload: read_payload(payload, payload_file)?,
@@ -333,12 +396,7 @@ pub async fn run(args: JobArgs) -> anyhow::Result<ExitCode> {
             let job = client.get_job(id, stale).await?;
             match output {
                 Output::Json => render::print_json(&render::job(&job)),
-                Output::Text => {
-                    println!("{}", render::job_line(&job));
-                    if !job.result.is_empty() {
-                        println!("result:\n{}", String::from_utf8_lossy(&job.result).trim_end());
-                    }
-                }
+                Output::Text => render::print_text(&render::job_text(&job)),
             }
         }
         JobCommand::List { queue, state, limit, page_token, stale, output } => {
@@ -357,12 +415,7 @@ pub async fn run(args: JobArgs) -> anyhow::Result<ExitCode> {
                     "next_page_token": reply.next_page_token,
                 })),
                 Output::Text => {
-                    for job in &reply.jobs {
-                        println!("{}", render::job_line(job));
-                    }
-                    if !reply.next_page_token.is_empty() {
-                        println!("more: --page-token {}", reply.next_page_token);
-                    }
+                    render::print_text(&render::jobs_text(&reply.jobs, &reply.next_page_token))
                 }
             }
         }
@@ -370,22 +423,36 @@ pub async fn run(args: JobArgs) -> anyhow::Result<ExitCode> {
             let stats = client.stats(queue, stale).await?;
             match output {
                 Output::Json => render::print_json(&render::stats(&stats)),
-                Output::Text => {
-                    for q in &stats.queues {
-                        println!(
-                            "{}: ready={} delayed={} claimed={} acked={} dead={}",
-                            q.queue, q.ready, q.delayed, q.claimed, q.acked, q.dead
-                        );
-                    }
-                    if stats.queues.is_empty() {
-                        println!("no jobs");
-                    }
-                }
+                Output::Text => render::print_text(&render::stats_text(&stats)),
             }
         }
-        JobCommand::Redrive { queue, jobs } => {
-            let count = client.redrive(v1::RedriveRequest { queue, job_ids: jobs }).await?;
-            println!("{count} redriven");
+        JobCommand::Redrive { queue: Some(queue), .. } => {
+            // One Redrive call moves the whole queue in one log entry; the
+            // dead count read first is the total the answer is measured by.
+            let stats = client.stats(Some(queue.clone()), false).await?;
+            let dead = stats.queues.iter().find(|q| q.queue == queue).map_or(0, |q| q.dead);
+            eprintln!("redriving the {dead} dead jobs of {queue}…");
+            let count = client
+                .redrive(v1::RedriveRequest { queue: Some(queue.clone()), job_ids: Vec::new() })
+                .await?;
+            println!("{count} redriven ({count}/{dead} dead jobs of {queue})");
+        }
+        JobCommand::Redrive { queue: None, jobs } => {
+            if jobs.is_empty() {
+                anyhow::bail!("nothing to redrive: give --queue or --job");
+            }
+            // The node takes at most a batch of ids per call: larger lists
+            // go in batches, with a count after each.
+            let total = jobs.len();
+            let (mut asked, mut count) = (0, 0);
+            for chunk in jobs.chunks(crate::bulk::DEFAULT_BATCH_JOBS) {
+                count += client
+                    .redrive(v1::RedriveRequest { queue: None, job_ids: chunk.to_vec() })
+                    .await?;
+                asked += chunk.len();
+                eprintln!("redrive: {asked}/{total} jobs asked, {count} redriven so far");
+            }
+            println!("{count} redriven ({count}/{total} listed jobs were dead)");
         }
     }
     Ok(ExitCode::SUCCESS)

@@ -1,6 +1,8 @@
-//! `leasehold`: `serve` starts a node; every other subcommand is a client of
-//! a node's gRPC API (`--addr` or `LEASEHOLD_ADDR`).
+//! `leasehold`: `serve` starts a node, `dev-certs` and `completions` write
+//! files and scripts, and every other subcommand is a client of a node's
+//! gRPC API (`--addr` or `LEASEHOLD_ADDR`).
 
+mod bulk;
 mod cluster;
 mod cron;
 mod dev_certs;
@@ -9,7 +11,8 @@ mod render;
 mod serve;
 mod worker;
 
-use clap::{Parser, Subcommand, ValueEnum};
+use clap::{CommandFactory, Parser, Subcommand, ValueEnum};
+use leasehold_client::ClientError;
 
 /// mimalloc instead of the system allocator: a node allocates and frees a
 /// few small buffers per RPC on every runtime thread, and glibc's malloc
@@ -20,7 +23,7 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 /// Output format of read commands.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, ValueEnum)]
 pub enum Output {
-    /// Human-readable lines.
+    /// Aligned tables for people.
     #[default]
     Text,
     /// One JSON document.
@@ -31,7 +34,13 @@ pub enum Output {
 #[command(
     name = "leasehold",
     version,
-    about = "A fenced, Raft-replicated job scheduler for fleets"
+    about = "A fenced, Raft-replicated job scheduler for fleets",
+    after_help = "Examples:
+  leasehold serve
+  leasehold job enqueue --queue emails --payload hi
+  leasehold worker --queue emails -- ./send-email.sh
+  leasehold cluster status --addr http://10.0.0.11:7070
+  source <(leasehold completions bash)"
 )]
 struct Cli {
     #[command(subcommand)]
@@ -41,18 +50,67 @@ struct Cli {
 #[derive(Subcommand)]
 enum Top {
     /// Start a node (with no flags: a single-node cluster on 127.0.0.1:7070).
+    #[command(after_help = "Examples:
+  leasehold serve
+  leasehold serve --id 1 --grpc 10.0.0.11:7070 --http 10.0.0.11:7080 --data /var/lib/leasehold
+  leasehold serve --id 2 --grpc 10.0.0.12:7070 --http 10.0.0.12:7080 --data /var/lib/leasehold --join 10.0.0.11:7070
+  leasehold serve --config /etc/leasehold/node.toml --tag gpu --tag eu")]
     Serve(serve::ServeArgs),
     /// Enqueue, claim, finish and inspect jobs.
+    #[command(after_help = "Examples:
+  leasehold job enqueue --queue emails --payload hi
+  leasehold job enqueue --file jobs.jsonl
+  leasehold job list --queue emails --state dead
+  leasehold job stats
+  leasehold job redrive --queue emails")]
     Job(job::JobArgs),
     /// Manage cron schedules.
+    #[command(after_help = "Examples:
+  leasehold cron put nightly-backup --cron '0 3 * * *' --command 'backup.sh'
+  leasehold cron list
+  leasehold cron history nightly-backup")]
     Cron(cron::CronArgs),
     /// Inspect the cluster.
+    #[command(after_help = "Examples:
+  leasehold cluster status
+  leasehold cluster drain 3
+  LEASEHOLD_ADDR=https://10.0.0.11:7070 leasehold cluster status --tls-ca ca.pem --tls-cert client.pem --tls-key client.key")]
     Cluster(cluster::ClusterArgs),
     /// Run a command for each job of a queue, with its lease renewed while it runs.
+    #[command(after_help = "Examples:
+  leasehold worker --queue emails -- ./send-email.sh
+  leasehold worker --queue render --concurrency 4 --tag gpu -- python3 render.py
+  LEASEHOLD_ADDR=http://10.0.0.11:7070,http://10.0.0.12:7070 leasehold worker --queue emails -- ./send.sh")]
     Worker(worker::WorkerArgs),
     /// Write a throwaway CA, node and client certificates, and tokens, to
     /// try a secure cluster on one machine.
+    #[command(after_help = "Examples:
+  leasehold dev-certs certs
+  leasehold dev-certs certs --nodes 5 --host node-1.internal --host 10.0.0.11")]
     DevCerts(dev_certs::DevCertsArgs),
+    /// Print a shell completion script on stdout.
+    #[command(after_help = "Examples:
+  source <(leasehold completions bash)
+  leasehold completions bash > /etc/bash_completion.d/leasehold
+  leasehold completions zsh > \"${fpath[1]}/_leasehold\"
+  leasehold completions fish > ~/.config/fish/completions/leasehold.fish")]
+    Completions {
+        /// The shell to complete for.
+        shell: clap_complete::Shell,
+    },
+}
+
+impl Top {
+    /// The addresses a client subcommand dials, for the message when none
+    /// answers.
+    fn addr(&self) -> Option<&str> {
+        match self {
+            Top::Job(args) => Some(&args.connection().addr),
+            Top::Cron(args) => Some(&args.connection().addr),
+            Top::Cluster(args) => Some(&args.connection().addr),
+            _ => None,
+        }
+    }
 }
 
 /// How a client subcommand reaches a node and proves who it is.
@@ -98,8 +156,63 @@ impl Connection {
     }
 }
 
+/// Whether `error` says no node was reached: the connection failed on this
+/// side (refused, timed out, reset, a TLS handshake that did not happen),
+/// as opposed to a node that answered with an error.
+pub fn no_node_answered(error: &ClientError) -> bool {
+    match error {
+        ClientError::Status(status) => {
+            let local = std::error::Error::source(status).is_some();
+            local
+                && matches!(
+                    status.code(),
+                    tonic::Code::Unavailable
+                        | tonic::Code::Unknown
+                        | tonic::Code::Cancelled
+                        | tonic::Code::DeadlineExceeded
+                )
+        }
+        _ => false,
+    }
+}
+
+/// The one-line message for a command that reached no node: the addresses
+/// tried, the cause as the system said it, and what to check.
+fn unreachable_message(error: &anyhow::Error, client: &ClientError, addr: Option<&str>) -> String {
+    // The deepest cause is what the system said ("Connection refused").
+    let mut cause: &dyn std::error::Error = match client {
+        ClientError::Status(status) => status,
+        other => other,
+    };
+    while let Some(next) = cause.source() {
+        cause = next;
+    }
+    let tried = match addr {
+        Some(addr) => {
+            addr.split(',').map(str::trim).filter(|a| !a.is_empty()).collect::<Vec<_>>().join(", ")
+        }
+        None => "the --addr / LEASEHOLD_ADDR address".to_string(),
+    };
+    // A context wrapped around the failure (what had been done by then) stays.
+    let done = if error.downcast_ref::<ClientError>().is_some() {
+        String::new()
+    } else {
+        format!("{error}; ")
+    };
+    format!(
+        "{done}no node answered at {tried} ({cause}): check that a node is running there, \
+         that --addr or LEASEHOLD_ADDR names its gRPC address, and that a node with TLS \
+         is dialled as https:// with --tls-ca, --tls-cert and --tls-key"
+    )
+}
+
 fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
+    if let Top::Completions { shell } = cli.command {
+        clap_complete::generate(shell, &mut Cli::command(), "leasehold", &mut std::io::stdout());
+        return std::process::ExitCode::SUCCESS;
+    }
+    let addr = cli.command.addr().map(str::to_string);
     let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
         Ok(runtime) => runtime,
         Err(error) => {
@@ -115,13 +228,57 @@ fn main() -> std::process::ExitCode {
             Top::Cron(args) => cron::run(args).await,
             Top::Worker(args) => worker::run(args).await,
             Top::DevCerts(args) => dev_certs::run(args),
+            Top::Completions { .. } => Ok(std::process::ExitCode::SUCCESS),
         }
     });
     match result {
         Ok(code) => code,
         Err(error) => {
-            eprintln!("error: {error:#}");
+            let client = error.chain().find_map(|e| e.downcast_ref::<ClientError>());
+            match client {
+                Some(client) if no_node_answered(client) => {
+                    eprintln!("error: {}", unreachable_message(&error, client, addr.as_deref()));
+                }
+                _ => eprintln!("error: {error:#}"),
+            }
             std::process::ExitCode::FAILURE
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every subcommand, at any depth, with its path (`job enqueue`).
+    fn walk(command: &clap::Command, path: &str, out: &mut Vec<(String, clap::Command)>) {
+        for sub in command.get_subcommands() {
+            let name = format!("{path} {}", sub.get_name()).trim().to_string();
+            out.push((name.clone(), sub.clone()));
+            walk(sub, &name, out);
+        }
+    }
+
+    #[test]
+    fn every_subcommand_shows_examples_in_its_help() {
+        let mut commands = Vec::new();
+        walk(&Cli::command(), "", &mut commands);
+        assert!(commands.len() > 25, "only {} subcommands found", commands.len());
+        let mut missing = Vec::new();
+        for (name, mut command) in commands {
+            let help = command.render_long_help().to_string();
+            let examples = help.split("Examples:").nth(1).unwrap_or("");
+            // Each example runs the binary, and does so as this subcommand.
+            let own = format!("leasehold {name}");
+            if !examples.lines().any(|line| line.contains(&own)) {
+                missing.push(name);
+            }
+        }
+        assert!(missing.is_empty(), "subcommands without an example of themselves: {missing:?}");
+    }
+
+    #[test]
+    fn the_command_tree_is_consistent() {
+        Cli::command().debug_assert();
     }
 }

@@ -1,6 +1,10 @@
 //! How the CLI prints replies: JSON documents for `--output json` (stable
-//! field names, times in Unix milliseconds), short lines otherwise.
+//! field names, times in Unix milliseconds), aligned tables otherwise, the
+//! way kubectl and nomad print: an upper-case header, one row per item,
+//! columns padded with spaces, no borders. Every table is made here, so one
+//! place decides how things print.
 
+use comfy_table::{Cell, ContentArrangement, Table};
 use leasehold_proto::v1;
 use serde_json::{Value, json};
 
@@ -56,27 +60,6 @@ pub fn job(job: &v1::Job) -> Value {
         "finished_at_ms": job.finished_at_ms,
         "result": (!job.result.is_empty()).then(|| payload(&job.result)),
     })
-}
-
-/// One line describing a job.
-pub fn job_line(job: &v1::Job) -> String {
-    let lease = job
-        .lease
-        .as_ref()
-        .map(|l| {
-            format!(" holder={} token={} expires_at_ms={}", l.holder, l.token, l.expires_at_ms)
-        })
-        .unwrap_or_default();
-    format!(
-        "job {} queue={} state={} attempts={}/{} priority={}{}",
-        job.id,
-        job.queue,
-        state_name(job.state),
-        job.attempts,
-        job.max_attempts,
-        job.priority,
-        lease
-    )
 }
 
 /// A grant as JSON.
@@ -141,40 +124,308 @@ pub fn status(status: &v1::StatusResponse) -> Value {
     })
 }
 
-/// The gate part of one node's status, as text lines.
-pub fn gate_lines(node: &v1::NodeStatus) -> Vec<String> {
-    let mut lines = Vec::new();
-    if let Some(gate) = &node.gate {
-        lines.push(format!(
-            "gate: path={} intended={} flags: journal_lease={} dry_run={} reason: {}",
-            gate.path, gate.intended, gate.journal_lease, gate.dry_run, gate.reason
-        ));
-    }
-    for advert in &node.adverts {
-        let journal_lease = match advert.journal_lease {
-            Some(on) => on.to_string(),
-            None => "absent".to_string(),
-        };
-        lines.push(format!(
-            "advert from node {}: version={} journal_lease={} dry_run={} draining={} role={} \
-             age={}ms {}",
-            advert.node_id,
-            advert.version,
-            journal_lease,
-            advert.dry_run,
-            advert.draining,
-            advert.role,
-            advert.age_ms,
-            if advert.online { "online" } else { "offline" }
-        ));
-    }
-    if node.adverts_rejected > 0 {
-        lines.push(format!("adverts rejected: {}", node.adverts_rejected));
-    }
-    lines
-}
-
 /// Prints a JSON document on stdout.
 pub fn print_json(value: &Value) {
-    println!("{}", serde_json::to_string_pretty(value).unwrap_or_else(|_| value.to_string()));
+    let text = serde_json::to_string_pretty(value).unwrap_or_else(|_| value.to_string());
+    print_text(&format!("{text}\n"));
+}
+
+/// Prints `text` on stdout as it is. A reader that went away (`| head`)
+/// ends the output quietly instead of with a panic.
+pub fn print_text(text: &str) {
+    use std::io::Write;
+    let mut stdout = std::io::stdout().lock();
+    if stdout.write_all(text.as_bytes()).and_then(|()| stdout.flush()).is_err() {
+        std::process::exit(0);
+    }
+}
+
+/// A borderless table with `header`: columns left-aligned and three
+/// spaces apart, never wrapped (a pipe to `grep` or `awk` sees one row per
+/// line whatever the terminal's width).
+fn table(header: &[&str]) -> Table {
+    let mut table = Table::new();
+    table
+        .load_preset(comfy_table::presets::NOTHING)
+        .set_content_arrangement(ContentArrangement::Disabled)
+        .set_header(header.iter().map(|h| Cell::new(*h)));
+    for column in table.column_iter_mut() {
+        column.set_padding((0, 3));
+    }
+    table
+}
+
+/// The table as text: no trailing spaces, no blank header separator, and a
+/// final newline.
+fn finish(table: &Table) -> String {
+    let mut text = String::new();
+    for line in table.lines() {
+        let line = line.trim_end();
+        if !line.is_empty() {
+            text.push_str(line);
+            text.push('\n');
+        }
+    }
+    text
+}
+
+fn yes_no(on: bool) -> &'static str {
+    if on { "yes" } else { "no" }
+}
+
+/// `cluster status` as text: the leader, then the members, then each
+/// node's gate decision, then the adverts each node holds.
+pub fn status_text(status: &v1::StatusResponse) -> String {
+    let mut text =
+        format!("Leader: node {} (answered by node {})\n\n", status.leader, status.node_id);
+    let mut members = table(&[
+        "ID",
+        "ADDRESS",
+        "ROLE",
+        "VOTER",
+        "TERM",
+        "COMMIT",
+        "APPLIED",
+        "REACHABLE",
+        "CLOCK",
+        "GATE",
+        "DIGEST",
+    ]);
+    for node in &status.nodes {
+        members.add_row(vec![
+            node.id.to_string(),
+            node.addr.clone(),
+            node.role.clone(),
+            yes_no(node.voter).to_string(),
+            node.term.to_string(),
+            node.commit_index.to_string(),
+            node.applied_index.to_string(),
+            yes_no(node.reachable).to_string(),
+            if node.clock_skewed { "skewed" } else { "ok" }.to_string(),
+            node.gate.as_ref().map(|g| g.path.clone()).unwrap_or_else(|| "-".to_string()),
+            format!("{:016x}", node.digest),
+        ]);
+    }
+    text.push_str(&finish(&members));
+    let gated: Vec<_> =
+        status.nodes.iter().filter_map(|n| n.gate.as_ref().map(|g| (n.id, g))).collect();
+    if !gated.is_empty() {
+        let mut gates = table(&["NODE", "PATH", "INTENDED", "JOURNAL_LEASE", "DRY_RUN", "REASON"]);
+        for (id, gate) in gated {
+            gates.add_row(vec![
+                id.to_string(),
+                gate.path.clone(),
+                gate.intended.clone(),
+                yes_no(gate.journal_lease).to_string(),
+                yes_no(gate.dry_run).to_string(),
+                gate.reason.clone(),
+            ]);
+        }
+        text.push_str("\nGate:\n");
+        text.push_str(&finish(&gates));
+    }
+    let advertised = status.nodes.iter().any(|n| !n.adverts.is_empty() || n.adverts_rejected > 0);
+    if advertised {
+        let mut adverts = table(&[
+            "NODE",
+            "FROM",
+            "VERSION",
+            "JOURNAL_LEASE",
+            "DRY_RUN",
+            "DRAINING",
+            "ROLE",
+            "AGE_MS",
+            "ONLINE",
+            "REJECTED",
+        ]);
+        for node in &status.nodes {
+            for advert in &node.adverts {
+                adverts.add_row(vec![
+                    node.id.to_string(),
+                    advert.node_id.to_string(),
+                    advert.version.to_string(),
+                    advert.journal_lease.map(yes_no).unwrap_or("absent").to_string(),
+                    yes_no(advert.dry_run).to_string(),
+                    yes_no(advert.draining).to_string(),
+                    advert.role.clone(),
+                    advert.age_ms.to_string(),
+                    yes_no(advert.online).to_string(),
+                    node.adverts_rejected.to_string(),
+                ]);
+            }
+            if node.adverts.is_empty() && node.adverts_rejected > 0 {
+                adverts.add_row(vec![
+                    node.id.to_string(),
+                    "-".to_string(),
+                    "-".to_string(),
+                    "-".to_string(),
+                    "-".to_string(),
+                    "-".to_string(),
+                    "-".to_string(),
+                    "-".to_string(),
+                    "-".to_string(),
+                    node.adverts_rejected.to_string(),
+                ]);
+            }
+        }
+        text.push_str("\nAdverts held:\n");
+        text.push_str(&finish(&adverts));
+    }
+    text
+}
+
+/// `job stats` as text: one row per queue.
+pub fn stats_text(stats: &v1::StatsResponse) -> String {
+    if stats.queues.is_empty() {
+        return "no jobs\n".to_string();
+    }
+    let mut queues = table(&["QUEUE", "READY", "DELAYED", "CLAIMED", "ACKED", "DEAD"]);
+    for q in &stats.queues {
+        queues.add_row(vec![
+            q.queue.clone(),
+            q.ready.to_string(),
+            q.delayed.to_string(),
+            q.claimed.to_string(),
+            q.acked.to_string(),
+            q.dead.to_string(),
+        ]);
+    }
+    finish(&queues)
+}
+
+/// `job list` as text: one row per job, then how to get the next page.
+pub fn jobs_text(jobs: &[v1::Job], next_page_token: &str) -> String {
+    if jobs.is_empty() {
+        return "no jobs\n".to_string();
+    }
+    let mut rows = table(&[
+        "ID",
+        "QUEUE",
+        "STATE",
+        "ATTEMPTS",
+        "PRIORITY",
+        "HOLDER",
+        "TOKEN",
+        "EXPIRES_AT_MS",
+    ]);
+    for job in jobs {
+        let (holder, token, expires) = match &job.lease {
+            Some(l) => (l.holder.clone(), l.token.to_string(), l.expires_at_ms.to_string()),
+            None => ("-".to_string(), "-".to_string(), "-".to_string()),
+        };
+        rows.add_row(vec![
+            job.id.to_string(),
+            job.queue.clone(),
+            state_name(job.state).to_string(),
+            format!("{}/{}", job.attempts, job.max_attempts),
+            job.priority.to_string(),
+            holder,
+            token,
+            expires,
+        ]);
+    }
+    let mut text = finish(&rows);
+    if !next_page_token.is_empty() {
+        text.push_str(&format!("more: --page-token {next_page_token}\n"));
+    }
+    text
+}
+
+/// `cron list` as text: one row per schedule.
+pub fn schedules_text(schedules: &[v1::Schedule]) -> String {
+    if schedules.is_empty() {
+        return "no schedules\n".to_string();
+    }
+    let mut rows = table(&[
+        "NAME",
+        "CRON",
+        "TIMEZONE",
+        "PAUSED",
+        "NEXT_TICK_MS",
+        "LAST_FIRED",
+        "FIRED",
+        "SKIPPED",
+    ]);
+    for schedule in schedules {
+        let spec = schedule.spec.clone().unwrap_or_default();
+        rows.add_row(vec![
+            spec.name,
+            spec.cron,
+            if spec.timezone.is_empty() { "UTC".to_string() } else { spec.timezone },
+            yes_no(spec.paused).to_string(),
+            schedule.next_tick_ms.map(|t| t.to_string()).unwrap_or_else(|| "-".to_string()),
+            schedule.last_fired_bucket.to_string(),
+            schedule.fired_count.to_string(),
+            schedule.skipped_count.to_string(),
+        ]);
+    }
+    finish(&rows)
+}
+
+/// `cron history` as text: one row per tick record, oldest first.
+pub fn ticks_text(records: &[v1::TickRecord]) -> String {
+    if records.is_empty() {
+        return "no ticks yet\n".to_string();
+    }
+    let mut rows = table(&["BUCKET", "OUTCOME", "JOBS", "LAG_MS", "LATE", "REASON", "TICKS"]);
+    for record in records {
+        let jobs = record.job_ids.iter().map(u64::to_string).collect::<Vec<_>>().join(",");
+        rows.add_row(vec![
+            record.bucket.to_string(),
+            record.outcome.clone(),
+            if jobs.is_empty() { "-".to_string() } else { jobs },
+            record.lag_ms.to_string(),
+            yes_no(record.late).to_string(),
+            if record.skip_reason.is_empty() {
+                "-".to_string()
+            } else {
+                record.skip_reason.clone()
+            },
+            record.ticks.to_string(),
+        ]);
+    }
+    finish(&rows)
+}
+
+/// A field/value table, for one item shown whole (`job get`, `cron get`).
+pub fn fields_text(fields: &[(&str, String)]) -> String {
+    let mut rows = table(&["FIELD", "VALUE"]);
+    for (name, value) in fields {
+        rows.add_row(vec![(*name).to_string(), value.clone()]);
+    }
+    finish(&rows)
+}
+
+/// `job get` as text.
+pub fn job_text(job: &v1::Job) -> String {
+    let lease = job.lease.as_ref();
+    let mut fields = vec![
+        ("id", job.id.to_string()),
+        ("queue", job.queue.clone()),
+        ("state", state_name(job.state).to_string()),
+        ("attempts", format!("{}/{}", job.attempts, job.max_attempts)),
+        ("priority", job.priority.to_string()),
+        ("not_before_ms", job.not_before_ms.to_string()),
+        ("lease_ttl_ms", job.lease_ttl_ms.to_string()),
+        ("tags", if job.tags.is_empty() { "-".to_string() } else { job.tags.join(",") }),
+        ("idempotency_key", job.idempotency_key.clone().unwrap_or_else(|| "-".to_string())),
+        ("holder", lease.map(|l| l.holder.clone()).unwrap_or_else(|| "-".to_string())),
+        ("token", lease.map(|l| l.token.to_string()).unwrap_or_else(|| "-".to_string())),
+        (
+            "expires_at_ms",
+            lease.map(|l| l.expires_at_ms.to_string()).unwrap_or_else(|| "-".to_string()),
+        ),
+        ("enqueued_at_ms", job.enqueued_at_ms.to_string()),
+    ];
+    if let Some(finished) = job.finished_at_ms {
+        fields.push(("finished_at_ms", finished.to_string()));
+    }
+    if let Some(error) = &job.last_error {
+        fields.push(("last_error", error.clone()));
+    }
+    let mut text = fields_text(&fields);
+    if !job.result.is_empty() {
+        text.push_str(&format!("result:\n{}\n", String::from_utf8_lossy(&job.result).trim_end()));
+    }
+    text
 }

@@ -13,6 +13,7 @@ mod e2e {
     pub mod support;
 
     mod bad_input;
+    mod cli_output;
     mod cli_tour;
     mod cluster;
     mod command_worker;
