@@ -17,6 +17,7 @@ mod e2e {
     mod cluster;
     mod command_worker;
     mod cron;
+    mod docs_api;
     mod gate;
     mod kill_restart;
     mod lease_expiry;
