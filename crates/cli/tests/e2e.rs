@@ -18,6 +18,7 @@ mod e2e {
     mod command_worker;
     mod cron;
     mod docs_api;
+    mod docs_backup;
     mod docs_deploy;
     mod gate;
     mod kill_restart;
