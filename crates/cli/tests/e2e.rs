@@ -20,6 +20,7 @@ mod e2e {
     mod docs_api;
     mod docs_backup;
     mod docs_deploy;
+    mod docs_events;
     mod gate;
     mod kill_restart;
     mod lease_expiry;
