@@ -19,6 +19,7 @@ mod e2e {
     mod cron;
     mod docs_api;
     mod docs_backup;
+    mod docs_commands;
     mod docs_deploy;
     mod docs_events;
     mod gate;
