@@ -18,6 +18,11 @@ mod e2e {
     mod cluster;
     mod command_worker;
     mod cron;
+    mod docs_api;
+    mod docs_backup;
+    mod docs_commands;
+    mod docs_deploy;
+    mod docs_events;
     mod gate;
     mod kill_restart;
     mod lease_expiry;
