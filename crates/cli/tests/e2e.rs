@@ -22,4 +22,5 @@ mod e2e {
     mod lease_expiry;
     mod lifecycle;
     mod security;
+    mod status_page;
 }
