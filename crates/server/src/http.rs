@@ -12,8 +12,13 @@ use axum::routing::get;
 use tokio::net::TcpListener;
 
 use leasehold_replica::Readiness;
+use tower::limit::ConcurrencyLimitLayer;
 
 use crate::status::{PAGE_HTML, PAGE_SCRIPT, PAGE_STYLE, StatusSources};
+
+/// Status answers computed at once; more wait their turn. Each fans out a
+/// status call to every member, so many open pages must not multiply that.
+const MAX_STATUS_IN_FLIGHT: usize = 4;
 
 /// What the HTTP handlers read.
 #[derive(Clone)]
@@ -36,7 +41,10 @@ pub async fn serve(
         .route("/", get(|| async { asset("text/html; charset=utf-8", PAGE_HTML) }))
         .route("/status.js", get(|| async { asset("text/javascript; charset=utf-8", PAGE_SCRIPT) }))
         .route("/status.css", get(|| async { asset("text/css; charset=utf-8", PAGE_STYLE) }))
-        .route("/api/status", get(api_status))
+        .route(
+            "/api/status",
+            get(api_status).layer(ConcurrencyLimitLayer::new(MAX_STATUS_IN_FLIGHT)),
+        )
         .with_state(Http { readiness, status });
     axum::serve(listener, app).with_graceful_shutdown(shutdown).await
 }
