@@ -28,4 +28,5 @@ mod e2e {
     mod lease_expiry;
     mod lifecycle;
     mod security;
+    mod status_page;
 }

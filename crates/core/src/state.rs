@@ -22,6 +22,8 @@ use crate::response::{EnqueueOutcome, Grant, QueueStats, Refusal, Response};
 use crate::schedule::Schedule;
 use crate::validate::{ValidationError, truncate_text, validate_command};
 
+pub use recent::{ExpiredLease, RECENT_LIMIT, RECENT_SCAN, Redelivery};
+
 /// Error text recorded on a job whose lease lapsed before it was acked.
 pub const LEASE_EXPIRED_ERROR: &str = "lease expired";
 
@@ -894,6 +896,7 @@ fn check_job(job_id: u64, job: &Job, last_job_id: u64, last_token: u64) -> Resul
 }
 
 mod queries;
+mod recent;
 mod requests;
 mod schedule_commands;
 #[cfg(test)]

@@ -36,6 +36,7 @@ use leasehold_server::peer_service::PeerService;
 use leasehold_server::queue_service::QueueService;
 use leasehold_server::raft_service::RaftService;
 use leasehold_server::schedules_service::SchedulesService;
+use leasehold_server::status::StatusSources;
 use openraft::{BasicNode, SnapshotPolicy};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
@@ -464,6 +465,17 @@ fn serve(
         },
         journal.metrics().auth_refused.clone(),
     );
+    // One instance of each public service: gRPC serves them, and the status
+    // page reads the same ones, so the page and the CLI share one source.
+    let queue = QueueService::new(journal.clone());
+    let cluster = ClusterService::new(journal.clone(), gate.clone(), readiness.clone());
+    let schedules = SchedulesService::new(journal.clone());
+    let status = StatusSources::new(
+        cluster.clone(),
+        queue.clone(),
+        schedules.clone(),
+        credentials.tokens.clone(),
+    );
     let layers = tower::ServiceBuilder::new().layer(SizeLimitLayer).layer(auth).into_inner();
     let grpc = tonic::transport::Server::builder()
         .timeout(limits::CALL_DEADLINE)
@@ -475,12 +487,12 @@ fn serve(
         .add_service(reflection_v1)
         .add_service(reflection_v1alpha)
         .add_service(
-            QueueServer::new(QueueService::new(journal.clone()))
+            QueueServer::new(queue.clone())
                 .max_decoding_message_size(limits::MAX_QUEUE_REQUEST_BYTES)
                 .max_encoding_message_size(limits::MAX_QUEUE_RESPONSE_BYTES),
         )
         .add_service(
-            ClusterServer::new(ClusterService::new(journal.clone(), gate.clone()))
+            ClusterServer::new(cluster.clone())
                 .max_decoding_message_size(limits::MAX_SMALL_REQUEST_BYTES),
         )
         .add_service(
@@ -488,7 +500,7 @@ fn serve(
                 .max_decoding_message_size(limits::MAX_SMALL_REQUEST_BYTES),
         )
         .add_service(
-            SchedulesServer::new(SchedulesService::new(journal.clone()))
+            SchedulesServer::new(schedules.clone())
                 .max_decoding_message_size(limits::MAX_SCHEDULES_REQUEST_BYTES),
         )
         .add_service(
@@ -505,6 +517,7 @@ fn serve(
     let http = leasehold_server::http::serve(
         transport.http,
         readiness.clone(),
+        status,
         signalled(shutdown.clone()),
     );
     let tasks = vec![

@@ -133,6 +133,34 @@ pub fn queue_stats_to_wire(queue: &str, stats: &core::QueueStats) -> v1::QueueSt
     }
 }
 
+/// A queue's oldest due ready job, as of cluster time `at_ms`.
+pub fn oldest_ready_to_wire(queue: &str, due_at_ms: u64, at_ms: u64) -> v1::OldestReady {
+    v1::OldestReady { queue: queue.to_string(), due_at_ms, age_ms: at_ms.saturating_sub(due_at_ms) }
+}
+
+/// A job whose last attempt ended in a lease expiry.
+pub fn expired_lease_to_wire(expired: &core::state::ExpiredLease) -> v1::LeaseExpiry {
+    v1::LeaseExpiry {
+        job_id: expired.job_id,
+        queue: expired.queue.clone(),
+        attempts: expired.attempts,
+        state: expired.state.as_str().to_string(),
+        expired_at_ms: expired.expired_at_ms.unwrap_or(0),
+    }
+}
+
+/// A job held again after a failed attempt.
+pub fn redelivery_to_wire(again: &core::state::Redelivery) -> v1::Redelivery {
+    v1::Redelivery {
+        job_id: again.job_id,
+        queue: again.queue.clone(),
+        delivery: again.delivery,
+        holder: again.holder.clone(),
+        granted_at_ms: again.granted_at_ms,
+        last_error: again.last_error.clone(),
+    }
+}
+
 /// Default catch-up window when a spec leaves it 0.
 pub const DEFAULT_CATCHUP_WINDOW_MS: u64 = 3_600_000;
 /// Default catch-up bound when a spec leaves it 0.
@@ -250,6 +278,8 @@ pub fn schedule_to_wire(schedule: &schedule::Schedule, next_tick_ms: Option<u64>
         fired_count: schedule.fired_count,
         skipped_count: schedule.skipped_count,
         next_tick_ms,
+        // Counting ticks needs the clock and the cron math: the service sets it.
+        expected_ticks: None,
     }
 }
 

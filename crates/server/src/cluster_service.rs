@@ -16,6 +16,7 @@ use crate::auth::Caller;
 use crate::error::Error;
 use leasehold_replica::Gate;
 use leasehold_replica::Journal;
+use leasehold_replica::Readiness;
 use leasehold_replica::Unavailable;
 
 /// How long a member's local status may take before it counts as unreachable.
@@ -28,13 +29,14 @@ const CATCH_UP_TIMEOUT: Duration = Duration::from_secs(120);
 pub struct ClusterService {
     journal: Journal,
     gate: Gate,
+    readiness: Readiness,
 }
 
 impl ClusterService {
     /// A service reporting on and changing `journal`'s cluster, and the
-    /// flags of `gate`.
-    pub fn new(journal: Journal, gate: Gate) -> Self {
-        ClusterService { journal, gate }
+    /// flags of `gate`; it reports this node's `readiness` as `/readyz` does.
+    pub fn new(journal: Journal, gate: Gate, readiness: Readiness) -> Self {
+        ClusterService { journal, gate, readiness }
     }
 
     /// This node's own view of itself.
@@ -48,6 +50,14 @@ impl ClusterService {
         let watch = self.journal.clock_watch();
         let verdict = self.journal.clock_verdict();
         let ages = watch.ages();
+        let readiness = self.readiness.report().await;
+        let not_ready = readiness
+            .checks
+            .iter()
+            .filter_map(|(name, outcome)| {
+                outcome.as_ref().err().map(|why| format!("{name}: {why}"))
+            })
+            .collect();
         v1::NodeStatus {
             id: me,
             addr,
@@ -76,6 +86,8 @@ impl ClusterService {
                         .unwrap_or(0),
                 })
                 .collect(),
+            ready: readiness.ready,
+            not_ready,
         }
     }
 

@@ -1,33 +1,97 @@
 //! The HTTP side of a node: `/livez` (process up), `/readyz` (safe to
-//! schedule; the body names each check) and `/metrics` (OpenMetrics text,
-//! which Prometheus scrapes natively).
+//! schedule; the body names each check), `/metrics` (OpenMetrics text,
+//! which Prometheus scrapes natively), and the status page — its shell at
+//! `/` and the JSON it polls at `/api/status` (see [`crate::status`]).
 
+use axum::Json;
 use axum::Router;
 use axum::extract::State;
-use axum::http::StatusCode;
+use axum::http::{HeaderMap, StatusCode, header};
+use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use tokio::net::TcpListener;
 
 use leasehold_replica::Readiness;
+use tower::limit::ConcurrencyLimitLayer;
+
+use crate::status::{PAGE_HTML, PAGE_SCRIPT, PAGE_STYLE, StatusSources};
+
+/// Status answers computed at once; more wait their turn. Each fans out a
+/// status call to every member, so many open pages must not multiply that.
+const MAX_STATUS_IN_FLIGHT: usize = 4;
+
+/// What the HTTP handlers read.
+#[derive(Clone)]
+struct Http {
+    readiness: Readiness,
+    status: StatusSources,
+}
 
 /// Serves the HTTP endpoints on `listener` until `shutdown` resolves.
 pub async fn serve(
     listener: TcpListener,
     readiness: Readiness,
+    status: StatusSources,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
     let app = Router::new()
         .route("/livez", get(|| async { "ok\n" }))
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics))
-        .with_state(readiness);
+        .route("/", get(|| async { asset("text/html; charset=utf-8", PAGE_HTML) }))
+        .route("/status.js", get(|| async { asset("text/javascript; charset=utf-8", PAGE_SCRIPT) }))
+        .route("/status.css", get(|| async { asset("text/css; charset=utf-8", PAGE_STYLE) }))
+        .route(
+            "/api/status",
+            get(api_status).layer(ConcurrencyLimitLayer::new(MAX_STATUS_IN_FLIGHT)),
+        )
+        .with_state(Http { readiness, status });
     axum::serve(listener, app).with_graceful_shutdown(shutdown).await
 }
 
+/// An embedded asset. The shell carries no data, and nothing of it may be
+/// framed by another site or guessed as another type.
+fn asset(content_type: &'static str, body: &'static str) -> Response {
+    (
+        [
+            (header::CONTENT_TYPE, content_type),
+            (header::X_CONTENT_TYPE_OPTIONS, "nosniff"),
+            (header::X_FRAME_OPTIONS, "DENY"),
+            (
+                header::CONTENT_SECURITY_POLICY,
+                "default-src 'self'; img-src 'self' data:; frame-ancestors 'none'",
+            ),
+        ],
+        body,
+    )
+        .into_response()
+}
+
+async fn api_status(State(http): State<Http>, headers: HeaderMap) -> Response {
+    let answer = match http.status.authorize(&headers) {
+        Ok(()) => http.status.snapshot().await,
+        Err(refusal) => Err(refusal),
+    };
+    let no_store = [(header::CACHE_CONTROL, "no-store")];
+    match answer {
+        Ok(body) => (StatusCode::OK, no_store, Json(body)).into_response(),
+        Err(refusal) => {
+            let mut response = (refusal.status, no_store, Json(refusal.body())).into_response();
+            if refusal.status == StatusCode::UNAUTHORIZED {
+                // Bearer, not Basic: a browser must not pop up its own dialog.
+                response
+                    .headers_mut()
+                    .insert(header::WWW_AUTHENTICATE, header::HeaderValue::from_static("Bearer"));
+            }
+            response
+        }
+    }
+}
+
 async fn metrics(
-    State(readiness): State<Readiness>,
+    State(http): State<Http>,
 ) -> (StatusCode, [(&'static str, &'static str); 1], String) {
-    let journal = readiness.journal();
+    let journal = http.readiness.journal();
     journal.refresh_gauges().await;
     // prometheus-client encodes the OpenMetrics text format (counter families
     // declared without `_total`, a closing `# EOF`); labelled as the classic
@@ -40,8 +104,8 @@ async fn metrics(
     }
 }
 
-async fn readyz(State(readiness): State<Readiness>) -> (StatusCode, String) {
-    let report = readiness.report().await;
+async fn readyz(State(http): State<Http>) -> (StatusCode, String) {
+    let report = http.readiness.report().await;
     let code = if report.ready { StatusCode::OK } else { StatusCode::SERVICE_UNAVAILABLE };
     (code, report.body())
 }

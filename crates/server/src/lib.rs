@@ -1,5 +1,6 @@
 //! The gRPC edge of a leasehold node: the public services (Queue,
-//! Schedules, Cluster), the internal ones (Raft, Peer), health over HTTP,
+//! Schedules, Cluster), the internal ones (Raft, Peer), health and the
+//! status page over HTTP,
 //! and what stands in front of them all — the listener that terminates TLS
 //! and bounds connections ([`incoming`]), the one layer that says who may
 //! call what ([`auth`]), the size limits ([`limits`]) — and the one mapping
@@ -21,5 +22,6 @@ pub mod peer_service;
 pub mod queue_service;
 pub mod raft_service;
 pub mod schedules_service;
+pub mod status;
 
 pub use error::Error;

@@ -363,16 +363,38 @@ impl QueueService {
         let now_ms = self.journal.clock().now_ms();
         let reply = self
             .journal
-            .read(request.stale, |state| v1::StatsResponse {
-                queues: state
-                    .stats(now_ms)
-                    .iter()
-                    .filter(|(queue, _)| request.queue.as_ref().is_none_or(|q| q == *queue))
-                    .map(|(queue, stats)| convert::queue_stats_to_wire(queue, stats))
-                    .collect(),
-                cluster_time_ms: state.cluster_time_ms(),
-                last_token: state.last_token(),
-                last_job_id: state.last_job_id(),
+            .read(request.stale, |state| {
+                let asked = |queue: &str| request.queue.as_deref().is_none_or(|q| q == queue);
+                let at_ms = state.cluster_time_ms().max(now_ms);
+                v1::StatsResponse {
+                    queues: state
+                        .stats(now_ms)
+                        .iter()
+                        .filter(|(queue, _)| asked(queue))
+                        .map(|(queue, stats)| convert::queue_stats_to_wire(queue, stats))
+                        .collect(),
+                    cluster_time_ms: state.cluster_time_ms(),
+                    last_token: state.last_token(),
+                    last_job_id: state.last_job_id(),
+                    oldest_ready: state
+                        .oldest_ready(now_ms)
+                        .iter()
+                        .filter(|(queue, _)| asked(queue))
+                        .map(|(queue, due)| convert::oldest_ready_to_wire(queue, *due, at_ms))
+                        .collect(),
+                    recent_expiries: state
+                        .recent_expiries()
+                        .iter()
+                        .filter(|expired| asked(&expired.queue))
+                        .map(convert::expired_lease_to_wire)
+                        .collect(),
+                    recent_redeliveries: state
+                        .recent_redeliveries()
+                        .iter()
+                        .filter(|again| asked(&again.queue))
+                        .map(convert::redelivery_to_wire)
+                        .collect(),
+                }
             })
             .await
             .map_err(Error::from)?;

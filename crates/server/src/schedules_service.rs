@@ -85,9 +85,7 @@ impl Schedules for SchedulesService {
         let found = self
             .journal
             .read(request.stale, |state| {
-                state
-                    .schedule(&request.name)
-                    .map(|s| convert::schedule_to_wire(s, next_tick(s, now_ms)))
+                state.schedule(&request.name).map(|s| schedule_to_wire(s, now_ms))
             })
             .await
             .map_err(Error::from)?;
@@ -105,11 +103,7 @@ impl Schedules for SchedulesService {
         let schedules = self
             .journal
             .read(stale, |state| {
-                state
-                    .schedules()
-                    .values()
-                    .map(|s| convert::schedule_to_wire(s, next_tick(s, now_ms)))
-                    .collect()
+                state.schedules().values().map(|s| schedule_to_wire(s, now_ms)).collect()
             })
             .await
             .map_err(Error::from)?;
@@ -174,9 +168,18 @@ impl Schedules for SchedulesService {
     }
 }
 
-/// The schedule's next tick after `now_ms`, if its expression still parses.
-fn next_tick(schedule: &Schedule, now_ms: u64) -> Option<u64> {
-    leasehold_core::cron::parse(&schedule.spec.cron, &schedule.spec.timezone)
-        .ok()
-        .and_then(|cron| cron.next_after(now_ms))
+/// Most ticks counted for `expected_ticks`: counting is bounded work.
+pub const MAX_EXPECTED_TICKS: usize = 100_000;
+
+/// A schedule on the wire as of `now_ms`: with its next tick and the ticks
+/// its expression had since it was created, if the expression still parses.
+fn schedule_to_wire(schedule: &Schedule, now_ms: u64) -> v1::Schedule {
+    let cron = leasehold_core::cron::parse(&schedule.spec.cron, &schedule.spec.timezone).ok();
+    let mut wire =
+        convert::schedule_to_wire(schedule, cron.as_ref().and_then(|c| c.next_after(now_ms)));
+    wire.expected_ticks = cron.map(|cron| {
+        let ticks = cron.ticks_between(schedule.created_at_ms, now_ms, MAX_EXPECTED_TICKS);
+        u64::try_from(ticks.len()).unwrap_or(u64::MAX)
+    });
+    wire
 }
