@@ -243,6 +243,7 @@ async fn bulk_story(sandbox: &Sandbox) -> Result<()> {
     ensure!(rows.len() == 1, "one member expected: {printed:?}");
     ensure!(cell(&rows[0], "ID")? == "1", "status: {printed:?}");
     ensure!(cell(&rows[0], "ROLE")? == "leader", "status: {printed:?}");
+    ensure!(cell(&rows[0], "READY")? == "yes", "status: {printed:?}");
     ensure!(cell(&rows[0], "ADDRESS")? == node.grpc.to_string(), "status: {printed:?}");
     ensure!(printed.contains("\nGate:\nNODE"), "no gate table: {printed:?}");
 
