@@ -21,5 +21,6 @@ mod e2e {
     mod kill_restart;
     mod lease_expiry;
     mod lifecycle;
+    mod sdk;
     mod security;
 }
