@@ -469,12 +469,13 @@ mod drain {
 }
 
 mod example {
-    //! The producer example, built by cargo as an example of
-    //! `leasehold-client`, run as a user would (address from
-    //! `LEASEHOLD_ADDR`): the jobs it says it enqueued are on the node, in
-    //! its queue, with its payloads.
+    //! The examples, built by cargo as examples of `leasehold-client`, run
+    //! as a user would (address from `LEASEHOLD_ADDR`): the jobs the
+    //! producer says it enqueued are on the node, in its queue, with its
+    //! payloads; the fenced worker writes with its lease's token and its
+    //! store turns a stale token away.
 
-    use std::path::PathBuf;
+    use std::path::{Path, PathBuf};
 
     use super::*;
 
@@ -487,55 +488,121 @@ mod example {
         sandbox.run(Duration::from_secs(300), story(&sandbox)).await
     }
 
-    /// `target/<profile>/examples/NAME`, built first when it is missing (a
-    /// run of this test alone does not build other packages' examples).
-    async fn example(name: &str) -> Result<PathBuf> {
+    /// The newest modification time of the files under `dir`.
+    fn newest_under(dir: &Path) -> Result<std::time::SystemTime> {
+        let mut newest = std::time::UNIX_EPOCH;
+        for entry in std::fs::read_dir(dir).with_context(|| format!("{}", dir.display()))? {
+            let entry = entry?;
+            let modified = if entry.file_type()?.is_dir() {
+                newest_under(&entry.path())?
+            } else {
+                entry.metadata()?.modified()?
+            };
+            newest = newest.max(modified);
+        }
+        Ok(newest)
+    }
+
+    /// `target/<profile>/examples/NAME`, as a workspace test run builds it.
+    /// Missing or older than the client crate's sources, it fails the test
+    /// rather than build it here: a cargo run from inside a test sees the
+    /// test's environment and would rebuild dependencies back and forth
+    /// with the outer build.
+    fn example(name: &str) -> Result<PathBuf> {
         let leasehold = PathBuf::from(binary());
         let profile_dir = leasehold.parent().context("the binary's directory")?;
         let path = profile_dir.join("examples").join(name);
-        if path.exists() {
-            return Ok(path);
+        let sources = Path::new(env!("CARGO_MANIFEST_DIR")).join("../client");
+        let build = "`cargo test --workspace` builds the examples (or `cargo build --workspace \
+                     --examples`)";
+        let built = std::fs::metadata(&path).and_then(|m| m.modified()).with_context(|| {
+            format!("example {name} is not built at {}: {build}", path.display())
+        })?;
+        for dir in ["src", "examples"] {
+            let newest = newest_under(&sources.join(dir))?;
+            ensure!(newest <= built, "example {name} is older than its sources: {build}");
         }
-        let target_dir = profile_dir.parent().context("the target directory")?;
-        let mut build = tokio::process::Command::new(env!("CARGO"));
-        build
-            .args(["build", "-p", "leasehold-client", "--example", name, "--target-dir"])
-            .arg(target_dir)
-            .kill_on_drop(true);
-        if profile_dir.file_name().is_some_and(|p| p == "release") {
-            build.arg("--release");
-        }
-        let status = tokio::time::timeout(Duration::from_secs(240), build.status())
-            .await
-            .context("building the example took too long")?
-            .context("running cargo build")?;
-        ensure!(status.success() && path.exists(), "cargo build of example {name}: {status}");
         Ok(path)
     }
 
-    async fn story(sandbox: &Sandbox) -> Result<()> {
-        phase("start a node");
-        let node = Node::start(sandbox).await?;
-        let producer = example("producer").await?;
-
-        phase("run the producer example against it");
-        let mut command = tokio::process::Command::new(&producer);
+    /// Runs example `path` with `args` against `node`; its standard output.
+    async fn run_example(path: &Path, node: &Node, args: &[&str]) -> Result<String> {
+        let mut command = tokio::process::Command::new(path);
         command
-            .args(["--queue", QUEUE, "--count", &COUNT.to_string(), "--payload", "hello"])
+            .args(args)
             .env("LEASEHOLD_ADDR", node.addr())
             .env_remove("LEASEHOLD_TOKEN")
             .kill_on_drop(true);
         let output = tokio::time::timeout(Duration::from_secs(30), command.output())
             .await
-            .context("the producer did not finish")?
-            .context("running the producer")?;
-        let stdout = String::from_utf8_lossy(&output.stdout);
+            .with_context(|| format!("{} did not finish", path.display()))?
+            .with_context(|| format!("running {}", path.display()))?;
+        let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
         ensure!(
             output.status.success(),
-            "producer failed: {}\n{stdout}\n{}",
+            "{} failed: {}\n{stdout}\n{}",
+            path.display(),
             output.status,
             String::from_utf8_lossy(&output.stderr)
         );
+        Ok(stdout)
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn the_fenced_worker_example_writes_with_its_token_and_is_refused_when_stale()
+    -> Result<()> {
+        let sandbox = Sandbox::new("sdk-fenced-example")?;
+        sandbox.run(Duration::from_secs(300), fenced_story(&sandbox)).await
+    }
+
+    /// The fenced worker's store refuses a write whose token is below the
+    /// highest it has seen for the key (here seeded as a later holder's),
+    /// and keeps an accepted write under the token of the lease that made
+    /// it.
+    async fn fenced_story(sandbox: &Sandbox) -> Result<()> {
+        phase("start a node; enqueue b=2, then a=1");
+        let node = Node::start(sandbox).await?;
+        let fenced_worker = example("fenced_worker")?;
+        let mut direct = node.stub()?;
+        let stale = enqueue_job(&mut direct, "sdk-kv", b"b=2").await?;
+        let fresh = enqueue_job(&mut direct, "sdk-kv", b"a=1").await?;
+
+        phase("the store has seen token 1000000 for b (a later holder's write)");
+        let store = sandbox.path().join("store");
+        std::fs::create_dir_all(&store).context("store directory")?;
+        std::fs::write(store.join("b"), "1000000\nlater").context("seeding b")?;
+
+        phase("run the fenced worker until one job is written");
+        let args = ["--queue", "sdk-kv", "--concurrency", "1", "--max-jobs", "1", "--store"];
+        let mut args: Vec<&str> = args.to_vec();
+        let store_arg = store.to_string_lossy().into_owned();
+        args.push(&store_arg);
+        let stdout = run_example(&fenced_worker, &node, &args).await?;
+
+        phase("a is written under its lease's token; b was refused as stale");
+        let a = get_job(&mut direct, fresh).await?;
+        ensure!(a.state == v1::JobState::Acked as i32, "a: state {}", a.state);
+        let token = a.lease.context("an acked job keeps its lease")?.token;
+        let written = std::fs::read_to_string(store.join("a")).context("reading a")?;
+        ensure!(written == format!("{token}\n1"), "a holds {written:?}, token {token}");
+        ensure!(stdout.contains(&format!("wrote a under token {token}")), "stdout:\n{stdout}");
+        let b = get_job(&mut direct, stale).await?;
+        let error = b.last_error.unwrap_or_default();
+        ensure!(b.attempts >= 1 && error.contains("stale fencing token"), "b: {error:?}");
+        let kept = std::fs::read_to_string(store.join("b")).context("reading b")?;
+        ensure!(kept == "1000000\nlater", "b was overwritten: {kept:?}");
+        Ok(())
+    }
+
+    async fn story(sandbox: &Sandbox) -> Result<()> {
+        phase("start a node");
+        let node = Node::start(sandbox).await?;
+        let producer = example("producer")?;
+
+        phase("run the producer example against it");
+        let count = COUNT.to_string();
+        let args = ["--queue", QUEUE, "--count", &count, "--payload", "hello"];
+        let stdout = run_example(&producer, &node, &args).await?;
 
         phase("the jobs it printed are on the node");
         let ids: Vec<u64> = stdout
