@@ -147,6 +147,7 @@ async fn main() -> anyhow::Result<()> {
     config.lease_ttl_ms = args.lease_ttl_ms;
     config.poll_wait_ms = 2_000;
     config.grace = Duration::from_secs(10);
+    config.release_abandoned = true;
 
     let (stop, stopped) = watch::channel(false);
     let stop = Arc::new(stop);

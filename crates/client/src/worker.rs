@@ -27,7 +27,8 @@
 //! asked, or one cut off mid-call, whose grants the worker collects by
 //! asking again under the same request id — are released at once, no
 //! attempt charged; running jobs get the grace period, their leases still
-//! renewed; what still runs after it is dropped and released.
+//! renewed; what still runs after it is dropped (and released, with
+//! [`WorkerConfig::release_abandoned`]).
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -38,7 +39,7 @@ use tokio::task::JoinSet;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use crate::client::{Client, new_request_id};
+use crate::client::{Client, RetryPolicy, new_request_id};
 pub use crate::guard::{CancelReason, LeaseGuard};
 
 /// How a run of a job ended, as the handler reports it.
@@ -89,6 +90,12 @@ pub struct WorkerConfig {
     pub poll_wait_ms: u64,
     /// How long running jobs may continue after shutdown is asked.
     pub grace: Duration,
+    /// Release the jobs still running when the grace period ends (they are
+    /// dropped either way). Off by default: a node's executor leaves that
+    /// to the node's drain, which releases and logs what it still holds;
+    /// a standalone worker turns it on so its jobs need not wait out their
+    /// TTL.
+    pub release_abandoned: bool,
 }
 
 impl WorkerConfig {
@@ -103,6 +110,7 @@ impl WorkerConfig {
             selector: Vec::new(),
             poll_wait_ms: 5_000,
             grace: Duration::from_secs(30),
+            release_abandoned: false,
         }
     }
 }
@@ -123,7 +131,8 @@ pub struct WorkerReport {
     pub failed_finishes: Vec<(u64, String)>,
     /// Jobs claimed but released on shutdown before their handler started.
     pub unstarted: Vec<u64>,
-    /// Jobs still running when the grace period ended: dropped and released.
+    /// Jobs still running when the grace period ended: dropped (and
+    /// released, with [`WorkerConfig::release_abandoned`]).
     pub abandoned: Vec<u64>,
 }
 
@@ -138,6 +147,7 @@ struct Shared {
     client: Client,
     worker_id: String,
     lease_ttl_ms: Option<u64>,
+    release_abandoned: bool,
     report: Mutex<WorkerReport>,
     /// Fires when shutdown is asked: each guard's token is its child.
     drain: CancellationToken,
@@ -202,6 +212,7 @@ where
         client: client.clone(),
         worker_id: config.worker_id.clone(),
         lease_ttl_ms: config.lease_ttl_ms,
+        release_abandoned: config.release_abandoned,
         report: Mutex::new(WorkerReport::default()),
         drain: CancellationToken::new(),
         abandon: CancellationToken::new(),
@@ -320,18 +331,21 @@ async fn join_all(running: &mut JoinSet<()>) {
 /// releases whatever comes back, so no lease waits out its TTL.
 async fn release_cut_off(shared: &Shared, request: v1::ClaimRequest) {
     let again = v1::ClaimRequest { wait_ms: 0, ..request };
-    let grants =
-        match tokio::time::timeout(RELEASE_TIMEOUT, shared.client.claim_with_wait(again)).await {
-            Ok(Ok(reply)) => reply.grants,
-            Ok(Err(error)) => {
-                tracing::warn!(%error, "could not collect a claim cut off by shutdown");
-                return;
-            }
-            Err(_) => {
-                tracing::warn!("collecting a claim cut off by shutdown timed out");
-                return;
-            }
-        };
+    // One try: a node that is draining refuses every claim (UNAVAILABLE),
+    // and retrying that would only hold up this worker's own shutdown; the
+    // node's drain releases what its executor holds.
+    let once = shared.client.clone().with_retry(RetryPolicy { attempts: 1, ..Default::default() });
+    let grants = match tokio::time::timeout(RELEASE_TIMEOUT, once.claim_with_wait(again)).await {
+        Ok(Ok(reply)) => reply.grants,
+        Ok(Err(error)) => {
+            tracing::warn!(%error, "could not collect a claim cut off by shutdown");
+            return;
+        }
+        Err(_) => {
+            tracing::warn!("collecting a claim cut off by shutdown timed out");
+            return;
+        }
+    };
     for lease in grants.into_iter().filter_map(|g| g.lease) {
         if shared.give_back(lease.job_id, lease.token, "unstarted").await {
             shared.record(|r| r.unstarted.push(lease.job_id));
@@ -418,7 +432,7 @@ where
             return;
         }
         Ended::Abandoned => {
-            if shared.give_back(job_id, token, "abandoned").await {
+            if !shared.release_abandoned || shared.give_back(job_id, token, "abandoned").await {
                 shared.record(|r| r.abandoned.push(job_id));
             }
             stop(renewer).await;
