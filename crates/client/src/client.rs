@@ -615,7 +615,8 @@ impl Client {
         .map(|r| r.redriven)
     }
 
-    /// Cluster status as the answering node sees it.
+    /// Cluster status as the answering node sees it, having asked the other
+    /// members for their own progress.
     pub async fn status(&self) -> Result<v1::StatusResponse, ClientError> {
         self.retrying(true, || {
             let mut stub = self.cluster();
@@ -651,6 +652,106 @@ impl Client {
             async move { stub.set_flags(request).await }
         })
         .await
+    }
+
+    /// Cluster status as the answering node alone sees it, without asking
+    /// the other members (`local_only`): what a probe of one node wants.
+    pub async fn local_status(&self) -> Result<v1::StatusResponse, ClientError> {
+        self.retrying(true, || {
+            let mut stub = self.cluster();
+            let request = self.request(v1::StatusRequest { local_only: true }, self.call_timeout);
+            async move { stub.status(request).await }
+        })
+        .await
+    }
+
+    /// Adds a node to the cluster (learner first, then voter once caught
+    /// up) and answers the leader and the voters after the join. Only nodes
+    /// may call it (a node certificate, or a node proof without TLS); it is
+    /// here for tools that join nodes, and retried, since joining the same
+    /// id at the same address again is a no-op.
+    pub async fn join(&self, request: v1::JoinRequest) -> Result<v1::JoinResponse, ClientError> {
+        self.retrying(true, || {
+            let mut stub = self.cluster();
+            let request = self.request(request.clone(), self.call_timeout);
+            async move { stub.join(request).await }
+        })
+        .await
+    }
+
+    /// Creates schedule `spec.name`, or replaces its spec (its fired mark
+    /// and history stay). Retried: putting the same spec twice is one put.
+    pub async fn put_schedule(&self, spec: v1::ScheduleSpec) -> Result<(), ClientError> {
+        let message = v1::PutScheduleRequest { spec: Some(spec) };
+        self.retrying(true, || {
+            let mut stub = self.schedules_stub();
+            let request = self.request(message.clone(), self.call_timeout);
+            async move { stub.put(request).await }
+        })
+        .await
+        .map(|_| ())
+    }
+
+    /// Deletes schedule `name` (NOT_FOUND when there is none). Retried; a
+    /// NOT_FOUND on a retry after an unanswered try is
+    /// [`ClientError::OutcomeUnknown`]: that try may have deleted it.
+    pub async fn delete_schedule(&self, name: &str) -> Result<(), ClientError> {
+        let message = v1::DeleteScheduleRequest { name: name.to_string() };
+        self.retrying_as(Repeat::Differs, || {
+            let mut stub = self.schedules_stub();
+            let request = self.request(message.clone(), self.call_timeout);
+            async move { stub.delete(request).await }
+        })
+        .await
+        .map(|_| ())
+    }
+
+    /// Schedule `name` with its marks, counts, next tick and recent history
+    /// (`stale`: from this node's state, without a linearizability check).
+    pub async fn get_schedule(&self, name: &str, stale: bool) -> Result<v1::Schedule, ClientError> {
+        let message = v1::GetScheduleRequest { name: name.to_string(), stale };
+        self.retrying(true, || {
+            let mut stub = self.schedules_stub();
+            let request = self.request(message.clone(), self.call_timeout);
+            async move { stub.get(request).await }
+        })
+        .await
+    }
+
+    /// Every schedule (`stale` as in [`Client::get_schedule`]).
+    pub async fn list_schedules(&self, stale: bool) -> Result<Vec<v1::Schedule>, ClientError> {
+        self.retrying(true, || {
+            let mut stub = self.schedules_stub();
+            let request = self.request(v1::ListSchedulesRequest { stale }, self.call_timeout);
+            async move { stub.list(request).await }
+        })
+        .await
+        .map(|r| r.schedules)
+    }
+
+    /// Pauses schedule `name`: its ticks are recorded as skipped (paused)
+    /// until it is resumed. Retried: pausing twice is pausing once.
+    pub async fn pause_schedule(&self, name: &str) -> Result<(), ClientError> {
+        let message = v1::PauseScheduleRequest { name: name.to_string() };
+        self.retrying(true, || {
+            let mut stub = self.schedules_stub();
+            let request = self.request(message.clone(), self.call_timeout);
+            async move { stub.pause(request).await }
+        })
+        .await
+        .map(|_| ())
+    }
+
+    /// Resumes schedule `name`. Retried: resuming twice is resuming once.
+    pub async fn resume_schedule(&self, name: &str) -> Result<(), ClientError> {
+        let message = v1::ResumeScheduleRequest { name: name.to_string() };
+        self.retrying(true, || {
+            let mut stub = self.schedules_stub();
+            let request = self.request(message.clone(), self.call_timeout);
+            async move { stub.resume(request).await }
+        })
+        .await
+        .map(|_| ())
     }
 
     /// Removes a member (learner or voter, the leader included). A retry
@@ -699,7 +800,7 @@ fn final_error(
 
 /// A request id no other of this process's requests has: the process id,
 /// the time and a counter (the server scopes it by worker or schedule).
-fn new_request_id() -> String {
+pub(crate) fn new_request_id() -> String {
     static COUNTER: AtomicUsize = AtomicUsize::new(0);
     let nanos = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
@@ -745,6 +846,75 @@ mod tests {
         let pinned = client.clone().follow_leader_hints(false);
         pinned.follow_leader(&hint("127.0.0.1:7070"));
         assert_eq!(at(&pinned), 2, "a client told not to follow hints stays");
+    }
+
+    /// Lists the Client method of every RPC; naming a method that does not
+    /// exist fails to compile.
+    macro_rules! rpc_methods {
+        ($($service:literal $rpc:literal => $method:ident),* $(,)?) => {{
+            $( let _ = Client::$method; )*
+            vec![$(($service, $rpc)),*]
+        }};
+    }
+
+    /// Every RPC of the Queue, Schedules and Cluster services, read from
+    /// the compiled descriptor, has a typed method: a new RPC without one
+    /// fails here.
+    #[test]
+    fn every_public_rpc_has_a_typed_method() {
+        use prost::Message as _;
+        let covered = rpc_methods! {
+            "Queue" "Enqueue" => enqueue,
+            "Queue" "Claim" => claim_with_wait,
+            "Queue" "Refresh" => refresh,
+            "Queue" "Ack" => ack_with_result,
+            "Queue" "Nack" => nack,
+            "Queue" "Release" => release,
+            "Queue" "GetJob" => get_job,
+            "Queue" "ListJobs" => list_jobs,
+            "Queue" "Stats" => stats,
+            "Queue" "Redrive" => redrive,
+            "Schedules" "Put" => put_schedule,
+            "Schedules" "Delete" => delete_schedule,
+            "Schedules" "Get" => get_schedule,
+            "Schedules" "List" => list_schedules,
+            "Schedules" "Pause" => pause_schedule,
+            "Schedules" "Resume" => resume_schedule,
+            "Schedules" "Trigger" => trigger,
+            "Cluster" "Status" => status,
+            "Cluster" "Join" => join,
+            "Cluster" "Remove" => remove_member,
+            "Cluster" "Drain" => drain,
+            "Cluster" "SetFlags" => set_flags,
+        };
+        let descriptors =
+            prost_types::FileDescriptorSet::decode(leasehold_proto::FILE_DESCRIPTOR_SET)
+                .expect("the build's own descriptor set decodes");
+        let mut served = Vec::new();
+        for file in &descriptors.file {
+            for service in &file.service {
+                let name = service.name();
+                if !["Queue", "Schedules", "Cluster"].contains(&name) {
+                    continue;
+                }
+                for method in &service.method {
+                    served.push((name.to_string(), method.name().to_string()));
+                }
+            }
+        }
+        assert!(served.len() >= 20, "descriptor lists the public services: {served:?}");
+        for (service, rpc) in &served {
+            assert!(
+                covered.contains(&(service.as_str(), rpc.as_str())),
+                "{service}.{rpc} has no typed method on Client"
+            );
+        }
+        for (service, rpc) in &covered {
+            assert!(
+                served.iter().any(|(s, r)| s == service && r == rpc),
+                "{service}.{rpc} is listed but not in the protos"
+            );
+        }
     }
 
     #[test]

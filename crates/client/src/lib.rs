@@ -1,6 +1,10 @@
 //! A typed Rust client for leasehold with bounded retries, and a [`worker`]
 //! loop that claims jobs, renews their leases while they run, and acks, nacks
-//! or releases them.
+//! or releases them. Each handler gets a [`LeaseGuard`]: the job, its
+//! fencing token and epoch, the worker's deadline for the lease, and a
+//! cancellation token that fires when the lease is lost or the worker
+//! drains. docs/sdk.md is the guide; `examples/` has a producer, a fenced
+//! worker and a cron scheduler.
 //!
 //! Any node serves any call (followers forward writes to the leader), so the
 //! client needs one address; given several, it moves on when one is down
@@ -9,7 +13,12 @@
 
 pub mod client;
 pub mod exec;
+pub mod guard;
 pub mod worker;
 
 pub use client::{AuthChannel, Client, ClientBuilder, ClientError, ClientTls, RetryPolicy};
+pub use guard::{CancelReason, LeaseGuard};
+/// The token type of [`LeaseGuard::cancellation`], re-exported so users
+/// need no dependency of their own.
+pub use tokio_util::sync::CancellationToken;
 pub use worker::{Outcome, WorkerConfig, WorkerReport};

@@ -7,7 +7,28 @@
 //! node says it held it) or the last successful renewal was sent — never
 //! when its answer arrived — or as soon as the server reports it lost;
 //! the job's handler future is then dropped (a command it runs should be
-//! killed on drop), and the job is not acked.
+//! killed on drop), its [`LeaseGuard`]'s token fires, and the job is not
+//! acked.
+//!
+//! Each job runs as three parts: the handler in a task of its own, a
+//! renewal task for its lease, and the job's task that waits for either
+//! and finishes the job. So a handler that blocks its thread cannot stop
+//! its lease's renewals — on a multi-threaded runtime, where the renewal
+//! task runs on another thread. On a current-thread runtime (or with every
+//! worker thread blocked) nothing else runs while a handler blocks:
+//! renewals stop, the lease lapses on the node, and the worker, seeing its
+//! deadline passed when the handler returns, does not ack. A renewal that
+//! runs late logs `lease.renew_late`; blocking work belongs in
+//! `tokio::task::spawn_blocking`, with the guard's token checked.
+//!
+//! Shutdown (the `shutdown` channel turning true) is a drain: no new
+//! claims; every guard's token fires with [`CancelReason::Draining`];
+//! jobs claimed but not started — a claim answered after shutdown was
+//! asked, or one cut off mid-call, whose grants the worker collects by
+//! asking again under the same request id — are released at once, no
+//! attempt charged; running jobs get the grace period, their leases still
+//! renewed; what still runs after it is dropped (and released, with
+//! [`WorkerConfig::release_abandoned`]).
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -16,8 +37,10 @@ use leasehold_proto::v1;
 use tokio::sync::{Semaphore, watch};
 use tokio::task::JoinSet;
 use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
 
-use crate::client::Client;
+use crate::client::{Client, RetryPolicy, new_request_id};
+pub use crate::guard::{CancelReason, LeaseGuard};
 
 /// How a run of a job ended, as the handler reports it.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -67,6 +90,12 @@ pub struct WorkerConfig {
     pub poll_wait_ms: u64,
     /// How long running jobs may continue after shutdown is asked.
     pub grace: Duration,
+    /// Release the jobs still running when the grace period ends (they are
+    /// dropped either way). Off by default: a node's executor leaves that
+    /// to the node's drain, which releases and logs what it still holds;
+    /// a standalone worker turns it on so its jobs need not wait out their
+    /// TTL.
+    pub release_abandoned: bool,
 }
 
 impl WorkerConfig {
@@ -81,6 +110,7 @@ impl WorkerConfig {
             selector: Vec::new(),
             poll_wait_ms: 5_000,
             grace: Duration::from_secs(30),
+            release_abandoned: false,
         }
     }
 }
@@ -99,34 +129,105 @@ pub struct WorkerReport {
     pub lost: Vec<u64>,
     /// Acks, nacks or releases the server refused or that failed.
     pub failed_finishes: Vec<(u64, String)>,
+    /// Jobs claimed but released on shutdown before their handler started.
+    pub unstarted: Vec<u64>,
+    /// Jobs still running when the grace period ended: dropped (and
+    /// released, with [`WorkerConfig::release_abandoned`]).
+    pub abandoned: Vec<u64>,
 }
 
-/// Runs a worker until `shutdown` turns true, then lets running jobs finish
-/// within the grace period, releases what remains, and answers its report.
-pub async fn run<H, Fut>(
+/// How long releasing the lease of an unstarted or abandoned job may take.
+const RELEASE_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long job tasks may take to wind up once the grace period is over
+/// (their releases), before they are aborted.
+const WIND_UP: Duration = Duration::from_secs(6);
+
+/// What every job task of one worker shares.
+struct Shared {
+    client: Client,
+    worker_id: String,
+    lease_ttl_ms: Option<u64>,
+    release_abandoned: bool,
+    report: Mutex<WorkerReport>,
+    /// Fires when shutdown is asked: each guard's token is its child.
+    drain: CancellationToken,
+    /// Fires when the grace period is over: running handlers are dropped.
+    abandon: CancellationToken,
+}
+
+impl Shared {
+    fn record(&self, f: impl FnOnce(&mut WorkerReport)) {
+        if let Ok(mut report) = self.report.lock() {
+            f(&mut report);
+        }
+    }
+
+    /// Gives back the lease of a job this worker will not finish; answers
+    /// whether the node took it.
+    async fn give_back(&self, job_id: u64, token: u64, why: &'static str) -> bool {
+        match tokio::time::timeout(RELEASE_TIMEOUT, self.client.release(job_id, token)).await {
+            Ok(Ok(())) => {
+                tracing::info!(
+                    event = "lease.release",
+                    job = job_id,
+                    token,
+                    outcome = why,
+                    "lease given back"
+                );
+                true
+            }
+            Ok(Err(error)) => {
+                tracing::warn!(job = job_id, token, %error, "release failed; the lease will lapse");
+                self.record(|r| r.failed_finishes.push((job_id, error.to_string())));
+                false
+            }
+            Err(_) => {
+                tracing::warn!(job = job_id, token, "release timed out; the lease will lapse");
+                self.record(|r| r.failed_finishes.push((job_id, "release timed out".into())));
+                false
+            }
+        }
+    }
+}
+
+/// Runs a worker until `shutdown` turns true (or its sender is dropped),
+/// then drains: no new claims, jobs not started released, running jobs
+/// given the grace period, what remains released; answers its report.
+///
+/// The handler takes a [`LeaseGuard`] — or, when it needs only the job,
+/// the bare [`v1::Grant`] — and runs in a task of its own (see the module
+/// docs for what that buys and where it stops).
+pub async fn run<H, A, Fut>(
     client: Client,
     config: WorkerConfig,
     handler: H,
-    mut shutdown: watch::Receiver<bool>,
+    shutdown: watch::Receiver<bool>,
 ) -> WorkerReport
 where
-    H: Fn(v1::Grant) -> Fut + Clone + Send + Sync + 'static,
+    H: Fn(A) -> Fut + Clone + Send + Sync + 'static,
+    A: From<LeaseGuard> + Send + 'static,
     Fut: std::future::Future<Output = Outcome> + Send + 'static,
 {
-    let report = Arc::new(Mutex::new(WorkerReport::default()));
+    let shared = Arc::new(Shared {
+        client: client.clone(),
+        worker_id: config.worker_id.clone(),
+        lease_ttl_ms: config.lease_ttl_ms,
+        release_abandoned: config.release_abandoned,
+        report: Mutex::new(WorkerReport::default()),
+        drain: CancellationToken::new(),
+        abandon: CancellationToken::new(),
+    });
+    let watcher = tokio::spawn(watch_shutdown(shutdown, shared.drain.clone()));
     let concurrency = config.concurrency.max(1);
     let permits = Arc::new(Semaphore::new(concurrency));
     let mut running = JoinSet::new();
-    loop {
-        if *shutdown.borrow() {
-            break;
-        }
+    while !shared.drain.is_cancelled() {
         let first = tokio::select! {
             permit = permits.clone().acquire_owned() => match permit {
                 Ok(permit) => permit,
                 Err(_) => break,
             },
-            _ = shutdown.changed() => continue,
+            () = shared.drain.cancelled() => break,
         };
         let mut held = vec![first];
         while let Ok(permit) = permits.clone().try_acquire_owned() {
@@ -139,21 +240,29 @@ where
             lease_ttl_ms: config.lease_ttl_ms,
             selector: config.selector.clone(),
             wait_ms: config.poll_wait_ms,
-            ..Default::default()
+            // Named here, so a claim cut off by shutdown can be asked
+            // again for what it was granted.
+            request_id: new_request_id(),
         };
         // The lease's local deadline counts from here (plus the time the
         // node says it held the call), never from the answer's arrival: a
         // slow answer must eat into the lease, not extend it.
         let sent_at = Instant::now();
         let claim = tokio::select! {
-            claim = client.claim_with_wait(request) => claim,
-            _ = shutdown.changed() => continue,
+            claim = client.claim_with_wait(request.clone()) => claim,
+            () = shared.drain.cancelled() => {
+                release_cut_off(&shared, request).await;
+                break;
+            }
         };
         let (grants, granted_by) = match claim {
             Ok(reply) => (reply.grants, sent_at + Duration::from_millis(reply.waited_ms)),
             Err(error) => {
                 tracing::warn!(%error, "claim failed; retrying");
-                tokio::time::sleep(Duration::from_millis(500)).await;
+                tokio::select! {
+                    () = tokio::time::sleep(Duration::from_millis(500)) => {}
+                    () = shared.drain.cancelled() => {}
+                }
                 continue;
             }
         };
@@ -166,13 +275,10 @@ where
                 }
                 continue;
             };
-            let client = client.clone();
+            let shared = shared.clone();
             let handler = handler.clone();
-            let report = report.clone();
-            let worker_id = config.worker_id.clone();
-            let lease_ttl_ms = config.lease_ttl_ms;
             running.spawn(async move {
-                run_one(client, worker_id, lease_ttl_ms, grant, granted_by, handler, report).await;
+                run_job(shared, grant, granted_by, handler).await;
                 drop(permit);
             });
         }
@@ -183,17 +289,68 @@ where
         }
     }
     let deadline = Instant::now() + config.grace;
-    while !running.is_empty() {
-        match tokio::time::timeout_at(deadline, running.join_next()).await {
-            Ok(_) => {}
-            Err(_) => {
-                tracing::warn!(left = running.len(), "grace period over; abandoning running jobs");
-                running.abort_all();
-                while running.join_next().await.is_some() {}
-            }
+    if tokio::time::timeout_at(deadline, join_all(&mut running)).await.is_err() {
+        tracing::warn!(
+            left = running.len(),
+            "grace period over; dropping and releasing running jobs"
+        );
+        shared.abandon.cancel();
+        if tokio::time::timeout(WIND_UP, join_all(&mut running)).await.is_err() {
+            running.abort_all();
+            join_all(&mut running).await;
         }
     }
-    report.lock().map(|r| r.clone()).unwrap_or_default()
+    watcher.abort();
+    let _ = watcher.await;
+    shared.report.lock().map(|r| r.clone()).unwrap_or_default()
+}
+
+/// Cancels `drain` once `shutdown` turns true or its sender is gone.
+async fn watch_shutdown(mut shutdown: watch::Receiver<bool>, drain: CancellationToken) {
+    while !*shutdown.borrow_and_update() {
+        if shutdown.changed().await.is_err() {
+            break;
+        }
+    }
+    drain.cancel();
+}
+
+async fn join_all(running: &mut JoinSet<()>) {
+    while let Some(done) = running.join_next().await {
+        if let Err(error) = done
+            && !error.is_cancelled()
+        {
+            tracing::warn!(%error, "job task failed");
+        }
+    }
+}
+
+/// A claim cut off by shutdown may have been granted with its answer still
+/// on the way: asks again under the same request id without waiting (the
+/// node answers the first try's grants, or claims what is ready now) and
+/// releases whatever comes back, so no lease waits out its TTL.
+async fn release_cut_off(shared: &Shared, request: v1::ClaimRequest) {
+    let again = v1::ClaimRequest { wait_ms: 0, ..request };
+    // One try: a node that is draining refuses every claim (UNAVAILABLE),
+    // and retrying that would only hold up this worker's own shutdown; the
+    // node's drain releases what its executor holds.
+    let once = shared.client.clone().with_retry(RetryPolicy { attempts: 1, ..Default::default() });
+    let grants = match tokio::time::timeout(RELEASE_TIMEOUT, once.claim_with_wait(again)).await {
+        Ok(Ok(reply)) => reply.grants,
+        Ok(Err(error)) => {
+            tracing::warn!(%error, "could not collect a claim cut off by shutdown");
+            return;
+        }
+        Err(_) => {
+            tracing::warn!("collecting a claim cut off by shutdown timed out");
+            return;
+        }
+    };
+    for lease in grants.into_iter().filter_map(|g| g.lease) {
+        if shared.give_back(lease.job_id, lease.token, "unstarted").await {
+            shared.record(|r| r.unstarted.push(lease.job_id));
+        }
+    }
 }
 
 /// The safety margin subtracted from a lease's TTL on the worker's clock.
@@ -201,31 +358,85 @@ pub fn lease_margin(ttl: Duration) -> Duration {
     (ttl / 5).min(Duration::from_secs(2))
 }
 
+/// How a job's run ended, before it is finished with the node.
+enum Ended {
+    /// Shutdown was asked before the handler started.
+    Unstarted,
+    /// The lease was lost while the handler ran.
+    Lost,
+    /// The grace period ended while the handler ran.
+    Abandoned,
+    /// The handler's task ended (its outcome, or its panic).
+    Returned(Result<Outcome, tokio::task::JoinError>),
+}
+
 /// Runs one job under its lease; `claimed_at` is no later than the grant
 /// (the claim's send time plus the node's hold), where the lease's local
 /// deadline starts.
-async fn run_one<H, Fut>(
-    client: Client,
-    worker_id: String,
-    lease_ttl_ms: Option<u64>,
-    grant: v1::Grant,
-    claimed_at: Instant,
-    handler: H,
-    report: Arc<Mutex<WorkerReport>>,
-) where
-    H: Fn(v1::Grant) -> Fut,
-    Fut: std::future::Future<Output = Outcome>,
+async fn run_job<H, A, Fut>(shared: Arc<Shared>, grant: v1::Grant, claimed_at: Instant, handler: H)
+where
+    H: Fn(A) -> Fut,
+    A: From<LeaseGuard> + Send + 'static,
+    Fut: std::future::Future<Output = Outcome> + Send + 'static,
 {
-    let Some(lease) = grant.lease.clone() else { return };
+    let Some(lease) = grant.lease else { return };
+    let job = grant.job.unwrap_or_else(|| v1::Job { id: lease.job_id, ..Default::default() });
     let ttl = Duration::from_millis(lease.expires_at_ms.saturating_sub(lease.granted_at_ms));
     let (job_id, token) = (lease.job_id, lease.token);
-    let outcome = tokio::select! {
-        outcome = handler(grant) => Some(outcome),
-        () = keep_renewed(&client, &worker_id, lease_ttl_ms, job_id, token, ttl, claimed_at) => None,
+    let deadline = claimed_at + ttl.saturating_sub(lease_margin(ttl));
+    let guard = LeaseGuard::new(job, lease, deadline, &shared.drain);
+    // The renewals run in a task of their own, so a handler that blocks
+    // its thread does not hold them up (on a multi-threaded runtime).
+    let renewer = tokio::spawn(keep_renewed(shared.clone(), guard.clone(), ttl));
+    let ended = if shared.drain.is_cancelled() {
+        Ended::Unstarted
+    } else {
+        let mut handle = tokio::spawn(handler(A::from(guard.clone())));
+        let ended = tokio::select! {
+            biased;
+            () = guard.lost() => Ended::Lost,
+            () = shared.abandon.cancelled() => Ended::Abandoned,
+            joined = &mut handle => Ended::Returned(joined),
+        };
+        if !matches!(ended, Ended::Returned(_)) {
+            // Dropped at its next await; a handler blocked in a thread
+            // holds its slot until it gets there.
+            handle.abort();
+            let _ = handle.await;
+        }
+        ended
     };
-    let record = |f: &dyn Fn(&mut WorkerReport)| {
-        if let Ok(mut report) = report.lock() {
-            f(&mut report);
+    let outcome = match ended {
+        Ended::Returned(Ok(outcome)) if Instant::now() < guard.deadline() => Some(outcome),
+        Ended::Returned(Ok(_)) => {
+            // The renewals did not keep up (a blocked runtime): the lease
+            // may be someone else's by now.
+            tracing::warn!(
+                event = "lease.renew_late",
+                job = job_id,
+                token,
+                "the handler returned after the lease's local deadline; not finishing it"
+            );
+            guard.mark_lost();
+            None
+        }
+        Ended::Returned(Err(error)) => {
+            Some(Outcome::Nack { error: format!("handler failed: {error}"), retry_after_ms: None })
+        }
+        Ended::Lost => None,
+        Ended::Unstarted => {
+            if shared.give_back(job_id, token, "unstarted").await {
+                shared.record(|r| r.unstarted.push(job_id));
+            }
+            stop(renewer).await;
+            return;
+        }
+        Ended::Abandoned => {
+            if !shared.release_abandoned || shared.give_back(job_id, token, "abandoned").await {
+                shared.record(|r| r.abandoned.push(job_id));
+            }
+            stop(renewer).await;
+            return;
         }
     };
     let Some(outcome) = outcome else {
@@ -235,9 +446,11 @@ async fn run_one<H, Fut>(
             token,
             "lease lost while running; not acking"
         );
-        record(&|r| r.lost.push(job_id));
+        shared.record(|r| r.lost.push(job_id));
+        stop(renewer).await;
         return;
     };
+    let client = &shared.client;
     let finished = match &outcome {
         Outcome::Ack { result } => client.ack_with_result(job_id, token, result.clone()).await,
         Outcome::Nack { error, retry_after_ms } => client
@@ -251,6 +464,7 @@ async fn run_one<H, Fut>(
             .map(|_| ()),
         Outcome::Release => client.release(job_id, token).await,
     };
+    stop(renewer).await;
     match finished {
         Ok(()) => {
             tracing::info!(
@@ -260,7 +474,7 @@ async fn run_one<H, Fut>(
                 outcome = outcome.name(),
                 "job finished"
             );
-            record(&|r| match outcome {
+            shared.record(|r| match outcome {
                 Outcome::Ack { .. } => r.acked.push((job_id, token)),
                 Outcome::Nack { .. } => r.nacked.push(job_id),
                 Outcome::Release => r.released.push(job_id),
@@ -268,54 +482,67 @@ async fn run_one<H, Fut>(
         }
         Err(error) => {
             tracing::warn!(job = job_id, token, %error, "finishing the job failed");
-            record(&|r| r.failed_finishes.push((job_id, error.to_string())));
+            shared.record(|r| r.failed_finishes.push((job_id, error.to_string())));
         }
     }
 }
 
-/// Renews one lease every third of its TTL; returns when the lease is lost
-/// (server says so, or the local deadline passes without a renewal).
-async fn keep_renewed(
-    client: &Client,
-    worker_id: &str,
-    lease_ttl_ms: Option<u64>,
-    job_id: u64,
-    token: u64,
-    ttl: Duration,
-    claimed_at: Instant,
-) {
-    let margin = lease_margin(ttl);
-    let mut deadline = claimed_at + ttl.saturating_sub(margin);
+async fn stop(task: tokio::task::JoinHandle<()>) {
+    task.abort();
+    let _ = task.await;
+}
+
+/// Renews one lease every third of its TTL until the lease is lost (the
+/// server says so, or the local deadline passes without a renewal), then
+/// marks the guard lost. The job's task stops it once the job is done.
+async fn keep_renewed(shared: Arc<Shared>, guard: LeaseGuard, ttl: Duration) {
+    let (job_id, token) = (guard.job_id(), guard.fencing_token());
+    let mut deadline = guard.deadline();
     let period = (ttl / 3).max(Duration::from_millis(100));
     loop {
         let next = (Instant::now() + period).min(deadline);
         tokio::time::sleep_until(next).await;
-        if Instant::now() >= deadline {
+        let woke = Instant::now();
+        let late = woke.saturating_duration_since(next);
+        if late > period / 2 {
+            tracing::warn!(
+                event = "lease.renew_late",
+                job = job_id,
+                token,
+                late_ms = late.as_millis() as u64,
+                "lease renewal ran late; is a handler blocking the runtime's threads?"
+            );
+        }
+        if woke >= deadline {
+            guard.mark_lost();
             return;
         }
-        let sent_at = Instant::now();
         let request = v1::RefreshRequest {
-            worker: worker_id.to_string(),
+            worker: shared.worker_id.clone(),
             leases: vec![v1::LeaseRef { job_id, token }],
-            lease_ttl_ms,
+            lease_ttl_ms: shared.lease_ttl_ms,
         };
-        match tokio::time::timeout_at(deadline, client.refresh(request)).await {
-            Ok(Ok(reply))
-                if reply.renewed.iter().any(|l| l.job_id == job_id && l.token == token) =>
-            {
-                let renewed_ttl = reply
-                    .renewed
-                    .iter()
-                    .find(|l| l.job_id == job_id)
-                    .map(|l| Duration::from_millis(l.expires_at_ms.saturating_sub(l.granted_at_ms)))
-                    .unwrap_or(ttl);
-                deadline = sent_at + renewed_ttl.saturating_sub(lease_margin(renewed_ttl));
+        match tokio::time::timeout_at(deadline, shared.client.refresh(request)).await {
+            Ok(Ok(reply)) => {
+                let Some(renewed) =
+                    reply.renewed.iter().find(|l| l.job_id == job_id && l.token == token)
+                else {
+                    guard.mark_lost();
+                    return;
+                };
+                let renewed_ttl = Duration::from_millis(
+                    renewed.expires_at_ms.saturating_sub(renewed.granted_at_ms),
+                );
+                deadline = woke + renewed_ttl.saturating_sub(lease_margin(renewed_ttl));
+                guard.renewed_until(deadline);
             }
-            Ok(Ok(_)) => return,
             Ok(Err(error)) => {
                 tracing::warn!(job = job_id, %error, "lease renewal failed; will retry")
             }
-            Err(_) => return,
+            Err(_) => {
+                guard.mark_lost();
+                return;
+            }
         }
     }
 }
