@@ -176,6 +176,25 @@ impl ClientTls {
         })
     }
 
+    /// TLS from the three files of `--tls-ca`, `--tls-cert` and `--tls-key`
+    /// (or `LEASEHOLD_TLS_*`) given together, `None` when none is given; one
+    /// or two of them alone is an error naming all three.
+    pub fn from_optional_files(
+        ca: Option<&std::path::Path>,
+        cert: Option<&std::path::Path>,
+        key: Option<&std::path::Path>,
+    ) -> Result<Option<ClientTls>, ClientError> {
+        match (ca, cert, key) {
+            (Some(ca), Some(cert), Some(key)) => ClientTls::from_files(ca, cert, key).map(Some),
+            (None, None, None) => Ok(None),
+            _ => Err(ClientError::Tls(
+                "--tls-ca, --tls-cert and --tls-key go together (LEASEHOLD_TLS_CA, \
+                 LEASEHOLD_TLS_CERT, LEASEHOLD_TLS_KEY): give all three or none"
+                    .to_string(),
+            )),
+        }
+    }
+
     fn config(&self) -> ClientTlsConfig {
         let config = ClientTlsConfig::new()
             .ca_certificate(Certificate::from_pem(&self.ca_pem))
@@ -933,6 +952,27 @@ mod tests {
         ];
         for (status, retryable) in cases {
             assert_eq!(is_retryable(&status), retryable, "{status:?}");
+        }
+    }
+
+    #[test]
+    fn the_tls_files_go_together_or_not_at_all() {
+        let ca = std::path::Path::new("ca.pem");
+        assert!(matches!(ClientTls::from_optional_files(None, None, None), Ok(None)));
+        match ClientTls::from_optional_files(Some(ca), None, None) {
+            Err(ClientError::Tls(message)) => {
+                assert!(
+                    message.contains("--tls-cert") && message.contains("--tls-key"),
+                    "{message}"
+                );
+            }
+            other => panic!("one file of three: {other:?}"),
+        }
+        match ClientTls::from_optional_files(Some(ca), Some(ca), Some(ca)) {
+            Err(ClientError::Tls(message)) => {
+                assert!(message.contains("--tls-ca ca.pem"), "{message}")
+            }
+            other => panic!("a missing file: {other:?}"),
         }
     }
 

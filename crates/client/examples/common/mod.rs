@@ -31,15 +31,12 @@ impl Connection {
     /// A client for these settings.
     pub fn client(&self) -> anyhow::Result<Client> {
         let mut builder = Client::builder(&self.addr);
-        match (&self.tls_ca, &self.tls_cert, &self.tls_key) {
-            (Some(ca), Some(cert), Some(key)) => {
-                builder = builder.tls(ClientTls::from_files(ca, cert, key)?);
-            }
-            (None, None, None) => {}
-            _ => anyhow::bail!(
-                "--tls-ca, --tls-cert and --tls-key go together (LEASEHOLD_TLS_CA, \
-                 LEASEHOLD_TLS_CERT, LEASEHOLD_TLS_KEY): give all three or none"
-            ),
+        if let Some(tls) = ClientTls::from_optional_files(
+            self.tls_ca.as_deref(),
+            self.tls_cert.as_deref(),
+            self.tls_key.as_deref(),
+        )? {
+            builder = builder.tls(tls);
         }
         if let Some(token) = &self.token {
             builder = builder.token(token.clone());
