@@ -25,6 +25,15 @@ pub(crate) fn encode<T: Serialize + ?Sized>(
     options().serialize(value).map_err(|source| StorageError::Encode { what, source })
 }
 
+/// The length of `value`'s encoding, without encoding it; fails exactly
+/// where [`encode`] would.
+pub(crate) fn encoded_len<T: Serialize + ?Sized>(
+    what: &'static str,
+    value: &T,
+) -> Result<u64, StorageError> {
+    options().serialized_size(value).map_err(|source| StorageError::Encode { what, source })
+}
+
 /// Decodes the record stored under `key` in `tree`; a failure is
 /// [`StorageError::Corrupt`], never a default value.
 pub(crate) fn decode<T: DeserializeOwned>(

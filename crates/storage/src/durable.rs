@@ -1,22 +1,12 @@
 //! Bytes an acknowledgement depends on, made to survive a power cut, not
-//! only a process crash.
-//!
-//! - [`replace_file`] writes a whole file so that after a power cut either
-//!   the old file or the new one is there, complete: a temporary file,
-//!   fsynced, renamed over the old one, the directory fsynced.
-//! - [`BlobSync`] fsyncs sled's blob files. sled 0.34 writes a page larger
-//!   than a quarter of its 512 KiB segment (a large entry, a snapshot, a leaf
-//!   of sixteen entries of 8 KiB) to a file of its own under `blobs/` and
-//!   never syncs it; the pointer to it lives in the main file, which the
-//!   log store fsyncs. After a power cut the pointer would survive and the
-//!   blob not, and sled's recovery stops replay at the missing blob.
+//! only a process crash, for the files the stores keep beside the raft log
+//! (which syncs its own): [`replace_file`] writes a whole file so that after
+//! a power cut either the old file or the new one is there, complete: a
+//! temporary file, fsynced, renamed over the old one, the directory fsynced.
 
-use std::collections::HashMap;
-use std::ffi::OsString;
 use std::fs::File;
 use std::io::Write;
-use std::path::{Path, PathBuf};
-use std::sync::{Mutex, PoisonError};
+use std::path::Path;
 
 use crate::StorageError;
 
@@ -56,67 +46,6 @@ pub(crate) fn read_file(dir: &Path, name: &str) -> Result<Option<Vec<u8>>, Stora
     }
 }
 
-/// Fsyncs the blob files sled wrote since the last call (see the module
-/// docs). Remembers each file's length when it was synced, so a file seen
-/// while sled was still writing it is synced again once it grew.
-#[derive(Debug)]
-pub(crate) struct BlobSync {
-    dir: PathBuf,
-    synced: Mutex<HashMap<OsString, u64>>,
-}
-
-impl BlobSync {
-    /// For the sled database at `db_dir`.
-    pub(crate) fn new(db_dir: &Path) -> Self {
-        BlobSync { dir: db_dir.join("blobs"), synced: Mutex::new(HashMap::new()) }
-    }
-
-    /// Fsyncs every blob file not synced at its current length, then the
-    /// blob directory if any was. Costs one directory read when there is
-    /// nothing new (the usual case: entries are small).
-    pub(crate) fn sync_new(&self) -> Result<(), StorageError> {
-        let io = |what: &'static str, path: &Path| {
-            let path = path.to_path_buf();
-            move |source| StorageError::Io { what, path, source }
-        };
-        let entries = match std::fs::read_dir(&self.dir) {
-            Ok(entries) => entries,
-            Err(error) if error.kind() == std::io::ErrorKind::NotFound => return Ok(()),
-            Err(source) => return Err(io("list", &self.dir)(source)),
-        };
-        let mut synced = self.synced.lock().unwrap_or_else(PoisonError::into_inner);
-        let mut present = Vec::new();
-        let mut any = false;
-        for entry in entries {
-            let entry = entry.map_err(io("list", &self.dir))?;
-            let name = entry.file_name();
-            let path = entry.path();
-            let len = match entry.metadata() {
-                Ok(metadata) => metadata.len(),
-                // sled removed it meanwhile (a blob it no longer needs).
-                Err(error) if error.kind() == std::io::ErrorKind::NotFound => continue,
-                Err(source) => return Err(io("stat", &path)(source)),
-            };
-            present.push(name.clone());
-            if synced.get(&name) == Some(&len) {
-                continue;
-            }
-            match File::open(&path) {
-                Ok(file) => file.sync_all().map_err(io("fsync", &path))?,
-                Err(error) if error.kind() == std::io::ErrorKind::NotFound => continue,
-                Err(source) => return Err(io("open", &path)(source)),
-            }
-            synced.insert(name, len);
-            any = true;
-        }
-        synced.retain(|name, _| present.contains(name));
-        if any {
-            sync_dir(&self.dir)?;
-        }
-        Ok(())
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -131,26 +60,7 @@ mod tests {
         let names: Vec<_> = std::fs::read_dir(dir.path())?
             .map(|entry| entry.map(|e| e.file_name()))
             .collect::<Result<_, _>>()?;
-        assert_eq!(names, vec![OsString::from("snap")]);
-        Ok(())
-    }
-
-    #[test]
-    fn blob_sync_remembers_what_it_synced_and_forgets_removed_files() -> anyhow::Result<()> {
-        let dir = tempfile::tempdir()?;
-        let blobs = BlobSync::new(dir.path());
-        blobs.sync_new()?; // no blobs directory yet
-        std::fs::create_dir(dir.path().join("blobs"))?;
-        std::fs::write(dir.path().join("blobs").join("7"), b"abc")?;
-        blobs.sync_new()?;
-        let lengths = |blobs: &BlobSync| blobs.synced.lock().map(|s| s.clone()).ok();
-        assert_eq!(lengths(&blobs), Some(HashMap::from([(OsString::from("7"), 3)])));
-        std::fs::write(dir.path().join("blobs").join("7"), b"abcdef")?;
-        blobs.sync_new()?;
-        assert_eq!(lengths(&blobs), Some(HashMap::from([(OsString::from("7"), 6)])));
-        std::fs::remove_file(dir.path().join("blobs").join("7"))?;
-        blobs.sync_new()?;
-        assert_eq!(lengths(&blobs), Some(HashMap::new()));
+        assert_eq!(names, vec![std::ffi::OsString::from("snap")]);
         Ok(())
     }
 }

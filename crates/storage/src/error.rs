@@ -8,7 +8,7 @@
 
 use std::path::PathBuf;
 
-/// What went wrong in the sled-backed stores.
+/// What went wrong in the stores (the raft log, sled, the snapshot file).
 #[derive(Debug, thiserror::Error)]
 pub enum StorageError {
     /// The data directory could not be created.
@@ -31,6 +31,44 @@ pub enum StorageError {
         /// Why it failed.
         #[source]
         source: std::io::Error,
+    },
+    /// The raft log (raft-log's write-ahead log) failed an operation: an
+    /// I/O error (a full disk, a failed fsync), a damaged record found on
+    /// open, or a write it refused (a vote or log id going backwards).
+    #[error("raft log in {path}: cannot {what}")]
+    Log {
+        /// What was being done: "append", "save the vote", "open", ...
+        what: &'static str,
+        /// The raft log's directory.
+        path: PathBuf,
+        /// Why it failed.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The raft log's writer failed earlier and has stopped: raft-log does
+    /// not resume after a failed write or fsync, so nothing more is
+    /// written until the node restarts (which reopens the log and drops an
+    /// incomplete tail record).
+    #[error("raft log in {path} stopped after a failed write ({first}); restart the node")]
+    LogStopped {
+        /// The raft log's directory.
+        path: PathBuf,
+        /// The first failure, as reported then.
+        first: String,
+    },
+    /// A panic while the raft log was locked: its memory may be half
+    /// changed, so it is not used again.
+    #[error("raft log lock poisoned by a panic")]
+    LogPoisoned,
+    /// The raft log was written by a build with a newer layout.
+    #[error("raft log in {path} has layout version {found}; this build reads {supported}")]
+    LogFormat {
+        /// The raft log's directory.
+        path: PathBuf,
+        /// The version found.
+        found: u32,
+        /// The version this build writes and reads.
+        supported: u32,
     },
     /// sled reported an IO or internal error.
     #[error("sled operation failed")]

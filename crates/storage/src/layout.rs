@@ -1,26 +1,36 @@
-//! The on-disk layout: which sled trees one leasehold database holds, the
-//! keys inside them, and how keys are spelled. Kept in one place so the
+//! The on-disk layout: what one leasehold data directory holds, the keys
+//! inside its sled trees, and how keys are spelled. Kept in one place so the
 //! stores, the tests and an operator poking at a data directory agree.
 //!
-//! | tree | key | value |
-//! | --- | --- | --- |
-//! | [`LOG_TREE`] | log index, big-endian `u64` | bincode `Entry<TypeConfig>` |
-//! | [`META_TREE`] | [`VOTE_KEY`], [`COMMITTED_KEY`], [`LAST_PURGED_KEY`] | bincode `Vote` / `LogId` |
-//! | [`SNAPSHOT_TREE`] | [`SNAPSHOT_META_KEY`], [`SNAPSHOT_DATA_KEY`] | bincode `SnapshotMeta` / snapshot bytes (data directories from before the snapshot file; read until a file replaces them) |
+//! | where | what |
+//! | --- | --- |
+//! | [`RAFT_LOG_DIR`]`/` | the Raft log: raft-log's chunk files `r-<offset>.wal` and its `LOCK`; entries, vote, committed and purged log ids as records of one stream, each bincode inside a CRC32-checked record (see `wal`) |
+//! | [`SNAPSHOT_FILE`] | the current snapshot (magic `LHSNAP01`, the meta's length as a little-endian `u64`, bincode `SnapshotMeta`, then the snapshot bytes) |
+//! | `db`, `conf`, `blobs/`, `snap.*` | sled's own files: the trees below |
 //!
-//! Beside sled's files, the data directory holds [`SNAPSHOT_FILE`]: the
-//! current snapshot (magic `LHSNAP01`, the meta's length as a little-endian
-//! `u64`, bincode `SnapshotMeta`, then the snapshot bytes).
-//! | [`PROBE_TREE`] | [`PROBE_KEY`] | the last readiness probe's nonce |
+//! | sled tree | key | value |
+//! | --- | --- | --- |
 //! | [`BUS_TREE`] | a bus claim key, e.g. `cron:NAME:BUCKET` | bincode `BusRecord` (local, unreplicated) |
 //! | [`PEERS_TREE`] | a peer's node id, big-endian `u64` | bincode `(received wall ms, advert bytes)` (local) |
+//! | [`LOG_TREE`] | log index, big-endian `u64` | bincode `Entry<TypeConfig>`: versions before the raft log; read once to migrate, then emptied |
+//! | [`META_TREE`] | [`VOTE_KEY`], [`COMMITTED_KEY`], [`LAST_PURGED_KEY`] | bincode `Vote` / `LogId`: as [`LOG_TREE`] |
+//! | [`SNAPSHOT_TREE`] | [`SNAPSHOT_META_KEY`], [`SNAPSHOT_DATA_KEY`] | bincode `SnapshotMeta` / snapshot bytes (data directories from before the snapshot file; read until a file replaces them) |
+//! | [`PROBE_TREE`] | [`PROBE_KEY`] | versions before the raft log: the last probe's nonce (no longer written) |
 //!
-//! Log keys are big-endian so sled's byte order is index order: `last()` is
-//! the newest entry and a range scan walks the log forwards.
+//! Old log keys are big-endian so sled's byte order is index order: a range
+//! scan walks the log forwards, which is the order the migration copies it.
 
-/// Raft log entries, keyed by [`log_key`].
+/// The Raft log's directory inside the data directory (raft-log's files).
+pub const RAFT_LOG_DIR: &str = "raft-log";
+/// The readiness probe's scratch file, inside [`RAFT_LOG_DIR`] so the probe
+/// writes to the log's disk; it exists only while a probe runs.
+pub const PROBE_FILE: &str = "probe";
+
+/// Where versions before the raft log kept its entries, keyed by
+/// [`log_key`]; migrated on open, then emptied.
 pub const LOG_TREE: &str = "logs";
-/// Raft's small durable facts: vote, committed log id, last purged log id.
+/// Where versions before the raft log kept Raft's small durable facts:
+/// vote, committed log id, last purged log id; migrated with [`LOG_TREE`].
 pub const META_TREE: &str = "meta";
 /// Where older versions kept the one current snapshot (meta and bytes,
 /// written together); now only read, until [`SNAPSHOT_FILE`] exists.
@@ -28,7 +38,7 @@ pub const SNAPSHOT_TREE: &str = "snapshot";
 /// The current snapshot: a file in the data directory, beside sled's own,
 /// replaced whole (temporary file, fsync, rename, directory fsync).
 pub const SNAPSHOT_FILE: &str = "snapshot";
-/// Scratch record written and read back by the readiness probe.
+/// Where versions before the raft log wrote the readiness probe's record.
 pub const PROBE_TREE: &str = "probe";
 
 /// The bus's local claim table: never replicated, never in a snapshot.

@@ -1,25 +1,28 @@
-//! sled-backed storage for leasehold's Raft group: the log store and the
-//! state machine openraft drives, in one sled database per node.
+//! Storage for leasehold's Raft group: the log store and the state machine
+//! openraft drives, in one data directory per node.
 //!
 //! - [`LogStore`] keeps the Raft log, the vote, the committed and the last
-//!   purged log id, and answers the readiness [`LogStore::probe`].
+//!   purged log id in raft-log's write-ahead log (`<data>/raft-log/`), and
+//!   answers the readiness [`LogStore::probe`].
 //! - [`StateMachineStore`] applies committed proposals to the in-memory
 //!   [`leasehold_core::State`], serves reads of it, and persists snapshots.
-//! - [`local`] keeps what a node keeps for itself, unreplicated: the bus
-//!   table and the peer adverts.
-//! - [`layout`] names the trees and keys on disk.
+//! - [`local`] keeps what a node keeps for itself, unreplicated, in sled:
+//!   the bus table and the peer adverts.
+//! - [`layout`] names the files, trees and keys on disk.
 //!
-//! Nothing else in leasehold touches sled: every tree goes through these
-//! stores and one codec (bincode, trailing bytes refused).
+//! Nothing else in leasehold touches sled or the raft log: everything goes
+//! through these stores and one codec (bincode, trailing bytes refused).
+//! A data directory written by a version that kept the log in sled is
+//! migrated into the raft log on open (see `migrate`).
 //!
-//! Durability in one paragraph: appended entries are fsynced once per batch
-//! before openraft hears they are stored; the vote is fsynced before
-//! `save_vote` returns; snapshots are written to a temporary file, fsynced,
-//! renamed and the directory fsynced before they are reported built or
-//! installed. "Fsynced" covers sled's blob files too (sled writes a large
-//! page to a file of its own and never syncs it; see `durable`). The live
-//! state is never written on its own: a restart loads the last snapshot and
-//! openraft re-applies the log from there to the saved committed log id.
+//! Durability in one paragraph: appended entries are fdatasynced once per
+//! flushed batch (raft-log's worker syncs whatever is queued, in one go)
+//! before openraft hears they are stored; the vote travels the same path
+//! and is synced before `save_vote` returns; snapshots are written to a
+//! temporary file, fsynced, renamed and the directory fsynced before they
+//! are reported built or installed. The live state is never written on its
+//! own: a restart loads the last snapshot and openraft re-applies the log
+//! from there to the saved committed log id.
 //!
 //! ```no_run
 //! # async fn demo() -> Result<(), leasehold_storage::StorageError> {
@@ -37,38 +40,43 @@ mod failpoint;
 pub mod layout;
 pub mod local;
 mod log_store;
+mod migrate;
 mod state_machine;
+mod wal;
 
 use std::path::Path;
 
 pub use codec::digest;
 pub use error::StorageError;
-pub use log_store::{LogStore, MAX_READ_BYTES, MAX_READ_ENTRIES};
+pub use log_store::{
+    CACHE_MAX_BYTES, CACHE_MAX_ENTRIES, CHUNK_MAX_BYTES, CHUNK_MAX_RECORDS, FLUSH_BATCH_WAIT,
+    FLUSH_QUEUE_MAX_BYTES, LogStore, MAX_READ_BYTES, MAX_READ_ENTRIES,
+};
 pub use state_machine::StateMachineStore;
 
 use failpoint::Failpoint;
 
-/// Opens (creating it and its parent directories if needed) the sled database
-/// at `path` and returns its two stores; the snapshot file lives there too.
+/// Opens (creating it and its parent directories if needed) the data
+/// directory at `path` — sled's database, the raft log in
+/// [`layout::RAFT_LOG_DIR`], the snapshot file — and returns its two
+/// stores. Blocks while it replays the log (and, once, while it migrates
+/// an older version's log out of sled): call it off the async threads.
 pub fn open(path: &Path) -> Result<(LogStore, StateMachineStore), StorageError> {
     std::fs::create_dir_all(path)
         .map_err(|source| StorageError::CreateDir { path: path.to_path_buf(), source })?;
     let db = sled::Config::new().path(path).open()?;
     // sled creates its files without syncing the directory that names them.
     durable::sync_dir(path)?;
-    let (log_store, state_machine) = open_db(db, path)?;
-    let data_file = std::fs::File::open(path.join("db")).map_err(sled::Error::Io)?;
-    Ok((log_store.with_data_file(data_file, path), state_machine))
+    open_db(db, path)
 }
 
-/// Builds both stores on an already open sled database, with the snapshot
-/// file in `dir`. They share one failpoint, so a test that breaks "the
-/// disk" breaks it for both. Tests use this to reach the raw trees next to
-/// the stores; the log store's flushes then do not fsync sled's files
-/// (sled's own flush only), which [`open`] adds.
+/// Builds both stores on an already open sled database, with the raft log
+/// and the snapshot file in `dir`. They share one failpoint, so a test that
+/// breaks "the disk" breaks it for both. Tests use this to reach the raw
+/// trees next to the stores.
 pub fn open_db(db: sled::Db, dir: &Path) -> Result<(LogStore, StateMachineStore), StorageError> {
     let failpoint = Failpoint::default();
-    let log_store = LogStore::open_db(db.clone(), failpoint.clone())?;
+    let log_store = LogStore::open(dir, db.clone(), failpoint.clone())?;
     let state_machine = StateMachineStore::open_db(db, dir, failpoint)?;
     Ok((log_store, state_machine))
 }

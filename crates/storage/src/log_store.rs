@@ -1,17 +1,32 @@
-//! The Raft log and vote on sled: [`LogStore`] implements openraft's
-//! [`RaftLogStorage`] (and is its own [`RaftLogReader`]).
+//! The Raft log and vote on raft-log's write-ahead log: [`LogStore`]
+//! implements openraft's [`RaftLogStorage`] (and is its own
+//! [`RaftLogReader`]).
 //!
+//! Entries, the vote, the committed and the last purged log id are records
+//! of one append-only stream in `<data>/raft-log/`, so the vote and the log
+//! share one durable path: a sync covers every record before it.
 //! Durability rules, from openraft's contract and our fsync budget (about
 //! 3 ms each, so never one per entry):
-//! - `append` writes the whole batch atomically, flushes once, and only then
-//!   reports the entries persisted through the callback;
-//! - `save_vote`, `truncate` and `purge` flush before returning;
-//! - `save_committed` is not flushed: the next append's flush (or sled's
-//!   background flush) carries it, and losing it only means openraft re-applies
-//!   a little less on restart and catches up from the leader.
+//! - `append` hands the batch to raft-log's flush worker and returns; the
+//!   worker writes it with whatever else is queued, fdatasyncs once, and
+//!   only then reports the entries persisted through openraft's callback;
+//! - `save_vote`, `truncate` and `purge` wait for their sync before
+//!   returning;
+//! - `save_committed` is written without a sync of its own: the next sync
+//!   carries it, and losing it only means openraft re-applies a little less
+//!   on restart and catches up from the leader.
+//!
+//! A write or fsync that fails (a full disk) fails the waiting call or
+//! openraft's callback with the I/O error, and raft-log's worker stops: the
+//! store then refuses every write with [`StorageError::LogStopped`] and the
+//! readiness probe fails, until a restart reopens the log.
 
 use std::fmt::Debug;
+use std::io;
 use std::ops::{Bound, RangeBounds};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
+use std::time::Duration;
 
 use leasehold_raft::{NodeId, TypeConfig};
 use openraft::storage::{LogFlushed, RaftLogStorage};
@@ -19,17 +34,13 @@ use openraft::{
     Entry, LogId, LogState, OptionalSend, RaftLogReader, StorageError as RaftStorageError,
     StorageIOError, Vote,
 };
-use serde::Serialize;
-use serde::de::DeserializeOwned;
+use raft_log::RaftLog;
+use raft_log::api::raft_log_writer::RaftLogWriter;
 
 use crate::StorageError;
-use crate::codec::{decode, encode};
-use crate::durable::BlobSync;
 use crate::failpoint::Failpoint;
-use crate::layout::{
-    COMMITTED_KEY, LAST_PURGED_KEY, LOG_TREE, META_TREE, PROBE_KEY, PROBE_TREE, VOTE_KEY,
-    log_index, log_key,
-};
+use crate::layout::{PROBE_FILE, RAFT_LOG_DIR};
+use crate::wal::{Flushed, Health, LogTypes, Stored, StoredEntry};
 
 /// Most entries one `limited_get_log_entries` call returns, so a replication
 /// message to a far-behind follower stays bounded.
@@ -40,106 +51,130 @@ pub const MAX_READ_ENTRIES: usize = 1_024;
 /// layer's envelope adds its own overhead.
 pub const MAX_READ_BYTES: usize = 2 * 1024 * 1024;
 
-/// The sled-backed Raft log store. Cheap to clone: clones share the database.
+/// A chunk file of the log is closed and a new one begun past this size.
+/// Entries of the open chunk stay in memory until it closes (raft-log
+/// evicts only what a closed, synced chunk holds), so this bounds the
+/// log's resident entries with the cache below; a purge removes whole
+/// closed chunks. One entry larger than this (a batch of large payloads
+/// can reach about 20 MiB) makes its chunk that much larger, no more.
+pub const CHUNK_MAX_BYTES: usize = 16 * 1024 * 1024;
+/// A chunk is also closed after this many records (entries, votes,
+/// committed marks), bounding the per-record offsets raft-log keeps.
+pub const CHUNK_MAX_RECORDS: usize = 65_536;
+/// Bytes of entries the log keeps in memory for readers (replication to a
+/// follower a little behind, the state machine catching up); older ones are
+/// read back from their chunk file.
+pub const CACHE_MAX_BYTES: usize = 16 * 1024 * 1024;
+/// Entries the cache keeps at most, whatever their size.
+pub const CACHE_MAX_ENTRIES: usize = 16_384;
+/// How long the flush worker waits for more writes after the first one
+/// before it syncs. Writes that arrive during a sync (about 3 ms here) are
+/// batched into the next one anyway; this only gathers those arriving just
+/// after, and is all the latency it adds to a lone append.
+pub const FLUSH_BATCH_WAIT: Duration = Duration::from_micros(100);
+/// Bytes of writes queued for the flush worker before a writer waits for it
+/// (one larger write is still taken alone).
+pub const FLUSH_QUEUE_MAX_BYTES: usize = 32 * 1024 * 1024;
+/// Buffer of the sequential read that replays one chunk on open.
+const REPLAY_BUFFER_BYTES: usize = 4 * 1024 * 1024;
+
+/// The Raft log store. Cheap to clone: clones share the log and the sled
+/// database of the node's local tables.
 ///
-/// openraft serializes every write to it (one Raft core drives it), so the
-/// store keeps no lock of its own for those; readers clone it freely. Only
-/// readiness probes, which anyone may ask for at any time, take turns.
-#[derive(Clone, Debug)]
+/// openraft serializes every write to it (one Raft core drives it);
+/// readers (replication, the state machine catching up) share the log
+/// under a read lock. Only readiness probes, which anyone may ask for at
+/// any time, take turns.
+#[derive(Clone)]
 pub struct LogStore {
-    /// The database's data file and blob files, fsynced after each flush
-    /// (see [`LogStore::durable_flush`]); `None` for stores built on a
-    /// database a test opened itself.
-    data_file: Option<std::sync::Arc<(std::fs::File, BlobSync)>>,
+    log: Arc<RwLock<RaftLog<LogTypes>>>,
+    /// The worker's first failure, if any (see the module docs).
+    health: Arc<Health>,
+    /// The raft log's directory, `<data>/raft-log`.
+    dir: PathBuf,
+    /// The node's sled database: its local tables live there.
     db: sled::Db,
-    logs: sled::Tree,
-    meta: sled::Tree,
-    probe: sled::Tree,
-    /// Held through one probe's write, flush and read-back: two probes at
-    /// once (two health checkers polling the node) would otherwise read
-    /// each other's nonce and fail a healthy store.
-    probe_turn: std::sync::Arc<tokio::sync::Mutex<()>>,
+    /// Held through one probe, so two probes at once (two health checkers
+    /// polling the node) do not trip over each other's probe file.
+    probe_turn: Arc<tokio::sync::Mutex<()>>,
     failpoint: Failpoint,
 }
 
+impl Debug for LogStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LogStore").field("dir", &self.dir).finish_non_exhaustive()
+    }
+}
+
+/// raft-log's settings for a log in `dir` (see the constants above and
+/// docs/decisions.md, "The Raft log on raft-log").
+pub(crate) fn log_config(dir: &Path) -> Result<raft_log::Config, StorageError> {
+    let Some(dir_text) = dir.to_str() else {
+        return Err(StorageError::Io {
+            what: "use (the path is not UTF-8)",
+            path: dir.to_path_buf(),
+            source: io::Error::from(io::ErrorKind::InvalidInput),
+        });
+    };
+    let mut config = raft_log::Config::new(dir_text);
+    config.log_cache_max_items = Some(CACHE_MAX_ENTRIES);
+    config.log_cache_capacity = Some(CACHE_MAX_BYTES);
+    config.wal.chunk_max_size = Some(CHUNK_MAX_BYTES);
+    config.wal.chunk_max_records = Some(CHUNK_MAX_RECORDS);
+    config.wal.read_buffer_size = Some(REPLAY_BUFFER_BYTES);
+    // A torn last record (power cut mid-write) was never acknowledged:
+    // recovery drops it. A damaged record anywhere else stops the open.
+    config.wal.truncate_incomplete_record = Some(true);
+    config.wal.flush_batch_wait = Some(FLUSH_BATCH_WAIT);
+    config.wal.flush_queue_max_bytes = Some(FLUSH_QUEUE_MAX_BYTES);
+    Ok(config)
+}
+
 impl LogStore {
-    /// Opens (or creates) the log trees of `db`.
-    pub(crate) fn open_db(db: sled::Db, failpoint: Failpoint) -> Result<Self, StorageError> {
+    /// Opens (creating, or migrating from an older version's sled trees)
+    /// the raft log in `data_dir`, beside the sled database `db`.
+    pub(crate) fn open(
+        data_dir: &Path,
+        db: sled::Db,
+        failpoint: Failpoint,
+    ) -> Result<Self, StorageError> {
+        let dir = data_dir.join(RAFT_LOG_DIR);
+        let health = Arc::new(Health::default());
+        let log = crate::migrate::open_log(&db, data_dir, &dir, &health)?;
         Ok(LogStore {
-            logs: db.open_tree(LOG_TREE)?,
-            meta: db.open_tree(META_TREE)?,
-            probe: db.open_tree(PROBE_TREE)?,
-            probe_turn: std::sync::Arc::default(),
-            data_file: None,
+            log: Arc::new(RwLock::new(log)),
+            health,
+            dir,
             db,
+            probe_turn: Arc::default(),
             failpoint,
         })
     }
 
-    /// The bus's claim table, in the same database (local, unreplicated).
+    /// The bus's claim table, in the sled database (local, unreplicated).
     pub fn bus_table(&self) -> Result<crate::local::BusTable, StorageError> {
         crate::local::BusTable::open(&self.db)
     }
 
-    /// The adverts kept of peers, in the same database (local, unreplicated).
+    /// The adverts kept of peers, in the sled database (local, unreplicated).
     pub fn peer_store(&self) -> Result<crate::local::PeerStore, StorageError> {
         crate::local::PeerStore::open(&self.db)
     }
 
-    /// Makes every flush also fsync `file` (sled's data file) and the blob
-    /// files of the database in `dir`.
-    pub(crate) fn with_data_file(mut self, file: std::fs::File, dir: &std::path::Path) -> Self {
-        self.data_file = Some(std::sync::Arc::new((file, BlobSync::new(dir))));
-        self
-    }
-
-    /// Flushes sled, then fsyncs the blob files it wrote and its data file.
-    /// sled 0.34 makes a flush stable with sync_file_range, which survives a
-    /// process crash but does not flush the device cache or the file's
-    /// metadata, and never syncs a blob file (a page over 128 KiB: a large
-    /// entry, or a leaf of several); the fsyncs make an acknowledged entry
-    /// survive a power loss too. Blobs go first, so the main file never
-    /// durably points at a blob that is not. Appends are batched above
-    /// Raft, so this costs one sync per batch (and a directory read).
-    ///
-    /// Both run on one blocking thread, one hand-off per flush: this is on
-    /// the commit path of every entry, and on a small host each wake-up of
-    /// another thread costs about as much as the work.
-    async fn durable_flush(&self) -> Result<(), StorageError> {
-        let db = self.db.clone();
-        let file = self.data_file.clone();
-        tokio::task::spawn_blocking(move || -> Result<(), StorageError> {
-            db.flush()?;
-            if let Some(durable) = file {
-                let (file, blobs) = &*durable;
-                blobs.sync_new()?;
-                file.sync_data().map_err(|e| StorageError::Sled(sled::Error::Io(e)))?;
-            }
-            Ok(())
-        })
-        .await
-        .map_err(|e| StorageError::Sled(sled::Error::Io(std::io::Error::other(e))))?
-    }
-
-    /// Readiness check: writes a fresh nonce to the probe tree, flushes it to
-    /// disk and reads it back. Fails when the disk refuses writes, fsync
-    /// fails, or the record does not come back as written.
+    /// Readiness check of the log's disk and writer: writes a fresh nonce
+    /// to a new file in the log's directory, fdatasyncs it and reads it
+    /// back (a full disk fails here: the file needs new space), then has
+    /// the log's own flush worker fdatasync its open chunk (a stopped or
+    /// failing writer fails here).
     pub async fn probe(&self) -> Result<(), StorageError> {
         self.failpoint.check()?;
         let _turn = self.probe_turn.lock().await;
-        // A nonce that changes every call proves this probe's write landed,
-        // rather than an old record still sitting there.
-        let nonce = self.db.generate_id()?.to_be_bytes();
-        self.probe.insert(PROBE_KEY, &nonce[..])?;
-        self.db.flush_async().await?;
-        let found = self.probe.get(PROBE_KEY)?;
-        if found.as_deref() != Some(&nonce[..]) {
-            return Err(StorageError::ProbeMismatch {
-                wrote: nonce.to_vec(),
-                found: found.map(|bytes| bytes.to_vec()),
-            });
-        }
-        Ok(())
+        self.check_running()?;
+        let dir = self.dir.clone();
+        tokio::task::spawn_blocking(move || probe_file(&dir))
+            .await
+            .map_err(|error| self.log_error("probe", io::Error::other(error)))??;
+        self.write_durably("sync for the probe", |_| Ok(())).await
     }
 
     /// Failpoint for tests: while `on`, [`LogStore::probe`] and every durable
@@ -150,180 +185,265 @@ impl LogStore {
         self.failpoint.set(on);
     }
 
-    fn read_meta<T: DeserializeOwned>(&self, key: &'static str) -> Result<Option<T>, StorageError> {
-        match self.meta.get(key)? {
-            Some(bytes) => Ok(Some(decode(META_TREE, key, &bytes)?)),
-            None => Ok(None),
+    /// An error of the log in this store's directory; an I/O failure (not
+    /// a write raft-log refused) also stops the store's writes.
+    fn log_error(&self, what: &'static str, source: io::Error) -> StorageError {
+        if source.kind() != io::ErrorKind::InvalidInput {
+            self.health.fail(&source);
+        }
+        StorageError::Log { what, path: self.dir.clone(), source }
+    }
+
+    fn check_running(&self) -> Result<(), StorageError> {
+        match self.health.failure() {
+            Some(first) => Err(StorageError::LogStopped { path: self.dir.clone(), first }),
+            None => Ok(()),
         }
     }
 
-    fn write_meta<T: Serialize>(&self, key: &'static str, value: &T) -> Result<(), StorageError> {
-        self.meta.insert(key, encode(key, value)?)?;
-        Ok(())
+    fn reader(&self) -> Result<RwLockReadGuard<'_, RaftLog<LogTypes>>, StorageError> {
+        self.log.read().map_err(|_| StorageError::LogPoisoned)
+    }
+
+    fn writer(&self) -> Result<RwLockWriteGuard<'_, RaftLog<LogTypes>>, StorageError> {
+        self.check_running()?;
+        self.log.write().map_err(|_| StorageError::LogPoisoned)
+    }
+
+    /// Runs `change` on the log, then waits until it and everything written
+    /// before it are fdatasynced.
+    async fn write_durably(
+        &self,
+        what: &'static str,
+        change: impl FnOnce(&mut RaftLog<LogTypes>) -> io::Result<()>,
+    ) -> Result<(), StorageError> {
+        let synced = {
+            let mut log = self.writer()?;
+            change(&mut log).map_err(|source| self.log_error(what, source))?;
+            let (callback, synced) = Flushed::done(self.health.clone());
+            log.flush(true, Some(callback)).map_err(|source| self.log_error(what, source))?;
+            synced
+        };
+        // The lock is released while the sync runs: readers go on meanwhile.
+        match synced.await {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(source)) => Err(self.log_error(what, source)),
+            Err(_) => {
+                Err(self.log_error(what, io::Error::other("the flush worker dropped the request")))
+            }
+        }
     }
 
     /// Entries with index in `range`, ascending, stopping after `max_entries`
-    /// entries or once `max_bytes` of values were read (always at least one).
+    /// entries or once `max_bytes` of encoded entries were read (always at
+    /// least one).
     fn read_entries(
         &self,
         range: impl RangeBounds<u64>,
         max_entries: usize,
         max_bytes: usize,
     ) -> Result<Vec<Entry<TypeConfig>>, StorageError> {
-        let Some((start, end)) = key_range(range) else {
+        let Some((start, end)) = index_range(range) else {
             return Ok(Vec::new());
         };
+        let log = self.reader()?;
         let mut entries = Vec::new();
         let mut bytes_read = 0_usize;
-        for item in self.logs.range((start, end)) {
-            let (key, value) = item?;
-            bytes_read = bytes_read.saturating_add(value.len());
+        for item in log.read(start, end) {
+            let (log_id, stored) = item.map_err(|source| StorageError::Log {
+                what: "read",
+                path: self.dir.clone(),
+                source,
+            })?;
+            bytes_read = bytes_read.saturating_add(stored.encoded_bytes as usize);
             // The first entry always goes out, however large, so replication
             // makes progress; later ones only while the budget holds.
             if !entries.is_empty() && (entries.len() >= max_entries || bytes_read > max_bytes) {
                 break;
             }
-            entries.push(decode_entry(&key, &value)?);
+            if stored.entry.log_id != log_id.0 {
+                return Err(StorageError::Inconsistent {
+                    tree: RAFT_LOG_DIR,
+                    key: log_id.0.index.to_string(),
+                    detail: format!("holds the entry of {}", stored.entry.log_id),
+                });
+            }
+            entries.push(Entry::clone(&stored.entry));
         }
         Ok(entries)
-    }
-
-    /// The id of the newest stored entry, if any.
-    fn last_stored_log_id(&self) -> Result<Option<LogId<NodeId>>, StorageError> {
-        match self.logs.last()? {
-            Some((key, value)) => Ok(Some(decode_entry(&key, &value)?.log_id)),
-            None => Ok(None),
-        }
     }
 
     async fn append_entries(
         &self,
         entries: impl IntoIterator<Item = Entry<TypeConfig>>,
+        callback: LogFlushed<TypeConfig>,
     ) -> Result<(), StorageError> {
         self.failpoint.check()?;
-        // One atomic batch for the whole append: a crash leaves either all of
-        // it or none, never a hole in the middle.
-        let mut batch = sled::Batch::default();
+        let mut batch = Vec::new();
         let mut previous: Option<u64> = None;
-        let mut count = 0_usize;
         for entry in entries {
             let index = entry.log_id.index;
+            // Checked before anything reaches the log, so a bad batch
+            // leaves none of itself behind.
             if let Some(previous) = previous
                 && previous.checked_add(1) != Some(index)
             {
                 return Err(StorageError::Inconsistent {
-                    tree: LOG_TREE,
+                    tree: RAFT_LOG_DIR,
                     key: index.to_string(),
                     detail: format!("append batch jumps from index {previous} to {index}"),
                 });
             }
-            batch.insert(&log_key(index)[..], encode("log entry", &entry)?);
             previous = Some(index);
-            count += 1;
+            batch.push((Stored(entry.log_id), StoredEntry::new(entry)?));
         }
-        self.logs.apply_batch(batch)?;
-        // One fsync per batch, not per entry: this is where the throughput of
-        // the whole cluster is decided.
-        self.durable_flush().await?;
-        tracing::trace!(count, last_index = ?previous, "log entries appended and flushed");
+        let mut log = self.writer()?;
+        // An entry at or below the purge mark is covered by the snapshot the
+        // purge followed: it is purged as it arrives (openraft's storage
+        // suite appends such entries after `get_initial_state` purged up to
+        // the state machine; a Raft core never does). raft-log would refuse
+        // it as a log id going backwards.
+        if let Some(purged) = log.log_state().purged().map(|purged| purged.0.index) {
+            batch.retain(|(log_id, _)| log_id.0.index > purged);
+        }
+        let count = batch.len();
+        log.append(batch).map_err(|source| self.log_error("append", source))?;
+        // One fdatasync for this batch and whatever else is queued, never one
+        // per entry: this is where the throughput of the whole cluster is
+        // decided. openraft counts the entries towards a quorum only once
+        // the worker calls back, after the sync.
+        log.flush(true, Some(Flushed::append(callback, self.health.clone())))
+            .map_err(|source| self.log_error("append", source))?;
+        tracing::trace!(count, last_index = ?previous, "log entries appended");
         Ok(())
     }
 
     async fn save_vote_durably(&self, vote: &Vote<NodeId>) -> Result<(), StorageError> {
         self.failpoint.check()?;
-        self.write_meta(VOTE_KEY, vote)?;
         // A vote forgotten after a crash could let this node vote twice in
         // one term: it must be on disk before anyone hears about it.
-        self.durable_flush().await?;
+        let vote = Stored(*vote);
+        self.write_durably("save the vote", move |log| log.save_vote(vote).map(drop)).await
+    }
+
+    fn save_committed_lazily(&self, committed: Option<LogId<NodeId>>) -> Result<(), StorageError> {
+        // openraft never moves the committed log id back.
+        let Some(committed) = committed else { return Ok(()) };
+        let mut log = self.writer()?;
+        let state = log.log_state();
+        // Nothing to record when it did not move; and a committed id past
+        // this log's last entry (a snapshot installed ahead of the log) is
+        // one raft-log refuses to name, so the last recorded one stays:
+        // an older committed id only means re-applying less on restart.
+        if state.committed().is_some_and(|known| known.0 >= committed)
+            || state.last().is_none_or(|last| last.0 < committed)
+        {
+            return Ok(());
+        }
+        log.commit(Stored(committed)).map_err(|source| self.log_error("save committed", source))?;
+        // Written out without a sync of its own: it survives a process
+        // crash, and the next sync carries it through a power cut.
+        log.flush(false, None).map_err(|source| self.log_error("save committed", source))?;
         Ok(())
     }
 
     async fn truncate_since(&self, log_id: LogId<NodeId>) -> Result<(), StorageError> {
         self.failpoint.check()?;
-        let mut batch = sled::Batch::default();
-        for key in self.logs.range(&log_key(log_id.index)[..]..).keys() {
-            batch.remove(key?);
+        let past_the_end = {
+            let log = self.reader()?;
+            log.log_state().last().is_none_or(|last| last.0.index < log_id.index)
+        };
+        if past_the_end {
+            return Ok(());
         }
-        self.logs.apply_batch(batch)?;
         // Conflicting entries must not come back after a crash and be taken
-        // for this leader's entries; truncation is rare, so flush now.
-        self.durable_flush().await?;
+        // for this leader's entries; truncation is rare, so sync now.
+        self.write_durably("truncate", |log| log.truncate(log_id.index).map(drop)).await?;
         tracing::debug!(since = %log_id, "log truncated");
         Ok(())
     }
 
     async fn purge_upto(&self, log_id: LogId<NodeId>) -> Result<(), StorageError> {
         self.failpoint.check()?;
-        let previous: Option<LogId<NodeId>> = self.read_meta(LAST_PURGED_KEY)?;
-        if previous.as_ref().is_some_and(|previous| previous >= &log_id) {
+        let done = {
+            let log = self.reader()?;
+            log.log_state().purged().is_some_and(|purged| purged.0.index >= log_id.index)
+        };
+        if done {
             return Ok(());
         }
-        // The purge mark goes first: sled recovers writes in order, so after
-        // a crash the mark is never behind the entries actually removed, and
-        // `get_log_state` never reports a log that starts in a hole.
-        self.write_meta(LAST_PURGED_KEY, &log_id)?;
-        let mut batch = sled::Batch::default();
-        for key in self.logs.range(..=&log_key(log_id.index)[..]).keys() {
-            batch.remove(key?);
-        }
-        self.logs.apply_batch(batch)?;
-        self.durable_flush().await?;
+        // raft-log unlinks the chunk files the purge covers only after this
+        // sync has made the purge record durable.
+        self.write_durably("purge", |log| log.purge(Stored(log_id)).map(drop)).await?;
         tracing::debug!(upto = %log_id, "log purged");
         Ok(())
     }
 
     fn log_state(&self) -> Result<LogState<TypeConfig>, StorageError> {
-        let last_purged_log_id: Option<LogId<NodeId>> = self.read_meta(LAST_PURGED_KEY)?;
-        let last_stored = self.last_stored_log_id()?;
-        // With every entry purged, the last log id is the purge mark.
-        let last_log_id = std::cmp::max(last_stored, last_purged_log_id);
-        Ok(LogState { last_purged_log_id, last_log_id })
+        let log = self.reader()?;
+        let state = log.log_state();
+        // raft-log moves `last` up to the purge mark when a purge passes
+        // every entry, which is the last log id openraft expects then.
+        Ok(LogState {
+            last_purged_log_id: state.purged().map(|purged| purged.0),
+            last_log_id: state.last().map(|last| last.0),
+        })
     }
 }
 
-/// Decodes a log record and checks it is stored under its own index.
-fn decode_entry(key: &[u8], value: &[u8]) -> Result<Entry<TypeConfig>, StorageError> {
-    let Some(index) = log_index(key) else {
-        return Err(StorageError::Inconsistent {
-            tree: LOG_TREE,
-            key: format!("{key:02x?}"),
-            detail: "log key is not an 8-byte index".to_string(),
-        });
-    };
-    let entry: Entry<TypeConfig> = decode(LOG_TREE, index, value)?;
-    if entry.log_id.index != index {
-        return Err(StorageError::Inconsistent {
-            tree: LOG_TREE,
-            key: index.to_string(),
-            detail: format!("holds the entry of index {}", entry.log_id.index),
-        });
-    }
-    Ok(entry)
-}
-
-/// Bounds of a sled key range over [`LOG_TREE`].
-type KeyRange = (Bound<[u8; 8]>, Bound<[u8; 8]>);
-
-/// The sled key range for a range of log indexes, or `None` when it is empty.
-fn key_range(range: impl RangeBounds<u64>) -> Option<KeyRange> {
+/// The half-open index range `[start, end)` raft-log reads for `range`, or
+/// `None` when it is empty.
+fn index_range(range: impl RangeBounds<u64>) -> Option<(u64, u64)> {
     let start = match range.start_bound() {
         Bound::Included(index) => *index,
         Bound::Excluded(index) => index.checked_add(1)?,
         Bound::Unbounded => 0,
     };
     let end = match range.end_bound() {
-        Bound::Included(index) => Some(*index),
-        Bound::Excluded(index) => Some(index.checked_sub(1)?),
-        Bound::Unbounded => None,
+        // Index u64::MAX itself is never reached by a log.
+        Bound::Included(index) => index.saturating_add(1),
+        Bound::Excluded(index) => *index,
+        Bound::Unbounded => u64::MAX,
     };
-    if end.is_some_and(|end| end < start) {
-        return None;
+    (start < end).then_some((start, end))
+}
+
+/// The file half of the probe: a new file (so a full disk refuses it) with a
+/// fresh nonce, fdatasynced, read back, removed.
+fn probe_file(dir: &Path) -> Result<(), StorageError> {
+    use std::io::{Read, Seek, Write};
+    let path = dir.join(PROBE_FILE);
+    let io = |what: &'static str| {
+        let path = path.clone();
+        move |source| StorageError::Io { what, path, source }
+    };
+    // A nonce that changes every call proves this probe's write landed.
+    let nonce = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |elapsed| elapsed.as_nanos())
+        .to_be_bytes();
+    match std::fs::remove_file(&path) {
+        Ok(()) => {}
+        Err(error) if error.kind() == io::ErrorKind::NotFound => {}
+        Err(source) => return Err(io("remove")(source)),
     }
-    let end = match end {
-        Some(end) => Bound::Included(log_key(end)),
-        None => Bound::Unbounded,
-    };
-    Some((Bound::Included(log_key(start)), end))
+    let mut file = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create_new(true)
+        .open(&path)
+        .map_err(io("create"))?;
+    file.write_all(&nonce).map_err(io("write"))?;
+    file.sync_data().map_err(io("fdatasync"))?;
+    file.rewind().map_err(io("read"))?;
+    let mut found = Vec::with_capacity(nonce.len());
+    file.read_to_end(&mut found).map_err(io("read"))?;
+    drop(file);
+    std::fs::remove_file(&path).map_err(io("remove"))?;
+    if found != nonce {
+        return Err(StorageError::ProbeMismatch { wrote: nonce.to_vec(), found: Some(found) });
+    }
+    Ok(())
 }
 
 impl RaftLogReader<TypeConfig> for LogStore {
@@ -363,24 +483,20 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     }
 
     async fn read_vote(&mut self) -> Result<Option<Vote<NodeId>>, RaftStorageError<NodeId>> {
-        self.read_meta(VOTE_KEY).map_err(|error| StorageIOError::read_vote(&error).into())
+        let log = self.reader().map_err(|error| StorageIOError::read_vote(&error))?;
+        Ok(log.log_state().vote().map(|vote| vote.0))
     }
 
     async fn save_committed(
         &mut self,
         committed: Option<LogId<NodeId>>,
     ) -> Result<(), RaftStorageError<NodeId>> {
-        // Not flushed on purpose (see the module docs): it is advisory, and
-        // openraft calls it on every commit advance.
-        let result = match committed {
-            Some(log_id) => self.write_meta(COMMITTED_KEY, &log_id),
-            None => self.meta.remove(COMMITTED_KEY).map(|_| ()).map_err(StorageError::from),
-        };
-        result.map_err(|error| StorageIOError::write(&error).into())
+        self.save_committed_lazily(committed).map_err(|error| StorageIOError::write(&error).into())
     }
 
     async fn read_committed(&mut self) -> Result<Option<LogId<NodeId>>, RaftStorageError<NodeId>> {
-        self.read_meta(COMMITTED_KEY).map_err(|error| StorageIOError::read(&error).into())
+        let log = self.reader().map_err(|error| StorageIOError::read(&error))?;
+        Ok(log.log_state().committed().map(|committed| committed.0))
     }
 
     async fn append<I>(
@@ -392,13 +508,9 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         I: IntoIterator<Item = Entry<TypeConfig>> + OptionalSend,
         I::IntoIter: OptionalSend,
     {
-        self.append_entries(entries)
+        self.append_entries(entries, callback)
             .await
-            .map_err(|error| RaftStorageError::from(StorageIOError::write_logs(&error)))?;
-        // Only now, with the batch fsynced, may openraft count these entries
-        // towards a quorum.
-        callback.log_io_completed(Ok(()));
-        Ok(())
+            .map_err(|error| RaftStorageError::from(StorageIOError::write_logs(&error)))
     }
 
     async fn truncate(&mut self, log_id: LogId<NodeId>) -> Result<(), RaftStorageError<NodeId>> {
@@ -415,19 +527,22 @@ mod tests {
     use super::*;
 
     #[test]
-    fn key_range_normalizes_every_bound() {
-        assert_eq!(
-            key_range(3..7),
-            Some((Bound::Included(log_key(3)), Bound::Included(log_key(6))))
-        );
-        assert_eq!(
-            key_range(3..=7),
-            Some((Bound::Included(log_key(3)), Bound::Included(log_key(7))))
-        );
-        assert_eq!(key_range(..), Some((Bound::Included(log_key(0)), Bound::Unbounded)));
-        assert_eq!(key_range(5..5), None);
-        assert_eq!(key_range((Bound::Included(6), Bound::Excluded(5))), None);
-        assert_eq!(key_range(..0), None);
-        assert_eq!(key_range((Bound::Excluded(u64::MAX), Bound::Unbounded)), None);
+    fn index_range_normalizes_every_bound() {
+        assert_eq!(index_range(3..7), Some((3, 7)));
+        assert_eq!(index_range(3..=7), Some((3, 8)));
+        assert_eq!(index_range(..), Some((0, u64::MAX)));
+        assert_eq!(index_range(5..5), None);
+        assert_eq!(index_range((Bound::Included(6), Bound::Excluded(5))), None);
+        assert_eq!(index_range(..0), None);
+        assert_eq!(index_range((Bound::Excluded(u64::MAX), Bound::Unbounded)), None);
+    }
+
+    #[test]
+    fn the_probe_file_is_gone_after_a_probe() -> anyhow::Result<()> {
+        let dir = tempfile::tempdir()?;
+        probe_file(dir.path())?;
+        probe_file(dir.path())?;
+        assert!(!dir.path().join(PROBE_FILE).exists());
+        Ok(())
     }
 }

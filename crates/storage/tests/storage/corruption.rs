@@ -1,56 +1,95 @@
 //! Goal: a damaged record is reported as an error naming where it is, never
-//! skipped or replaced by a default. Method: write bytes directly into the
-//! sled trees under the stores' keys, then read through the openraft traits.
+//! skipped or replaced by a default. Method: damage the raft log's chunk
+//! file in the middle and reopen; write bytes directly into an older
+//! version's sled trees under its keys, and open (which migrates them).
 
-use leasehold_storage::layout::{LOG_TREE, META_TREE, VOTE_KEY, log_key};
-use openraft::RaftLogReader;
-use openraft::storage::{RaftLogStorage, RaftLogStorageExt};
+use leasehold_storage::layout::{LOG_TREE, META_TREE, RAFT_LOG_DIR, VOTE_KEY, log_key};
+use openraft::storage::RaftLogStorageExt;
 
 use crate::support::{blank, enqueue};
 
+/// The raft log's chunk files, oldest first.
+fn chunk_files(data: &std::path::Path) -> anyhow::Result<Vec<std::path::PathBuf>> {
+    let mut chunks: Vec<_> = std::fs::read_dir(data.join(RAFT_LOG_DIR))?
+        .map(|entry| entry.map(|e| e.path()))
+        .collect::<Result<_, _>>()?;
+    chunks.retain(|path| path.extension().is_some_and(|ext| ext == "wal"));
+    chunks.sort();
+    Ok(chunks)
+}
+
 #[tokio::test]
-async fn a_corrupt_log_record_is_an_error() -> anyhow::Result<()> {
+async fn a_damaged_log_record_stops_the_open_with_an_error() -> anyhow::Result<()> {
     let dir = tempfile::tempdir()?;
-    let db = sled::Config::new().path(dir.path()).open()?;
-    let (mut log_store, _state_machine) = leasehold_storage::open_db(db.clone(), dir.path())?;
-    log_store
-        .blocking_append([blank(1, 0), enqueue(1, 1, 1), enqueue(1, 2, 1), enqueue(1, 3, 1)])
-        .await?;
-    let logs = db.open_tree(LOG_TREE)?;
+    let marker = b"payload of entry 2";
+    {
+        let (mut log_store, _state_machine) = leasehold_storage::open(dir.path())?;
+        log_store
+            .blocking_append([blank(1, 0), enqueue(1, 1, 1), enqueue(1, 2, 1), enqueue(1, 3, 1)])
+            .await?;
+    }
 
-    // --- garbage under index 2
-    logs.insert(log_key(2), &b"not an entry"[..])?;
-    let error = log_store
-        .try_get_log_entries(0..4)
-        .await
-        .expect_err("a corrupt entry in range must fail the read");
+    // --- flip a byte inside entry 2's payload, in the middle of the chunk
+    let chunks = chunk_files(dir.path())?;
+    let [chunk] = chunks.as_slice() else { anyhow::bail!("one chunk expected: {chunks:?}") };
+    let mut bytes = std::fs::read(chunk)?;
+    let at = bytes
+        .windows(marker.len())
+        .position(|window| window == marker)
+        .ok_or_else(|| anyhow::anyhow!("entry 2 not found in the chunk"))?;
+    bytes[at] ^= 0x55;
+    std::fs::write(chunk, &bytes)?;
+
+    // --- the log does not open: it names the damage, and serves nothing
+    let error = match reopen_once(dir.path()) {
+        Ok(_) => anyhow::bail!("a damaged record in the middle of the log must fail the open"),
+        Err(error) => error,
+    };
+    let text = format!("{:#}", anyhow::Error::new(error));
+    assert!(text.contains("raft log in") && text.contains("cannot open"), "{text}");
+    Ok(())
+}
+
+/// One open, without the retries `reopen` makes for a lock still held.
+fn reopen_once(
+    path: &std::path::Path,
+) -> Result<
+    (leasehold_storage::LogStore, leasehold_storage::StateMachineStore),
+    leasehold_storage::StorageError,
+> {
+    leasehold_storage::open(path)
+}
+
+#[tokio::test]
+async fn a_corrupt_record_in_an_old_sled_log_stops_the_migration() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    {
+        let db = sled::Config::new().path(dir.path()).open()?;
+        let logs = db.open_tree(LOG_TREE)?;
+        for entry in [blank(1, 0), enqueue(1, 1, 1)] {
+            logs.insert(log_key(entry.log_id.index), bincode::serialize(&entry)?)?;
+        }
+        logs.insert(log_key(2), &b"not an entry"[..])?;
+        db.flush()?;
+    }
+    let error = reopen_once(dir.path()).err().ok_or_else(|| anyhow::anyhow!("opened"))?;
     assert!(error.to_string().contains("under key 2"), "{error}");
-    assert!(log_store.try_get_log_entries(2..3).await.is_err());
-    assert!(log_store.limited_get_log_entries(1, 4).await.is_err());
-    assert_eq!(log_store.try_get_log_entries(0..2).await?.len(), 2);
 
-    // --- a valid entry stored under the wrong index
-    let entry_3 = logs.get(log_key(3))?.ok_or_else(|| anyhow::anyhow!("entry 3 missing"))?;
-    logs.insert(log_key(2), entry_3)?;
-    let error = log_store
-        .try_get_log_entries(2..3)
-        .await
-        .expect_err("a misplaced entry must fail the read");
-    assert!(error.to_string().contains("holds the entry of index 3"), "{error}");
-
-    // --- the last entry damaged: the log state cannot be known
-    logs.insert(log_key(3), &b"\xff"[..])?;
-    assert!(log_store.get_log_state().await.is_err());
+    // Nothing was lost: the old tree is still there to repair and retry.
+    let db = sled::Config::new().path(dir.path()).open()?;
+    assert_eq!(db.open_tree(LOG_TREE)?.len(), 3);
     Ok(())
 }
 
 #[tokio::test]
-async fn a_corrupt_vote_is_an_error() -> anyhow::Result<()> {
+async fn a_corrupt_old_vote_is_an_error() -> anyhow::Result<()> {
     let dir = tempfile::tempdir()?;
-    let db = sled::Config::new().path(dir.path()).open()?;
-    let (mut log_store, _state_machine) = leasehold_storage::open_db(db.clone(), dir.path())?;
-    db.open_tree(META_TREE)?.insert(VOTE_KEY, &b"??"[..])?;
-    let error = log_store.read_vote().await.expect_err("a corrupt vote must not read as no vote");
+    {
+        let db = sled::Config::new().path(dir.path()).open()?;
+        db.open_tree(META_TREE)?.insert(VOTE_KEY, &b"??"[..])?;
+        db.flush()?;
+    }
+    let error = reopen_once(dir.path()).err().ok_or_else(|| anyhow::anyhow!("opened"))?;
     assert!(error.to_string().contains("under key vote"), "{error}");
     Ok(())
 }

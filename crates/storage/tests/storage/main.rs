@@ -1,6 +1,6 @@
-//! Integration tests of the sled stores, in one binary to keep link time low.
+//! Integration tests of the stores, in one binary to keep link time low.
 //!
-//! - `conformance`: openraft's own storage suite over the sled stores.
+//! - `conformance`: openraft's own storage suite over the stores.
 //! - `reopen`: what was made durable comes back identical after the stores
 //!   are dropped and the directory is opened again.
 //! - `corruption`: damaged records are errors, never skipped.
@@ -8,11 +8,13 @@
 //! - `power_cut`: what was acknowledged survives losing every unsynced write.
 //! - `failpoint`: the test switch breaks every durable write, and only those.
 //! - `reads`: bounded log reads keep to their entry and byte budgets.
+//! - `migrate`: a data directory of the sled log opens migrated, once.
 
 mod conformance;
 mod corruption;
 mod crash;
 mod failpoint;
+mod migrate;
 mod power_cut;
 mod reads;
 mod reopen;

@@ -1,0 +1,288 @@
+//! What the Raft log keeps in raft-log's write-ahead log, and how: the
+//! [`raft_log::Types`] binding, the record codec, the format marker and the
+//! flush callback.
+//!
+//! Every value goes through the crate's one codec (bincode, trailing bytes
+//! refused), framed by raft-log as a length-prefixed byte string inside a
+//! record that carries its own CRC32. A record whose bytes do not decode is
+//! an error naming the value, never a default.
+
+use std::io;
+use std::sync::{Arc, Mutex, PoisonError};
+
+use leasehold_raft::{NodeId, TypeConfig};
+use openraft::storage::LogFlushed;
+use openraft::{Entry, LogId, Vote};
+use raft_log::codeq::{Decode, Encode};
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
+
+use crate::codec::{decode, encode};
+
+/// The raft-log binding for leasehold's Raft group.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub(crate) struct LogTypes;
+
+impl raft_log::Types for LogTypes {
+    type LogId = Stored<LogId<NodeId>>;
+    type LogPayload = StoredEntry;
+    type Vote = Stored<Vote<NodeId>>;
+    type UserData = Stored<LogFormat>;
+    type Callback = Flushed;
+
+    fn log_index(log_id: &Self::LogId) -> u64 {
+        log_id.0.index
+    }
+
+    fn payload_size(payload: &Self::LogPayload) -> u64 {
+        payload.encoded_bytes
+    }
+}
+
+/// A value stored in the log through the crate's codec. Ordering is the
+/// value's own (openraft's order of log ids and votes, which raft-log uses
+/// to refuse a vote or a log id that goes backwards).
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub(crate) struct Stored<T>(pub(crate) T);
+
+impl<T: Serialize> Encode for Stored<T> {
+    fn encode<W: io::Write>(&self, w: W) -> Result<usize, io::Error> {
+        encode_bytes(&to_bytes(&self.0)?, w)
+    }
+}
+
+impl<T: DeserializeOwned> Decode for Stored<T> {
+    fn decode<R: io::Read>(r: R) -> Result<Self, io::Error> {
+        let bytes = Vec::<u8>::decode(r)?;
+        from_bytes(&bytes).map(Stored)
+    }
+}
+
+/// A log entry as the log holds it: shared, so the payload cache and a
+/// reader hold it without copying, and with its encoded size, which bounds
+/// the cache and the byte budget of a bounded read.
+#[derive(Clone, Debug)]
+pub(crate) struct StoredEntry {
+    pub(crate) entry: Arc<Entry<TypeConfig>>,
+    pub(crate) encoded_bytes: u64,
+}
+
+impl StoredEntry {
+    /// Wraps `entry`, measuring its encoding.
+    pub(crate) fn new(entry: Entry<TypeConfig>) -> Result<Self, crate::StorageError> {
+        let encoded_bytes = crate::codec::encoded_len("log entry", &entry)?;
+        // raft-log frames a value with a u32 length; checked here so that
+        // encoding inside raft-log, which would leave half a record in its
+        // buffer, cannot fail.
+        if u32::try_from(encoded_bytes).is_err() {
+            return Err(crate::StorageError::Encode {
+                what: "log entry",
+                source: Box::new(bincode::ErrorKind::SizeLimit),
+            });
+        }
+        Ok(StoredEntry { entry: Arc::new(entry), encoded_bytes })
+    }
+}
+
+impl Encode for StoredEntry {
+    fn encode<W: io::Write>(&self, w: W) -> Result<usize, io::Error> {
+        encode_bytes(&to_bytes(self.entry.as_ref())?, w)
+    }
+}
+
+impl Decode for StoredEntry {
+    fn decode<R: io::Read>(r: R) -> Result<Self, io::Error> {
+        let bytes = Vec::<u8>::decode(r)?;
+        let entry: Entry<TypeConfig> = from_bytes(&bytes)?;
+        Ok(StoredEntry { entry: Arc::new(entry), encoded_bytes: bytes.len() as u64 })
+    }
+}
+
+/// Written into the log's own state (raft-log's user data) when the log is
+/// created, and kept by every later checkpoint: a log that carries it is
+/// complete. A directory without it is a creation or a migration that did
+/// not finish, and is made again (see `migrate`).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct LogFormat {
+    /// The layout version of what this log stores; 1 is bincode entries,
+    /// log ids and votes as above.
+    pub(crate) version: u32,
+    /// How many entries were copied from an older version's sled trees
+    /// when this log was made (`None`: it started empty).
+    pub(crate) migrated_entries: Option<u64>,
+}
+
+/// The layout version this build writes.
+pub(crate) const LOG_FORMAT_VERSION: u32 = 1;
+
+/// Strict bincode of `value`, as an I/O error when it cannot be encoded.
+fn to_bytes<T: Serialize + ?Sized>(value: &T) -> Result<Vec<u8>, io::Error> {
+    encode("raft log record", value)
+        .map_err(|error| io::Error::new(io::ErrorKind::InvalidInput, error_chain(&error)))
+}
+
+/// Decodes strict bincode; a failure is `InvalidData`, which raft-log
+/// reports as a damaged record.
+fn from_bytes<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, io::Error> {
+    decode::<T>("raft log", "record", bytes)
+        .map_err(|error| io::Error::new(io::ErrorKind::InvalidData, error_chain(&error)))
+}
+
+/// Writes `bytes` as raft-log's length-prefixed byte string (a `u32`
+/// length): a value of 4 GiB or more is refused rather than truncated.
+fn encode_bytes<W: io::Write>(bytes: &[u8], mut w: W) -> Result<usize, io::Error> {
+    let length = u32::try_from(bytes.len()).map_err(|_| {
+        io::Error::new(io::ErrorKind::InvalidInput, "raft log record of 4 GiB or more")
+    })?;
+    w.write_all(&length.to_be_bytes())?;
+    w.write_all(bytes)?;
+    Ok(4 + bytes.len())
+}
+
+/// An error and its causes on one line, for an `io::Error` message that
+/// must carry them (raft-log keeps only the message of what it is given).
+fn error_chain(error: &dyn std::error::Error) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    text
+}
+
+/// The first write failure the log's flush worker reported, shared by every
+/// clone of the store: after it the worker has stopped (raft-log does not
+/// resume after a failed write or fsync), so every later write is refused
+/// with it and the readiness probe fails until the node restarts.
+#[derive(Debug, Default)]
+pub(crate) struct Health {
+    failure: Mutex<Option<String>>,
+}
+
+impl Health {
+    /// Records `error` unless an earlier failure is already recorded.
+    pub(crate) fn fail(&self, error: &io::Error) {
+        let mut failure = self.failure.lock().unwrap_or_else(PoisonError::into_inner);
+        if failure.is_none() {
+            *failure = Some(error.to_string());
+        }
+    }
+
+    /// The first failure, if any.
+    pub(crate) fn failure(&self) -> Option<String> {
+        self.failure.lock().unwrap_or_else(PoisonError::into_inner).clone()
+    }
+}
+
+/// What the flush worker calls once a flush is on stable storage (or
+/// failed): openraft's callback for an append, or a waiting store method.
+pub(crate) struct Flushed {
+    waiter: Waiter,
+    health: Arc<Health>,
+}
+
+enum Waiter {
+    /// An append: openraft counts the entries stored only when this fires.
+    Append(LogFlushed<TypeConfig>),
+    /// A vote, truncate, purge, probe or migration waiting for its sync.
+    Done(tokio::sync::oneshot::Sender<io::Result<()>>),
+    /// A blocking caller (opening and migrating run outside a runtime).
+    Blocking(std::sync::mpsc::SyncSender<io::Result<()>>),
+}
+
+impl Flushed {
+    /// Reports to openraft when the entries of an append are durable.
+    pub(crate) fn append(callback: LogFlushed<TypeConfig>, health: Arc<Health>) -> Self {
+        Flushed { waiter: Waiter::Append(callback), health }
+    }
+
+    /// Reports to an awaiting caller; answers the receiver to await.
+    pub(crate) fn done(
+        health: Arc<Health>,
+    ) -> (Self, tokio::sync::oneshot::Receiver<io::Result<()>>) {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        (Flushed { waiter: Waiter::Done(tx), health }, rx)
+    }
+
+    /// Reports to a blocking caller; answers the receiver to wait on.
+    pub(crate) fn blocking(
+        health: Arc<Health>,
+    ) -> (Self, std::sync::mpsc::Receiver<io::Result<()>>) {
+        let (tx, rx) = std::sync::mpsc::sync_channel(1);
+        (Flushed { waiter: Waiter::Blocking(tx), health }, rx)
+    }
+}
+
+impl std::fmt::Debug for Flushed {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let kind = match self.waiter {
+            Waiter::Append(_) => "append",
+            Waiter::Done(_) => "done",
+            Waiter::Blocking(_) => "blocking",
+        };
+        f.debug_struct("Flushed").field("waiter", &kind).finish()
+    }
+}
+
+impl raft_log::Callback for Flushed {
+    fn send(self, result: Result<(), io::Error>) {
+        if let Err(error) = &result {
+            self.health.fail(error);
+        }
+        match self.waiter {
+            Waiter::Append(callback) => callback.log_io_completed(result),
+            // A waiter that went away (its task was cancelled) needs no answer.
+            Waiter::Done(tx) => {
+                let _ = tx.send(result);
+            }
+            Waiter::Blocking(tx) => {
+                let _ = std::sync::mpsc::SyncSender::send(&tx, result);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stored_values_round_trip_and_refuse_damage() -> anyhow::Result<()> {
+        let log_id = LogId::new(openraft::CommittedLeaderId::new(3, 1), 9);
+        let mut bytes = Vec::new();
+        let written = Stored(log_id).encode(&mut bytes)?;
+        assert_eq!(written, bytes.len());
+        assert_eq!(Stored::<LogId<NodeId>>::decode(&bytes[..])?, Stored(log_id));
+
+        // One byte more inside the frame: trailing bytes are refused.
+        let mut padded = bytes[4..].to_vec();
+        padded.push(0);
+        let mut framed = (padded.len() as u32).to_be_bytes().to_vec();
+        framed.extend_from_slice(&padded);
+        let error = Stored::<LogId<NodeId>>::decode(&framed[..]).expect_err("trailing byte");
+        assert_eq!(error.kind(), io::ErrorKind::InvalidData);
+
+        // A frame cut short is an incomplete record (raft-log's torn tail).
+        let error = Stored::<LogId<NodeId>>::decode(&bytes[..bytes.len() - 1]).expect_err("cut");
+        assert_eq!(error.kind(), io::ErrorKind::UnexpectedEof);
+        Ok(())
+    }
+
+    #[test]
+    fn a_stored_entry_knows_its_encoded_size() -> anyhow::Result<()> {
+        let entry = Entry::<TypeConfig> {
+            log_id: LogId::new(openraft::CommittedLeaderId::new(1, 1), 4),
+            payload: openraft::EntryPayload::Blank,
+        };
+        let stored = StoredEntry::new(entry.clone())?;
+        let mut bytes = Vec::new();
+        stored.encode(&mut bytes)?;
+        assert_eq!(stored.encoded_bytes + 4, bytes.len() as u64);
+        let back = StoredEntry::decode(&bytes[..])?;
+        assert_eq!(*back.entry, entry);
+        assert_eq!(back.encoded_bytes, stored.encoded_bytes);
+        Ok(())
+    }
+}
