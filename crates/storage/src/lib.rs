@@ -48,10 +48,7 @@ use std::path::Path;
 
 pub use codec::digest;
 pub use error::StorageError;
-pub use log_store::{
-    CACHE_MAX_BYTES, CACHE_MAX_ENTRIES, CHUNK_MAX_BYTES, CHUNK_MAX_RECORDS, FLUSH_BATCH_WAIT,
-    FLUSH_QUEUE_MAX_BYTES, LogStore, MAX_READ_BYTES, MAX_READ_ENTRIES,
-};
+pub use log_store::{LogStore, MAX_READ_BYTES, MAX_READ_ENTRIES};
 pub use state_machine::StateMachineStore;
 
 use failpoint::Failpoint;

@@ -5,6 +5,8 @@
 //!   are dropped and the directory is opened again.
 //! - `corruption`: damaged records are errors, never skipped.
 //! - `crash`: durable writes survive the process exiting without cleanup.
+//! - `disk_full`: a full disk fails the append as an error; a reopen keeps
+//!   what was acknowledged.
 //! - `power_cut`: what was acknowledged survives losing every unsynced write.
 //! - `failpoint`: the test switch breaks every durable write, and only those.
 //! - `reads`: bounded log reads keep to their entry and byte budgets.
@@ -13,6 +15,7 @@
 mod conformance;
 mod corruption;
 mod crash;
+mod disk_full;
 mod failpoint;
 mod migrate;
 mod power_cut;
