@@ -9,8 +9,10 @@
 //! older-build`) replays it, and the digests must be equal — the log's
 //! entries carry the limits their leader judged them by, so no replica
 //! re-judges them by its own (docs/decisions.md, "Replicas across
-//! versions"). The directory is only read; stop the node first (sled holds
-//! a lock on it while the node runs).
+//! versions"). The directory is only read (except that a data directory
+//! of a version that kept the Raft log in sled is migrated on open, as the
+//! node would); stop the node first (sled and the raft log hold locks on
+//! it while the node runs).
 
 use std::path::PathBuf;
 
