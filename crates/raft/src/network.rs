@@ -83,6 +83,10 @@ impl Interceptor for NodeProof {
 /// A channel to a peer that carries this node's credentials.
 pub type PeerChannel = InterceptedService<Channel, NodeProof>;
 
+/// Told how long each AppendEntries round trip that carried entries took
+/// (the replication stage of a commit round; heartbeats are left out).
+pub type ReplicationObserver = Arc<dyn Fn(Duration) + Send + Sync>;
+
 /// Builds peer clients; keeps one channel per peer address.
 #[derive(Clone, Default)]
 pub struct NetworkFactory {
@@ -90,6 +94,7 @@ pub struct NetworkFactory {
     security: Arc<RwLock<PeerSecurity>>,
     local_address: Option<IpAddr>,
     wires: envelope::PeerWires,
+    replication: Arc<std::sync::OnceLock<ReplicationObserver>>,
 }
 
 impl NetworkFactory {
@@ -107,7 +112,14 @@ impl NetworkFactory {
             security: Arc::new(RwLock::new(security)),
             channels: Arc::default(),
             wires: envelope::PeerWires::default(),
+            replication: Arc::default(),
         }
+    }
+
+    /// Sets who hears the replication round trips of every client this
+    /// factory (and its clones) made or will make; the first call wins.
+    pub fn observe_replication(&self, observer: ReplicationObserver) {
+        let _ = self.replication.set(observer);
     }
 
     /// The envelope layout each peer reads, kept current from its adverts;
@@ -183,6 +195,7 @@ impl RaftNetworkFactory<TypeConfig> for NetworkFactory {
             addr: node.addr.clone(),
             channel: self.channel(&node.addr).ok(),
             wires: self.wires.clone(),
+            replication: self.replication.clone(),
         }
     }
 }
@@ -193,6 +206,7 @@ pub struct PeerClient {
     addr: String,
     channel: Option<PeerChannel>,
     wires: envelope::PeerWires,
+    replication: Arc<std::sync::OnceLock<ReplicationObserver>>,
 }
 
 type RpcResult<T, E> = Result<T, RPCError<NodeId, BasicNode, E>>;
@@ -254,7 +268,16 @@ impl RaftNetwork<TypeConfig> for PeerClient {
         rpc: AppendEntriesRequest<TypeConfig>,
         option: RPCOption,
     ) -> RpcResult<AppendEntriesResponse<NodeId>, RaftError<NodeId>> {
-        self.call(Method::Append, &rpc, &option).await
+        let carries_entries = !rpc.entries.is_empty();
+        let started = std::time::Instant::now();
+        let answer = self.call(Method::Append, &rpc, &option).await;
+        if carries_entries
+            && answer.is_ok()
+            && let Some(observe) = self.replication.get()
+        {
+            observe(started.elapsed());
+        }
+        answer
     }
 
     async fn install_snapshot(

@@ -18,7 +18,7 @@ use crate::clock::Clock;
 use crate::clock_watch::{self, ClockWatch};
 use crate::error::{JournalError as Error, Unavailable};
 use crate::forward::{ForwardRequest, ForwardResponse};
-use crate::metrics::{Metrics, PeerLabels, QueueLabels};
+use crate::metrics::{Metrics, PeerLabels, QueueLabels, Stage, StageLabels};
 
 /// Settings of the journal handle.
 #[derive(Clone, Debug)]
@@ -67,6 +67,8 @@ struct Pending {
     /// a follower forwarded here, so no write bounces between nodes.
     may_forward: bool,
     reply: tokio::sync::oneshot::Sender<Result<Response, Error>>,
+    /// When it reached the journal (the queue stage starts).
+    queued: std::time::Instant,
 }
 
 /// The default of [`JournalConfig::batches_in_flight`]. openraft 0.9
@@ -100,6 +102,12 @@ impl Journal {
         peers: NetworkFactory,
     ) -> Self {
         let (batches, queue) = tokio::sync::mpsc::channel(BATCH_QUEUE);
+        let metrics = Metrics::new();
+        let stages = metrics.commit_stage_seconds.clone();
+        peers.observe_replication(Arc::new(move |elapsed| {
+            let stage = StageLabels { stage: Stage::Replicate.name().to_string() };
+            stages.get_or_create(&stage).observe(elapsed.as_secs_f64());
+        }));
         let clock_watch = ClockWatch::new(config.max_clock_offset_ms, config.clock_fresh_for);
         let journal = Journal {
             inner: Arc::new(Inner {
@@ -115,7 +123,7 @@ impl Journal {
                 drain_request: tokio::sync::watch::channel(false).0,
                 batches,
                 batcher: std::sync::Mutex::new(None),
-                metrics: Metrics::new(),
+                metrics,
                 clock_watch,
             }),
         };
@@ -453,7 +461,7 @@ impl Journal {
     ) -> Result<Response, Error> {
         let timeout = self.inner.config.quorum_timeout;
         let (reply, answer) = tokio::sync::oneshot::channel();
-        let pending = Pending { proposal, may_forward, reply };
+        let pending = Pending { proposal, may_forward, reply, queued: std::time::Instant::now() };
         let queued = tokio::time::timeout(timeout, self.inner.batches.send(pending));
         match queued.await {
             Ok(Ok(())) => {}
@@ -495,8 +503,12 @@ impl Journal {
             command
         };
         let entry = Proposal { now_ms: proposal.now_ms, command };
+        let started = std::time::Instant::now();
         match self.inner.raft.client_write(entry).await {
-            Ok(written) => Ok(written.data),
+            Ok(written) => {
+                self.inner.metrics.observe_stage(Stage::Write, started.elapsed());
+                Ok(written.data)
+            }
             Err(RaftError::APIError(ClientWriteError::ForwardToLeader(_))) if !may_forward => {
                 Err(Unavailable::LeadershipChanging.into())
             }
@@ -535,6 +547,7 @@ impl Journal {
             .channel(&addr)
             .map_err(|e| Unavailable::Peer(format!("leader {leader_id} at {addr}: {e}")))?;
         let wire = self.inner.peers.wires().of(leader_id);
+        let started = std::time::Instant::now();
         let data =
             envelope::encode_as(wire, &request).map_err(|e| Error::Internal(e.to_string()))?;
         let mut grpc = tonic::Request::new(RaftEnvelope { data });
@@ -558,6 +571,7 @@ impl Journal {
             })?;
         let answer: ForwardResponse = envelope::decode(&reply.into_inner().data)
             .map_err(|e| Error::Internal(e.to_string()))?;
+        self.inner.metrics.observe_stage(Stage::Forward, started.elapsed());
         match answer {
             ForwardResponse::Failed { retryable: true, message } => {
                 Err(Unavailable::Peer(message).into())
@@ -682,6 +696,10 @@ async fn write_batch(journal: &Journal, mut batch: Vec<Pending>) {
     // Forwarded writes must not be forwarded again; the batch carrying one
     // answers UNAVAILABLE if leadership moved, and its proposers retry.
     let may_forward = batch.iter().all(|p| p.may_forward);
+    let metrics = journal.metrics();
+    for pending in &batch {
+        metrics.observe_stage(Stage::Queue, pending.queued.elapsed());
+    }
     // The node that forms the batch stamps it; on a follower that stamp is
     // replaced when the leader forms its own batch, so only the leader's
     // clock ever enters the journal, never a time that came over the

@@ -92,6 +92,52 @@ pub struct AuthLabels {
     pub reason: String,
 }
 
+/// Labels of one stage of a write's commit round (see [`Stage`]).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct StageLabels {
+    /// The stage's name, [`Stage::name`].
+    pub stage: String,
+}
+
+/// The stages of a write's commit round that a node times, so the time of
+/// one round can be split (docs/benchmarks.md, "Where a commit round's
+/// time goes"). Each is a histogram in `leasehold_commit_stage_seconds`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Stage {
+    /// A proposal waiting for the batcher: from its arrival at the journal
+    /// until the write of the batch it joined starts.
+    Queue,
+    /// The leader's Raft write of one batch: append and sync, replication,
+    /// commit and apply, until openraft hands back the applied response.
+    Write,
+    /// The leader's AppendEntries round trip to one follower for a message
+    /// carrying entries (heartbeats are not counted): the follower's sync
+    /// is inside it.
+    Replicate,
+    /// A follower serving an AppendEntries message carrying entries: decode,
+    /// append, sync, answer.
+    FollowerAppend,
+    /// A follower forwarding a write to the leader and hearing its answer.
+    Forward,
+}
+
+impl Stage {
+    /// Every stage, in the order of a round.
+    pub const ALL: [Stage; 5] =
+        [Stage::Queue, Stage::Forward, Stage::Write, Stage::Replicate, Stage::FollowerAppend];
+
+    /// The `stage` label.
+    pub fn name(self) -> &'static str {
+        match self {
+            Stage::Queue => "queue",
+            Stage::Write => "write",
+            Stage::Replicate => "replicate",
+            Stage::FollowerAppend => "follower_append",
+            Stage::Forward => "forward",
+        }
+    }
+}
+
 /// Labels of a per-peer gauge.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct PeerLabels {
@@ -148,6 +194,8 @@ pub struct Metrics {
     pub clock_offset_ms: Family<PeerLabels, Gauge>,
     /// 1 while this node's clock is judged skewed against the voters.
     pub clock_skewed: Gauge,
+    /// Time spent in each stage of a write's commit round, seconds.
+    pub commit_stage_seconds: Family<StageLabels, Histogram>,
     encode_lock: Mutex<()>,
 }
 
@@ -243,6 +291,14 @@ impl Metrics {
             "clock_skewed",
             "1 while this node's clock is more than the bound off a majority of the voters",
         );
+        let commit_stage_seconds = Family::<StageLabels, Histogram>::new_with_constructor(
+            (|| Histogram::new(exponential_buckets(0.000_05, 2.0, 18))) as fn() -> Histogram,
+        );
+        registry.register(
+            "commit_stage_seconds",
+            "Time a write spends in each stage of its commit round, by stage",
+            commit_stage_seconds.clone(),
+        );
         Metrics {
             registry,
             rpcs,
@@ -268,6 +324,7 @@ impl Metrics {
             auth_refused,
             clock_offset_ms,
             clock_skewed,
+            commit_stage_seconds,
             encode_lock: Mutex::new(()),
         }
     }
@@ -279,6 +336,13 @@ impl Metrics {
             .inc();
         self.rpc_seconds
             .get_or_create(&MethodLabels { method: method.to_string() })
+            .observe(elapsed.as_secs_f64());
+    }
+
+    /// Records time spent in one stage of a commit round.
+    pub fn observe_stage(&self, stage: Stage, elapsed: Duration) {
+        self.commit_stage_seconds
+            .get_or_create(&StageLabels { stage: stage.name().to_string() })
             .observe(elapsed.as_secs_f64());
     }
 
@@ -316,6 +380,26 @@ mod tests {
     fn code_names_are_snake_case() {
         assert_eq!(code_name(tonic::Code::Ok), "ok");
         assert_eq!(code_name(tonic::Code::FailedPrecondition), "failed_precondition");
+    }
+
+    #[test]
+    fn every_stage_has_its_own_label() -> Result<(), std::fmt::Error> {
+        let metrics = Metrics::new();
+        for (i, stage) in Stage::ALL.into_iter().enumerate() {
+            for _ in 0..=i {
+                metrics.observe_stage(stage, Duration::from_micros(200));
+            }
+        }
+        let text = metrics.encode()?;
+        for (i, stage) in Stage::ALL.into_iter().enumerate() {
+            let line = format!(
+                "leasehold_commit_stage_seconds_count{{stage=\"{}\"}} {}",
+                stage.name(),
+                i + 1
+            );
+            assert!(text.contains(&line), "{line} missing from {text}");
+        }
+        Ok(())
     }
 
     #[test]

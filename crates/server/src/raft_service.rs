@@ -17,6 +17,7 @@ use crate::auth::Caller;
 use crate::error::Error;
 use leasehold_replica::Journal;
 use leasehold_replica::forward::ForwardRequest;
+use leasehold_replica::metrics::Stage;
 
 /// Serves `leasehold.v1.Raft`.
 #[derive(Clone)]
@@ -118,11 +119,18 @@ impl RaftRpc for RaftService {
         &self,
         request: Request<RaftEnvelope>,
     ) -> Result<Response<RaftEnvelope>, Status> {
+        let started = std::time::Instant::now();
         let (caller, _) = Caller::node_of(&request)?;
         let (rpc, wire): (openraft::raft::AppendEntriesRequest<leasehold_raft::TypeConfig>, _) =
             self.open(request)?;
         from_its_sender(caller, &rpc.vote, "an append")?;
-        seal(wire, &self.journal.raft().append_entries(rpc).await)
+        let carries_entries = !rpc.entries.is_empty();
+        let answer = self.journal.raft().append_entries(rpc).await;
+        let sealed = seal(wire, &answer);
+        if carries_entries {
+            self.journal.metrics().observe_stage(Stage::FollowerAppend, started.elapsed());
+        }
+        sealed
     }
 
     async fn vote(&self, request: Request<RaftEnvelope>) -> Result<Response<RaftEnvelope>, Status> {

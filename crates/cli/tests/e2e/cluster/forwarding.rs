@@ -10,6 +10,12 @@
 //! meanwhile, or the follower might have been the leader for part of it.
 //! The follower's answers name the leader (the leader hint).
 //!
+//! The nodes time the stages of those writes' commit rounds
+//! (`leasehold_commit_stage_seconds{stage}`, docs/operations.md): after
+//! the story the follower has timed its forwards, its queue and the
+//! AppendEntries it served, and the leader its queue, its Raft writes and
+//! its replication round trips, each a count of at least the three writes.
+//!
 //! A second story gives the stock client every address, a follower's
 //! first: the follower's first answer names the leader, and the client's
 //! later calls go to the leader directly. Each node's RPC counters show
@@ -23,7 +29,7 @@ use leasehold_proto::v1;
 use leasehold_client::Client;
 
 use super::super::lifecycle::{Scrape, scrape};
-use super::super::support::{CLUSTER_CONVERGE_TIMEOUT, Cluster, Sandbox, job, phase};
+use super::super::support::{CLUSTER_CONVERGE_TIMEOUT, Cluster, Sandbox, http_get, job, phase};
 use super::cluster_slot;
 
 const QUEUE: &str = "forwarded";
@@ -118,7 +124,34 @@ async fn story(sandbox: &Sandbox) -> Result<()> {
         after.leader == leader && after.term == before.term,
         "leadership moved from {before:?} to {after:?}; the follower may have led meanwhile"
     );
+
+    phase("both nodes timed the stages of the three writes");
+    let writes = 3;
+    let follower_http = cluster.node(follower)?.http;
+    let leader_http = cluster.node(leader)?.http;
+    for (who, http, stages) in [
+        ("follower", follower_http, &["queue", "forward", "follower_append"][..]),
+        ("leader", leader_http, &["queue", "write", "replicate"][..]),
+    ] {
+        for stage in stages {
+            let timed = stage_count(http, stage).await?;
+            ensure!(
+                timed >= writes,
+                "the {who} timed the {stage} stage {timed} times for {writes} writes"
+            );
+        }
+    }
     Ok(())
+}
+
+/// How many times the node at `http` timed `stage` of a commit round.
+async fn stage_count(http: std::net::SocketAddr, stage: &str) -> Result<u64> {
+    let metrics = http_get(http, "/metrics").await?;
+    let series = format!("leasehold_commit_stage_seconds_count{{stage=\"{stage}\"}} ");
+    let Some(line) = metrics.body.lines().find(|line| line.starts_with(&series)) else {
+        return Ok(0);
+    };
+    line[series.len()..].trim().parse().with_context(|| format!("metric line {line:?}"))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
