@@ -103,11 +103,15 @@ impl Journal {
     ) -> Self {
         let (batches, queue) = tokio::sync::mpsc::channel(BATCH_QUEUE);
         let metrics = Metrics::new();
-        let stages = metrics.commit_stage_seconds.clone();
-        peers.observe_replication(Arc::new(move |elapsed| {
-            let stage = StageLabels { stage: Stage::Replicate.name().to_string() };
-            stages.get_or_create(&stage).observe(elapsed.as_secs_f64());
-        }));
+        let timer = |stage: Stage| {
+            let stages = metrics.commit_stage_seconds.clone();
+            let stage = StageLabels { stage: stage.name().to_string() };
+            Arc::new(move |elapsed: Duration| {
+                stages.get_or_create(&stage).observe(elapsed.as_secs_f64());
+            })
+        };
+        peers.observe_replication(timer(Stage::Replicate));
+        log.observe_syncs(timer(Stage::LogSync));
         let clock_watch = ClockWatch::new(config.max_clock_offset_ms, config.clock_fresh_for);
         let journal = Journal {
             inner: Arc::new(Inner {

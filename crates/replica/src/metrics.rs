@@ -117,14 +117,23 @@ pub enum Stage {
     /// A follower serving an AppendEntries message carrying entries: decode,
     /// append, sync, answer.
     FollowerAppend,
+    /// The log store's append, from its hand-over to the flush worker until
+    /// the entries are synced (leader and followers alike).
+    LogSync,
     /// A follower forwarding a write to the leader and hearing its answer.
     Forward,
 }
 
 impl Stage {
     /// Every stage, in the order of a round.
-    pub const ALL: [Stage; 5] =
-        [Stage::Queue, Stage::Forward, Stage::Write, Stage::Replicate, Stage::FollowerAppend];
+    pub const ALL: [Stage; 6] = [
+        Stage::Queue,
+        Stage::Forward,
+        Stage::Write,
+        Stage::LogSync,
+        Stage::Replicate,
+        Stage::FollowerAppend,
+    ];
 
     /// The `stage` label.
     pub fn name(self) -> &'static str {
@@ -133,6 +142,7 @@ impl Stage {
             Stage::Write => "write",
             Stage::Replicate => "replicate",
             Stage::FollowerAppend => "follower_append",
+            Stage::LogSync => "log_sync",
             Stage::Forward => "forward",
         }
     }

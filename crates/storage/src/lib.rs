@@ -50,6 +50,7 @@ pub use codec::digest;
 pub use error::StorageError;
 pub use log_store::{LogStore, MAX_READ_BYTES, MAX_READ_ENTRIES};
 pub use state_machine::StateMachineStore;
+pub use wal::SyncObserver;
 
 use failpoint::Failpoint;
 

@@ -151,6 +151,13 @@ impl LogStore {
         })
     }
 
+    /// Sets who hears how long each append took from its hand-over to the
+    /// flush worker until synced, on this store and every clone of it; the
+    /// first call wins.
+    pub fn observe_syncs(&self, observer: crate::wal::SyncObserver) {
+        self.health.syncs.set(observer);
+    }
+
     /// The bus's claim table, in the sled database (local, unreplicated).
     pub fn bus_table(&self) -> Result<crate::local::BusTable, StorageError> {
         crate::local::BusTable::open(&self.db)

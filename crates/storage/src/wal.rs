@@ -159,6 +159,35 @@ fn error_chain(error: &dyn std::error::Error) -> String {
 #[derive(Debug, Default)]
 pub(crate) struct Health {
     failure: Mutex<Option<String>>,
+    /// Who hears how long each append took to be synced (set once).
+    pub(crate) syncs: SyncTimer,
+}
+
+/// Told how long an append took from its hand-over to the flush worker
+/// until its entries were synced (the `log_sync` stage of a commit round).
+pub type SyncObserver = Arc<dyn Fn(std::time::Duration) + Send + Sync>;
+
+/// The [`SyncObserver`] of a store, if one was set.
+#[derive(Default)]
+pub(crate) struct SyncTimer(std::sync::OnceLock<SyncObserver>);
+
+impl SyncTimer {
+    /// Sets the observer; the first call wins.
+    pub(crate) fn set(&self, observer: SyncObserver) {
+        let _ = self.0.set(observer);
+    }
+
+    fn observe(&self, elapsed: std::time::Duration) {
+        if let Some(observe) = self.0.get() {
+            observe(elapsed);
+        }
+    }
+}
+
+impl std::fmt::Debug for SyncTimer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SyncTimer").field("set", &self.0.get().is_some()).finish()
+    }
 }
 
 impl Health {
@@ -184,8 +213,9 @@ pub(crate) struct Flushed {
 }
 
 enum Waiter {
-    /// An append: openraft counts the entries stored only when this fires.
-    Append(LogFlushed<TypeConfig>),
+    /// An append (handed to the worker at the instant it carries):
+    /// openraft counts the entries stored only when this fires.
+    Append(LogFlushed<TypeConfig>, std::time::Instant),
     /// A vote, truncate, purge, probe or migration waiting for its sync.
     Done(tokio::sync::oneshot::Sender<io::Result<()>>),
     /// A blocking caller (opening and migrating run outside a runtime).
@@ -195,7 +225,7 @@ enum Waiter {
 impl Flushed {
     /// Reports to openraft when the entries of an append are durable.
     pub(crate) fn append(callback: LogFlushed<TypeConfig>, health: Arc<Health>) -> Self {
-        Flushed { waiter: Waiter::Append(callback), health }
+        Flushed { waiter: Waiter::Append(callback, std::time::Instant::now()), health }
     }
 
     /// Reports to an awaiting caller; answers the receiver to await.
@@ -218,7 +248,7 @@ impl Flushed {
 impl std::fmt::Debug for Flushed {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let kind = match self.waiter {
-            Waiter::Append(_) => "append",
+            Waiter::Append(..) => "append",
             Waiter::Done(_) => "done",
             Waiter::Blocking(_) => "blocking",
         };
@@ -232,7 +262,12 @@ impl raft_log::Callback for Flushed {
             self.health.fail(error);
         }
         match self.waiter {
-            Waiter::Append(callback) => callback.log_io_completed(result),
+            Waiter::Append(callback, handed_over) => {
+                if result.is_ok() {
+                    self.health.syncs.observe(handed_over.elapsed());
+                }
+                callback.log_io_completed(result)
+            }
             // A waiter that went away (its task was cancelled) needs no answer.
             Waiter::Done(tx) => {
                 let _ = tx.send(result);

@@ -130,8 +130,8 @@ async fn story(sandbox: &Sandbox) -> Result<()> {
     let follower_http = cluster.node(follower)?.http;
     let leader_http = cluster.node(leader)?.http;
     for (who, http, stages) in [
-        ("follower", follower_http, &["queue", "forward", "follower_append"][..]),
-        ("leader", leader_http, &["queue", "write", "replicate"][..]),
+        ("follower", follower_http, &["queue", "forward", "follower_append", "log_sync"][..]),
+        ("leader", leader_http, &["queue", "write", "replicate", "log_sync"][..]),
     ] {
         for stage in stages {
             let timed = stage_count(http, stage).await?;
