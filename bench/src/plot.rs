@@ -1,6 +1,6 @@
 //! Two SVG figures from an invocation's throughput runs: cycles/s by client
 //! count and cycle p99 by client count, one line per system (system, node
-//! count, TLS), on a logarithmic client axis. Runs behind a backlog are left
+//! count, TLS), both axes logarithmic. Runs behind a backlog are left
 //! out: they answer another question (their own table). `scripts/bench`
 //! writes the figures next to docs/benchmarks.md when it rewrites it.
 
@@ -12,7 +12,24 @@ use crate::measure::RunSummary;
 use crate::report::label;
 
 /// Width and height of each figure, pixels.
-const SIZE: (u32, u32) = (860, 520);
+const SIZE: (u32, u32) = (960, 520);
+/// Width of the legend's column, pixels.
+const LEGEND_WIDTH: u32 = 180;
+
+/// Line colours, in series order (the tab10 palette: distinct, and none
+/// too pale on white).
+const COLORS: [RGBColor; 10] = [
+    RGBColor(0x1f, 0x77, 0xb4),
+    RGBColor(0xd6, 0x27, 0x28),
+    RGBColor(0x2c, 0xa0, 0x2c),
+    RGBColor(0xff, 0x7f, 0x0e),
+    RGBColor(0x94, 0x67, 0xbd),
+    RGBColor(0x8c, 0x56, 0x4b),
+    RGBColor(0xe3, 0x77, 0xc2),
+    RGBColor(0x7f, 0x7f, 0x7f),
+    RGBColor(0xbc, 0xbd, 0x22),
+    RGBColor(0x17, 0xbe, 0xcf),
+];
 
 /// One line of a figure: its legend and its runs by client count.
 type Series<'a> = (String, Vec<&'a RunSummary>);
@@ -55,46 +72,56 @@ fn draw(
 ) -> anyhow::Result<String> {
     let all = || series.iter().flat_map(|(_, runs)| runs.iter());
     let max_clients = all().map(|run| run.clients).max().unwrap_or(1) as f64;
-    let max_value = all().map(|run| value(run)).fold(0.0, f64::max);
+    let max_value = all().map(|run| value(run)).fold(0.0, f64::max).max(1.0);
+    // Both axes logarithmic: a ratio between two systems is the same
+    // distance wherever it sits, as the report's ratios read.
+    let min_value =
+        all().map(|run| value(run)).filter(|v| *v > 0.0).fold(max_value, f64::min).min(max_value);
     let mut svg = String::new();
     {
         let root = SVGBackend::with_string(&mut svg, SIZE).into_drawing_area();
         root.fill(&WHITE)?;
-        let mut chart = ChartBuilder::on(&root)
+        // The legend gets its own column on the right, so it never hides
+        // a line.
+        let (plot_area, legend_area) = root.split_horizontally(SIZE.0 - LEGEND_WIDTH);
+        let mut chart = ChartBuilder::on(&plot_area)
             .caption(title, ("sans-serif", 22))
             .margin(16)
             .x_label_area_size(44)
             .y_label_area_size(64)
             .build_cartesian_2d(
                 (0.8..(max_clients * 1.25).max(2.0)).log_scale(),
-                0.0..(max_value * 1.1).max(1.0),
+                (min_value * 0.7..max_value * 1.5).log_scale(),
             )?;
         chart
             .configure_mesh()
             .x_desc("clients (log scale)")
-            .y_desc(y_label)
+            .y_desc(format!("{y_label} (log scale)"))
             .x_label_formatter(&|x| format!("{x:.0}"))
+            .y_label_formatter(&|y| {
+                if *y >= 10.0 { format!("{y:.0}") } else { format!("{y:.1}") }
+            })
+            .light_line_style(RGBColor(0xee, 0xee, 0xee))
             .draw()?;
         for (number, (name, runs)) in series.iter().enumerate() {
-            let color = Palette99::pick(number).to_rgba();
-            let points: Vec<(f64, f64)> =
-                runs.iter().map(|run| (run.clients as f64, value(run))).collect();
-            chart
-                .draw_series(LineSeries::new(points.clone(), color.stroke_width(2)))?
-                .label(name.as_str())
-                .legend(move |(x, y)| {
-                    PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(2))
-                });
+            let color = COLORS[number % COLORS.len()];
+            let points: Vec<(f64, f64)> = runs
+                .iter()
+                .map(|run| (run.clients as f64, value(run)))
+                .filter(|(_, v)| *v > 0.0)
+                .collect();
+            chart.draw_series(LineSeries::new(points.clone(), color.stroke_width(2)))?;
+            let y = 60 + 22 * i32::try_from(number).unwrap_or(0);
+            legend_area.draw(&PathElement::new(vec![(4, y), (28, y)], color.stroke_width(3)))?;
+            legend_area.draw(&Text::new(
+                name.clone(),
+                (34, y - 7),
+                ("sans-serif", 14).into_font().color(&BLACK),
+            ))?;
             chart.draw_series(
                 points.into_iter().map(|point| Circle::new(point, 3, color.filled())),
             )?;
         }
-        chart
-            .configure_series_labels()
-            .position(SeriesLabelPosition::UpperLeft)
-            .background_style(WHITE.mix(0.85))
-            .border_style(BLACK)
-            .draw()?;
         root.present()?;
     }
     Ok(svg)
