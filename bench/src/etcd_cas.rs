@@ -11,8 +11,9 @@
 //!   /q/jobs/<id> = c + deadline + worker + payload`. The lease deadline
 //!   lives in the value (the leader-independent wall clock of the claimer),
 //!   so no `LeaseGrant` per claim; the txn's revision is the fencing token.
-//!   A lost race (the read was stale, or another client won) goes to the
-//!   next candidate; a read with none left reads again;
+//!   A lost race (the read was stale, or another client won) reads the
+//!   first jobs again in the txn's else branch, where the compare ran, and
+//!   the next try picks from that fresh list; an empty list reads again;
 //! - ack: `txn if mod_revision(/q/jobs/<id>) == token then delete
 //!   /q/jobs/<id>`.
 //!
@@ -25,7 +26,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use etcd_client::{Client, Compare, CompareOp, GetOptions, Txn, TxnOp};
+use etcd_client::{Client, Compare, CompareOp, GetOptions, KeyValue, Txn, TxnOp, TxnOpResponse};
 
 use crate::measure::{Claimed, Connection, Target};
 
@@ -153,20 +154,23 @@ impl EtcdCasConn {
         let options =
             GetOptions::new().with_prefix().with_limit(self.candidates).with_serializable();
         let response = self.client.get(JOBS, Some(options)).await?;
-        let now = now_ms();
-        Ok(response
-            .kvs()
-            .iter()
-            .filter(|kv| claimable(kv.value(), now))
-            .filter_map(|kv| {
-                Some(Candidate {
-                    id: id_of(kv.key())?,
-                    mod_revision: kv.mod_revision(),
-                    payload: payload_of(kv.value())?.to_vec(),
-                })
-            })
-            .collect())
+        Ok(claimable_of(response.kvs()))
     }
+}
+
+/// The claimable jobs among `kvs`, in key order.
+fn claimable_of(kvs: &[KeyValue]) -> Vec<Candidate> {
+    let now = now_ms();
+    kvs.iter()
+        .filter(|kv| claimable(kv.value(), now))
+        .filter_map(|kv| {
+            Some(Candidate {
+                id: id_of(kv.key())?,
+                mod_revision: kv.mod_revision(),
+                payload: payload_of(kv.value())?.to_vec(),
+            })
+        })
+        .collect()
 }
 
 impl Connection for EtcdCasConn {
@@ -181,39 +185,48 @@ impl Connection for EtcdCasConn {
 
     async fn claim(&mut self) -> anyhow::Result<Claimed> {
         let mut retries = 0;
+        let mut candidates = self.candidates().await?;
         loop {
-            let candidates = self.candidates().await?;
             if candidates.is_empty() {
                 retries += 1;
                 tokio::task::yield_now().await;
+                candidates = self.candidates().await?;
                 continue;
             }
-            let first = self.index % candidates.len();
-            for candidate in candidates[first..].iter().chain(&candidates[..first]) {
-                let key = job_key(candidate.id);
-                let deadline = now_ms().saturating_add(LEASE.as_millis() as u64);
-                let take = Txn::new()
-                    .when([Compare::mod_revision(
-                        key.as_str(),
-                        CompareOp::Equal,
-                        candidate.mod_revision,
-                    )])
-                    .and_then([TxnOp::put(
-                        key.as_str(),
-                        claimed_value(deadline, &self.worker, &candidate.payload),
-                        None,
-                    )]);
-                let response = self.client.txn(take).await?;
-                if response.succeeded() {
-                    let revision = response
-                        .header()
-                        .map(|header| header.revision())
-                        .ok_or_else(|| anyhow::anyhow!("claim txn answered no header"))?;
-                    let token = u64::try_from(revision)?;
-                    return Ok(Claimed { job_id: candidate.id, token, retries });
-                }
-                retries += 1;
+            let candidate = &candidates[self.index % candidates.len()];
+            let key = job_key(candidate.id);
+            let deadline = now_ms().saturating_add(LEASE.as_millis() as u64);
+            // A lost race reads the first jobs again inside the same txn:
+            // its range runs where the compare did, after every claim
+            // ordered before it, so the next try picks from a fresh list at
+            // no extra round trip.
+            let fresh = GetOptions::new().with_prefix().with_limit(self.candidates);
+            let take = Txn::new()
+                .when([Compare::mod_revision(
+                    key.as_str(),
+                    CompareOp::Equal,
+                    candidate.mod_revision,
+                )])
+                .and_then([TxnOp::put(
+                    key.as_str(),
+                    claimed_value(deadline, &self.worker, &candidate.payload),
+                    None,
+                )])
+                .or_else([TxnOp::get(JOBS, Some(fresh))]);
+            let response = self.client.txn(take).await?;
+            if response.succeeded() {
+                let revision = response
+                    .header()
+                    .map(|header| header.revision())
+                    .ok_or_else(|| anyhow::anyhow!("claim txn answered no header"))?;
+                let token = u64::try_from(revision)?;
+                return Ok(Claimed { job_id: candidate.id, token, retries });
             }
+            retries += 1;
+            candidates = match response.op_responses().into_iter().next() {
+                Some(TxnOpResponse::Get(range)) => claimable_of(range.kvs()),
+                _ => anyhow::bail!("a lost claim txn answered other than its range"),
+            };
         }
     }
 
