@@ -19,7 +19,7 @@
 //!
 //! Correctness stays with the compare-and-swap: a stale read can only make
 //! a txn fail, never let two claims of one revision both succeed. Each
-//! client starts at a different candidate, as in [`crate::etcd`], and client
+//! client picks a different candidate (its index modulo the list), and client
 //! `i` of a cluster connects to member `i mod n` only.
 
 use std::sync::Arc;
