@@ -1,9 +1,10 @@
 //! `leasehold-bench`: the load generator behind `scripts/bench`.
 //!
-//! It drives one workload against three systems — leasehold, etcd (the
-//! classic lease-and-transaction queue) and PostgreSQL (the `SKIP LOCKED`
-//! queue) — so their numbers can be read as ratios from one invocation on one
-//! machine. The script owns the servers (it starts and stops them); this
+//! It drives one workload against four systems — leasehold, etcd as the
+//! classic lease-and-transaction queue, etcd as a compare-and-swap queue
+//! (serializable candidate reads, the deadline in the value) and PostgreSQL
+//! (the `SKIP LOCKED` queue, alone or with two synchronous standbys) — so
+//! their numbers can be read as ratios from one invocation on one machine. The script owns the servers (it starts and stops them); this
 //! binary only connects, loads, measures and reports:
 //!
 //! - `run` drives N clients for a warm-up plus a measured window and prints
@@ -11,7 +12,11 @@
 //!   N` it first fills the queue with N jobs the clients can never claim;
 //! - `report` turns those lines into the markdown tables of
 //!   `docs/benchmarks.md`;
-//! - `wait` blocks until a server answers (bounded);
+//! - `wait` blocks until a server answers (bounded), and for a PostgreSQL
+//!   primary until its standbys stream;
+//! - `memory` measures a leasehold node's resident set per ready job and
+//!   per acked tombstone;
+//! - `plot` draws cycles/s and cycle p99 by client count as SVG figures;
 //! - `wait-cluster` blocks until a leasehold cluster is whole (bounded);
 //! - `failover` SIGKILLs a leasehold cluster's leader and times the outage;
 //! - `fire-lag` measures every-second cron schedules on a leasehold cluster;
@@ -20,10 +25,13 @@
 mod access;
 mod cluster;
 mod etcd;
+mod etcd_cas;
 mod failover;
 mod firelag;
 mod leasehold;
 mod measure;
+mod memory;
+mod plot;
 mod postgres;
 mod report;
 
@@ -59,6 +67,11 @@ enum Command {
     FireLag(FireLagArgs),
     /// Print a loopback TCP port that is free right now.
     FreePort,
+    /// Resident set of a fresh leasehold node per ready job and per acked
+    /// tombstone.
+    Memory(MemoryArgs),
+    /// Draw cycles/s and cycle p99 by client count, one line per system.
+    Plot(PlotArgs),
     /// Render result lines as markdown tables with ratios.
     Report(ReportArgs),
 }
@@ -73,6 +86,10 @@ pub enum System {
     Etcd,
     /// PostgreSQL, through `tokio-postgres`.
     Postgres,
+    /// etcd v3 as a compare-and-swap queue: serializable candidate reads,
+    /// the lease deadline in the job's value.
+    #[serde(rename = "etcd-cas")]
+    EtcdCas,
 }
 
 impl System {
@@ -82,6 +99,7 @@ impl System {
             System::Leasehold => "leasehold",
             System::Etcd => "etcd",
             System::Postgres => "postgres",
+            System::EtcdCas => "etcd-cas",
         }
     }
 }
@@ -126,6 +144,11 @@ struct RunArgs {
     /// Worker threads of the load generator's runtime.
     #[arg(long, default_value_t = 2)]
     threads: usize,
+    /// Servers of the system under test when that is not the number of
+    /// `--addr`es: a PostgreSQL primary with two standbys, whose clients all
+    /// connect to the primary, is 3.
+    #[arg(long)]
+    nodes: Option<usize>,
     /// TLS and token (leasehold only).
     #[command(flatten)]
     access: AccessArgs,
@@ -142,9 +165,48 @@ struct WaitArgs {
     timeout: f64,
     #[arg(long, default_value = "bench")]
     pg_user: String,
+    /// PostgreSQL only: also wait until this many standbys stream from the
+    /// primary at `--addr` as quorum-synchronous ones.
+    #[arg(long, default_value_t = 0)]
+    standbys: u32,
     /// TLS and token (leasehold only).
     #[command(flatten)]
     access: AccessArgs,
+}
+
+#[derive(clap::Args, Debug)]
+struct MemoryArgs {
+    /// gRPC `host:port` of the node.
+    #[arg(long)]
+    addr: String,
+    /// HTTP `host:port` of the node (its `/metrics`).
+    #[arg(long)]
+    http: String,
+    /// The node's process id, whose VmRSS is read.
+    #[arg(long)]
+    pid: u32,
+    /// Jobs to enqueue, then claim and ack.
+    #[arg(long, default_value_t = 1_000_000)]
+    jobs: usize,
+    /// Payload bytes per job.
+    #[arg(long, default_value_t = 64)]
+    payload_bytes: usize,
+    /// Append the JSON summary line to this file.
+    #[arg(long)]
+    results: Option<PathBuf>,
+}
+
+#[derive(clap::Args, Debug)]
+struct PlotArgs {
+    /// JSON lines written by `run --results`.
+    #[arg(long)]
+    results: PathBuf,
+    /// Where to write the cycles/s figure (SVG).
+    #[arg(long)]
+    throughput: PathBuf,
+    /// Where to write the cycle p99 figure (SVG).
+    #[arg(long)]
+    p99: PathBuf,
 }
 
 #[derive(clap::Args, Debug)]
@@ -224,15 +286,38 @@ struct ReportArgs {
     /// JSON lines written by `fire-lag --results`.
     #[arg(long)]
     fire_lag: Option<PathBuf>,
+    /// JSON lines written by `memory --results`.
+    #[arg(long)]
+    memory: Option<PathBuf>,
     /// The product's single-node throughput goal, cycles per second.
     #[arg(long, default_value_t = 3000.0)]
     target_cycles_per_s: f64,
     /// The client count at which the goals apply.
     #[arg(long, default_value_t = 32)]
     target_clients: usize,
-    /// The three-node goal: this many times the three-member etcd's cycles/s.
-    #[arg(long, default_value_t = 5.0)]
+    /// The three-node goal: this many times the three-member etcd's cycles/s
+    /// (the faster of its two clients).
+    #[arg(long, default_value_t = 8.0)]
     target_cluster_ratio: f64,
+    /// The three-node goal: this many times PostgreSQL with two synchronous
+    /// standbys.
+    #[arg(long, default_value_t = 2.0)]
+    target_pg_cluster_ratio: f64,
+    /// The one-node goal: this many times single-node PostgreSQL.
+    #[arg(long, default_value_t = 1.5)]
+    target_pg_single_ratio: f64,
+    /// Three nodes at one client: claim p50 at most this, ms.
+    #[arg(long, default_value_t = 1.0)]
+    target_claim_p50_ms: f64,
+    /// Three nodes: server CPU per cycle (all nodes) at most this, ms.
+    #[arg(long, default_value_t = 0.3)]
+    target_cpu_ms_per_cycle: f64,
+    /// Memory: RSS per ready job at most this, bytes.
+    #[arg(long, default_value_t = 300.0)]
+    target_ready_job_bytes: f64,
+    /// Memory: RSS per acked tombstone at most this, bytes.
+    #[arg(long, default_value_t = 120.0)]
+    target_tombstone_bytes: f64,
     /// The failover goal: median time to the first write below this, ms.
     #[arg(long, default_value_t = 1500.0)]
     target_failover_ms: f64,
@@ -264,8 +349,21 @@ fn main() -> anyhow::Result<()> {
             println!("{}", listener.local_addr()?.port());
             Ok(())
         }
+        Command::Memory(args) => memory(args),
+        Command::Plot(args) => {
+            let runs: Vec<RunSummary> = read_lines(&args.results)?;
+            let (throughput, p99) = plot::figures(&runs)?;
+            for (path, svg) in [(&args.throughput, throughput), (&args.p99, p99)] {
+                std::fs::write(path, svg).with_context(|| format!("writing {}", path.display()))?;
+            }
+            Ok(())
+        }
         Command::Report(args) => {
             let runs: Vec<RunSummary> = read_lines(&args.results)?;
+            let memories = match &args.memory {
+                Some(path) => read_lines(path)?,
+                None => Vec::new(),
+            };
             let failovers = match &args.failover {
                 Some(path) => read_lines(path)?,
                 None => Vec::new(),
@@ -278,10 +376,16 @@ fn main() -> anyhow::Result<()> {
                 cycles_per_s: args.target_cycles_per_s,
                 clients: args.target_clients,
                 cluster_ratio: args.target_cluster_ratio,
+                pg_cluster_ratio: args.target_pg_cluster_ratio,
+                pg_single_ratio: args.target_pg_single_ratio,
+                claim_p50_ms: args.target_claim_p50_ms,
+                cpu_ms_per_cycle: args.target_cpu_ms_per_cycle,
+                ready_job_bytes: args.target_ready_job_bytes,
+                tombstone_bytes: args.target_tombstone_bytes,
                 failover_ms: args.target_failover_ms,
                 fire_lag_ms: args.target_fire_lag_ms,
             };
-            print!("{}", report::render(&runs, &failovers, &fire_lags, &targets));
+            print!("{}", report::render(&runs, &failovers, &fire_lags, &memories, &targets));
             Ok(())
         }
     }
@@ -365,6 +469,31 @@ fn fire_lag(args: FireLagArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
+fn memory(args: MemoryArgs) -> anyhow::Result<()> {
+    anyhow::ensure!(
+        (1..=memory::MAX_JOBS).contains(&args.jobs),
+        "--jobs must be 1 ..= {}",
+        memory::MAX_JOBS
+    );
+    anyhow::ensure!(args.payload_bytes <= 64 * 1024, "--payload-bytes must be <= 65536");
+    let config = memory::MemoryConfig {
+        addr: args.addr.clone(),
+        http: args.http.clone(),
+        pid: args.pid,
+        jobs: args.jobs,
+        payload_bytes: args.payload_bytes,
+    };
+    let runtime =
+        tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
+    let summary = runtime.block_on(memory::run(&config))?;
+    let line = serde_json::to_string(&summary)?;
+    println!("{line}");
+    if let Some(path) = &args.results {
+        append_line(path, &line)?;
+    }
+    Ok(())
+}
+
 fn single_thread_runtime() -> anyhow::Result<tokio::runtime::Runtime> {
     Ok(tokio::runtime::Builder::new_current_thread().enable_all().build()?)
 }
@@ -402,15 +531,21 @@ fn run(args: RunArgs) -> anyhow::Result<()> {
     anyhow::ensure!(args.payload_bytes <= 64 * 1024, "--payload-bytes must be <= 65536");
     anyhow::ensure!(args.backlog <= MAX_BACKLOG, "--backlog must be <= {MAX_BACKLOG}");
     anyhow::ensure!(
-        args.backlog == 0 || args.system != System::Etcd,
+        args.backlog == 0 || matches!(args.system, System::Leasehold | System::Postgres),
         "--backlog is for leasehold and postgres runs"
     );
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(args.threads.clamp(1, 64))
         .enable_all()
         .build()?;
-    let nodes = args.addr.split(',').filter(|a| !a.trim().is_empty()).count();
-    anyhow::ensure!(nodes >= 1, "--addr names no server");
+    let addrs = args.addr.split(',').filter(|a| !a.trim().is_empty()).count();
+    anyhow::ensure!(addrs >= 1, "--addr names no server");
+    anyhow::ensure!(
+        args.nodes.is_none() || args.system == System::Postgres,
+        "--nodes is for a PostgreSQL primary with standbys"
+    );
+    let nodes = args.nodes.unwrap_or(addrs);
+    anyhow::ensure!((1..=16).contains(&nodes), "--nodes must be 1 ..= 16");
     let access = Access::from_args(&args.access)?;
     anyhow::ensure!(
         args.system == System::Leasehold || !access.is_tls(),
@@ -444,6 +579,10 @@ fn run(args: RunArgs) -> anyhow::Result<()> {
                 let system = etcd::Etcd::new(&args.addr, args.clients);
                 measure::drive(&system, System::Etcd, &config, &args.server_pid).await
             }
+            System::EtcdCas => {
+                let system = etcd_cas::EtcdCas::new(&args.addr, args.clients);
+                measure::drive(&system, System::EtcdCas, &config, &args.server_pid).await
+            }
             System::Postgres => {
                 let system = postgres::Postgres::new(&args.addr, &args.pg_user);
                 system.create_schema().await?;
@@ -475,9 +614,11 @@ async fn wait(args: WaitArgs) -> anyhow::Result<()> {
                 System::Leasehold => {
                     leasehold::Leasehold::new(&args.addr, access.clone()).probe().await
                 }
-                System::Etcd => etcd::Etcd::new(&args.addr, 1).probe().await,
+                System::Etcd | System::EtcdCas => etcd::Etcd::new(&args.addr, 1).probe().await,
                 System::Postgres => {
-                    postgres::Postgres::new(&args.addr, &args.pg_user).probe().await
+                    let server = postgres::Postgres::new(&args.addr, &args.pg_user);
+                    server.probe().await?;
+                    server.standbys_streaming(args.standbys).await
                 }
             }
         };

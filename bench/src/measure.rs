@@ -360,31 +360,111 @@ async fn bounded<T>(
     }
 }
 
-/// User + system CPU seconds of processes `pids` so far (their own, not
-/// their children's), if every one is still there.
+/// User + system CPU seconds of the process trees rooted at `pids` so far,
+/// if every root is still there: each root's own time and the time of the
+/// children it has reaped (`cutime`, `cstime`), plus the same for each of
+/// its live descendants. A PostgreSQL server does its work in backends,
+/// children of the postmaster, so its tree is what it costs; leasehold and
+/// etcd run in one process each, where the tree is that process.
 pub fn cpu_seconds(pids: &[u32]) -> Option<f64> {
     if pids.is_empty() {
         return None;
     }
     let ticks_per_s = nix::unistd::sysconf(nix::unistd::SysconfVar::CLK_TCK).ok()??;
+    let processes = processes();
     let mut ticks = 0_u64;
-    for pid in pids {
-        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-        // Fields after the command name (which may hold spaces), from field 3.
-        let rest = &stat[stat.rfind(')')? + 1..];
-        let fields: Vec<&str> = rest.split_whitespace().collect();
-        let utime: u64 = fields.get(11)?.parse().ok()?;
-        let stime: u64 = fields.get(12)?.parse().ok()?;
-        ticks += utime + stime;
+    for &root in pids {
+        ticks += process_ticks(root)?;
+        for descendant in descendants(root, &processes) {
+            // A descendant may exit between the scan and this read; its time
+            // then moves to its parent's reaped-children count.
+            ticks += process_ticks(descendant).unwrap_or(0);
+        }
     }
     Some(ticks as f64 / ticks_per_s as f64)
 }
 
+/// The fields of `/proc/<pid>/stat` after the command name (which may hold
+/// spaces and parentheses), from field 3 (state) on.
+fn stat_fields(pid: u32) -> Option<Vec<String>> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let rest = &stat[stat.rfind(')')? + 1..];
+    Some(rest.split_whitespace().map(str::to_string).collect())
+}
+
+/// utime + stime + cutime + cstime of `pid`, in clock ticks.
+fn process_ticks(pid: u32) -> Option<u64> {
+    let fields = stat_fields(pid)?;
+    let field = |n: usize| fields.get(n)?.parse::<u64>().ok();
+    Some(field(11)? + field(12)? + field(13)? + field(14)?)
+}
+
+/// Every process on the machine with its parent: (pid, ppid).
+fn processes() -> Vec<(u32, u32)> {
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    entries
+        .filter_map(|entry| entry.ok()?.file_name().to_str()?.parse::<u32>().ok())
+        .filter_map(|pid| Some((pid, stat_fields(pid)?.get(1)?.parse::<u32>().ok()?)))
+        .collect()
+}
+
+/// The live descendants of `root` among `processes` (children, their
+/// children, …), `root` itself excluded.
+fn descendants(root: u32, processes: &[(u32, u32)]) -> Vec<u32> {
+    let mut found = Vec::new();
+    let mut frontier = vec![root];
+    while let Some(parent) = frontier.pop() {
+        for &(pid, ppid) in processes {
+            if ppid == parent && pid != root && !found.contains(&pid) {
+                found.push(pid);
+                frontier.push(pid);
+            }
+        }
+    }
+    found
+}
+
+/// Resident set (VmRSS, KiB) of process `pid` now, if it is still there.
+pub fn rss_kib(pid: u32) -> Option<u64> {
+    status_kib(pid, "VmRSS:")
+}
+
 /// Peak resident set (VmHWM, KiB) of process `pid`, if it is still there.
 pub fn peak_rss_kib(pid: u32) -> Option<u64> {
+    status_kib(pid, "VmHWM:")
+}
+
+/// A `kB` field of `/proc/<pid>/status`.
+fn status_kib(pid: u32, field: &str) -> Option<u64> {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
     status
         .lines()
-        .find_map(|line| line.strip_prefix("VmHWM:"))
+        .find_map(|line| line.strip_prefix(field))
         .and_then(|rest| rest.trim().trim_end_matches("kB").trim().parse().ok())
+}
+
+#[cfg(test)]
+mod tests {
+    //! The process-tree CPU count on this test's own process: a child that
+    //! burns CPU and is reaped adds its time to the tree's, which is the
+    //! time a PostgreSQL backend adds to its postmaster's tree.
+
+    use super::*;
+
+    #[test]
+    fn a_reaped_child_counts_in_its_parents_tree() -> anyhow::Result<()> {
+        let me = std::process::id();
+        let before = cpu_seconds(&[me]).ok_or_else(|| anyhow::anyhow!("no stat for self"))?;
+        // About 0.3 s of CPU in a child shell, then reaped by `status()`.
+        let status = std::process::Command::new("sh")
+            .args(["-c", "i=0; while [ $i -lt 300000 ]; do i=$((i+1)); done"])
+            .status()?;
+        anyhow::ensure!(status.success(), "the child failed");
+        let after = cpu_seconds(&[me]).ok_or_else(|| anyhow::anyhow!("no stat for self"))?;
+        assert!(after - before >= 0.05, "before {before} s, after {after} s");
+        assert!(cpu_seconds(&[]).is_none());
+        Ok(())
+    }
 }

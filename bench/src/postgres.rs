@@ -17,6 +17,9 @@
 //! Every statement is its own transaction (autocommit), so each commit waits
 //! for its WAL flush under the server's `fsync = on`, `synchronous_commit =
 //! on` (concurrent commits share flushes, as PostgreSQL's group commit does).
+//! With two synchronous standbys (`synchronous_standby_names = 'ANY 1 (s1,
+//! s2)'`) a commit also waits until one of them has flushed its WAL; the
+//! clients all talk to the primary, with the same statements.
 
 use tokio_postgres::{Client, NoTls, Statement};
 
@@ -52,6 +55,8 @@ INSERT INTO jobs (queue, payload, priority, tag_key)
 SELECT 'bench', $1::bytea, 0, 'absent' FROM generate_series(1, $2::bigint)";
 const BACKLOG_READY: &str =
     "SELECT count(*) FROM jobs WHERE state = 'ready' AND tag_key = 'absent'";
+const STANDBYS_STREAMING: &str = "SELECT count(*) FROM pg_stat_replication \
+     WHERE state = 'streaming' AND sync_state = 'quorum'";
 const ACK: &str = "UPDATE jobs SET state = 'acked' WHERE id = $1 AND token = $2";
 
 /// A PostgreSQL server at one loopback address.
@@ -95,6 +100,22 @@ impl Postgres {
         let ready: i64 = client.query_one(BACKLOG_READY, &[]).await?.try_get(0)?;
         anyhow::ensure!(ready == wanted, "after a backlog of {jobs} rows, {ready} are ready");
         client.batch_execute("ANALYZE jobs").await?;
+        Ok(())
+    }
+
+    /// Succeeds once at least `standbys` standbys stream from this primary
+    /// as quorum-synchronous ones (`synchronous_standby_names = 'ANY 1 (…)'`
+    /// lists them all as `quorum`); at once when `standbys` is 0.
+    pub async fn standbys_streaming(&self, standbys: u32) -> anyhow::Result<()> {
+        if standbys == 0 {
+            return Ok(());
+        }
+        let client = self.open().await?;
+        let streaming: i64 = client.query_one(STANDBYS_STREAMING, &[]).await?.try_get(0)?;
+        anyhow::ensure!(
+            streaming >= i64::from(standbys),
+            "{streaming} of {standbys} standbys stream as quorum-synchronous"
+        );
         Ok(())
     }
 

@@ -1,12 +1,13 @@
 //! Markdown tables from the result lines: for one node, absolute numbers per
 //! system and client count, leasehold's ratios against each peer measured in
 //! the same invocation, peak memory and the throughput goal; for three nodes,
-//! leasehold against a three-member etcd and the cluster goal, and the cost
-//! of mutual TLS and tokens (the TLS cluster against the plaintext one);
-//! for one node behind a backlog of jobs its claims cannot take, leasehold
-//! against itself without the backlog and against PostgreSQL with the same
-//! backlog; then the failover trials and the cron fire lag, each against its
-//! goal.
+//! leasehold against a three-member etcd (both clients) and PostgreSQL with
+//! two synchronous standbys, the cluster goal, and the cost of mutual TLS
+//! and tokens (the TLS cluster against the plaintext one); for one node
+//! behind a backlog of jobs its claims cannot take, leasehold against itself
+//! without the backlog and against PostgreSQL with the same backlog; then the
+//! failover trials, the cron fire lag and the memory per job, each against
+//! its goal, and last every target of the invocation, met or not.
 
 use std::collections::BTreeMap;
 use std::fmt::Write;
@@ -15,8 +16,16 @@ use crate::System;
 use crate::failover::FailoverTrial;
 use crate::firelag::FireLagSummary;
 use crate::measure::RunSummary;
+use crate::memory::MemorySummary;
 
-const PEERS: [System; 2] = [System::Etcd, System::Postgres];
+/// The peers, in table order: etcd with each client, then PostgreSQL.
+const PEERS: [System; 3] = [System::Etcd, System::EtcdCas, System::Postgres];
+
+/// A system's name in tables and figures: `leasehold ×3`, `etcd-cas ×3`,
+/// `postgres ×1`, with ` TLS` for a TLS run.
+pub fn label(system: System, nodes: usize, tls: bool) -> String {
+    format!("{} ×{nodes}{}", system.name(), if tls { " TLS" } else { "" })
+}
 
 /// The goals the report checks.
 #[derive(Clone, Copy, Debug)]
@@ -25,8 +34,22 @@ pub struct Targets {
     pub cycles_per_s: f64,
     /// The client count both throughput goals apply at.
     pub clients: usize,
-    /// Three nodes: at least this many times the three-member etcd.
+    /// Three nodes: at least this many times the three-member etcd (the
+    /// faster of its two clients).
     pub cluster_ratio: f64,
+    /// Three nodes: at least this many times PostgreSQL with two
+    /// synchronous standbys.
+    pub pg_cluster_ratio: f64,
+    /// One node: at least this many times single-node PostgreSQL.
+    pub pg_single_ratio: f64,
+    /// Three nodes at one client: claim p50 at most this, ms.
+    pub claim_p50_ms: f64,
+    /// Three nodes: server CPU per cycle, all nodes summed, at most this, ms.
+    pub cpu_ms_per_cycle: f64,
+    /// Memory: bytes of RSS per ready job at most this.
+    pub ready_job_bytes: f64,
+    /// Memory: bytes of RSS per acked tombstone at most this.
+    pub tombstone_bytes: f64,
     /// Failover: median kill → first write below this, ms.
     pub failover_ms: f64,
     /// Cron: p99 tick → enqueue below this, ms.
@@ -69,6 +92,7 @@ pub fn render(
     runs: &[RunSummary],
     failovers: &[FailoverTrial],
     fire_lags: &[FireLagSummary],
+    memories: &[MemorySummary],
     targets: &Targets,
 ) -> String {
     let mut by_key: Runs = BTreeMap::new();
@@ -117,6 +141,14 @@ pub fn render(
         out.push_str("\n### Cron fire lag\n\n");
         fire_lag(&mut out, lag, targets);
     }
+    if let Some(memory) = memories.last() {
+        out.push_str("\n### Memory per job (one node)\n\n");
+        memory_table(&mut out, memory, targets);
+    }
+    if !runs.is_empty() || !memories.is_empty() {
+        out.push_str("\n### Targets\n\n");
+        targets_table(&mut out, &by_key, memories.last(), targets);
+    }
     out
 }
 
@@ -154,7 +186,7 @@ fn single(out: &mut String, by_key: &Runs, targets: &Targets) {
     );
     out.push_str("| ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n");
     for &clients in &client_counts {
-        for system in [System::Leasehold, System::Etcd, System::Postgres] {
+        for system in [System::Leasehold, System::Etcd, System::EtcdCas, System::Postgres] {
             if let Some(run) = get(clients, system) {
                 let _ = writeln!(
                     out,
@@ -177,8 +209,8 @@ fn single(out: &mut String, by_key: &Runs, targets: &Targets) {
         "\nRatios leasehold ÷ peer, same invocation. Throughput above 1× means leasehold is \
          faster; p99 below 1× means leasehold is faster.\n\n",
     );
-    out.push_str("| clients | cycles/s vs etcd | cycles/s vs postgres | cycle p99 vs etcd | cycle p99 vs postgres | claim p99 vs etcd | claim p99 vs postgres |\n");
-    out.push_str("| ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n");
+    out.push_str("| clients | cycles/s vs etcd | cycles/s vs etcd-cas | cycles/s vs postgres | cycle p99 vs etcd | cycle p99 vs etcd-cas | cycle p99 vs postgres | claim p99 vs etcd | claim p99 vs etcd-cas | claim p99 vs postgres |\n");
+    out.push_str("| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n");
     for &clients in &client_counts {
         let ours = get(clients, System::Leasehold);
         let mut cells = Vec::new();
@@ -204,9 +236,9 @@ fn single(out: &mut String, by_key: &Runs, targets: &Targets) {
     }
 
     out.push_str(
-        "\nServer CPU: user + system time of the server process(es) inside the window, all \
-         nodes summed, per counted cycle (PostgreSQL's work happens in its backends, which are \
-         not measured).\n",
+        "\nServer CPU: user + system time of the server processes inside the window, all \
+         nodes summed, per counted cycle; for PostgreSQL, each server's whole process tree \
+         (postmaster, backends, WAL writer and senders, reaped children included).\n",
     );
     out.push_str("\n| clients | leasehold peak RSS (VmHWM) |\n| ---: | ---: |\n");
     for &clients in &client_counts {
@@ -236,6 +268,15 @@ fn single(out: &mut String, by_key: &Runs, targets: &Targets) {
         writeln!(out, "\nSingle-node goal, above {goal:.0} cycles/s at {at} clients: {verdict}");
 }
 
+/// The faster of the two etcd clients' runs at `clients` (cycles/s), for
+/// the goals: the strongest version of the peer a user could build.
+fn best_etcd<'a>(by_key: &Runs<'a>, nodes: usize, clients: usize) -> Option<&'a RunSummary> {
+    [System::Etcd, System::EtcdCas]
+        .iter()
+        .filter_map(|system| by_key.get(&(nodes, clients, *system as u8, false, 0)).copied())
+        .max_by(|a, b| a.cycles_per_s.total_cmp(&b.cycles_per_s))
+}
+
 fn cluster(out: &mut String, by_key: &Runs, nodes: usize, targets: &Targets) {
     let get_tls = |n: usize, clients: usize, system: System, tls: bool| {
         by_key.get(&(n, clients, system as u8, tls, 0)).copied()
@@ -246,16 +287,20 @@ fn cluster(out: &mut String, by_key: &Runs, nodes: usize, targets: &Targets) {
         "| clients | system | cycles/s | server CPU ms/cycle | enqueue p50 | enqueue p99 | claim p50 | claim p99 | ack p50 | ack p99 | cycle p50 | cycle p99 | errors | claim retries | elections |\n",
     );
     out.push_str("| ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n");
+    let rows = [
+        (System::Leasehold, false),
+        (System::Leasehold, true),
+        (System::Etcd, false),
+        (System::EtcdCas, false),
+        (System::Postgres, false),
+    ];
     for &clients in &client_counts {
-        for (system, tls) in
-            [(System::Leasehold, false), (System::Leasehold, true), (System::Etcd, false)]
-        {
+        for (system, tls) in rows {
             if let Some(run) = get_tls(nodes, clients, system, tls) {
                 let _ = writeln!(
                     out,
-                    "| {clients} | {} ×{nodes}{} | {:.0} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
-                    system.name(),
-                    if tls { " TLS" } else { "" },
+                    "| {clients} | {} | {:.0} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
+                    label(system, nodes, tls),
                     run.cycles_per_s,
                     cpu_per_cycle(run),
                     ms(run.enqueue.p50_us),
@@ -277,47 +322,305 @@ fn cluster(out: &mut String, by_key: &Runs, nodes: usize, targets: &Targets) {
         "\n*elections*: Raft elections during the run (largest term after minus \
          before, warm-up included); no node is stopped, so each one is spurious.\n",
     );
-    let _ = writeln!(
-        out,
-        "\nRatios: leasehold ×{nodes} ÷ etcd ×{nodes}, and leasehold ×{nodes} ÷ leasehold ×1, \
-         same invocation.\n"
-    );
-    out.push_str("| clients | cycles/s vs etcd | cycle p99 vs etcd | claim p99 vs etcd | cycles/s vs one node |\n");
-    out.push_str("| ---: | ---: | ---: | ---: | ---: |\n");
-    for &clients in &client_counts {
-        let ours = get(nodes, clients, System::Leasehold);
-        let etcd = get(nodes, clients, System::Etcd);
-        let single = get(1, clients, System::Leasehold);
+    if client_counts.iter().any(|&c| get(nodes, c, System::Postgres).is_some()) {
         let _ = writeln!(
             out,
-            "| {clients} | {} | {} | {} | {} |",
-            ratio(ours.map(|r| r.cycles_per_s), etcd.map(|r| r.cycles_per_s)),
-            ratio(ours.map(|r| r.cycle.p99_us as f64), etcd.map(|r| r.cycle.p99_us as f64)),
-            ratio(ours.map(|r| r.claim.p99_us as f64), etcd.map(|r| r.claim.p99_us as f64)),
-            ratio(ours.map(|r| r.cycles_per_s), single.map(|r| r.cycles_per_s)),
+            "\n*postgres ×{nodes}*: a primary and {} streaming standbys, \
+             `synchronous_standby_names = 'ANY 1 (…)'` and `synchronous_commit = on` (a commit \
+             waits for its own WAL flush and one standby's); every client on the primary.",
+            nodes - 1
         );
     }
+    let _ = writeln!(
+        out,
+        "\nRatios: leasehold ×{nodes} ÷ each peer with {nodes} members, and leasehold ×{nodes} \
+         ÷ leasehold ×1, same invocation.\n"
+    );
+    out.push_str("| clients | cycles/s vs etcd | cycles/s vs etcd-cas | cycles/s vs postgres | cycle p99 vs etcd | cycle p99 vs etcd-cas | cycle p99 vs postgres | claim p99 vs etcd | claim p99 vs etcd-cas | claim p99 vs postgres | cycles/s vs one node |\n");
+    out.push_str(
+        "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n",
+    );
+    for &clients in &client_counts {
+        let ours = get(nodes, clients, System::Leasehold);
+        let mut cells = Vec::new();
+        let measures: [fn(&RunSummary) -> f64; 3] =
+            [|r| r.cycles_per_s, |r| r.cycle.p99_us as f64, |r| r.claim.p99_us as f64];
+        for measure in measures {
+            for peer in PEERS {
+                let theirs = get(nodes, clients, peer);
+                cells.push(ratio(ours.map(measure), theirs.map(measure)));
+            }
+        }
+        let single = get(1, clients, System::Leasehold);
+        cells.push(ratio(ours.map(|r| r.cycles_per_s), single.map(|r| r.cycles_per_s)));
+        let _ = writeln!(out, "| {clients} | {} |", cells.join(" | "));
+    }
     let (goal, at) = (targets.cluster_ratio, targets.clients);
-    let verdict = match (get(nodes, at, System::Leasehold), get(nodes, at, System::Etcd)) {
+    let verdict = match (get(nodes, at, System::Leasehold), best_etcd(by_key, nodes, at)) {
         (Some(ours), Some(etcd)) if etcd.cycles_per_s > 0.0 => {
             let times = ours.cycles_per_s / etcd.cycles_per_s;
             format!(
-                "**{}**: {:.0} against {:.0} cycles/s at {at} clients, {times:.2}×.",
+                "**{}**: {:.0} against {:.0} cycles/s ({}) at {at} clients, {times:.2}×.",
                 if times >= goal { "met" } else { "not met" },
                 ours.cycles_per_s,
-                etcd.cycles_per_s
+                etcd.cycles_per_s,
+                etcd.system.name()
             )
         }
         _ => format!("not measured (no {nodes}-node pair of runs with {at} clients)."),
     };
     let _ = writeln!(
         out,
-        "\n{nodes}-node goal, at least {goal:.0}× the {nodes}-member etcd's cycles/s at {at} clients: {verdict}"
+        "\n{nodes}-node goal, at least {goal:.0}× the {nodes}-member etcd's cycles/s (the faster of its two clients) at {at} clients: {verdict}"
     );
     if client_counts.iter().any(|&c| get_tls(nodes, c, System::Leasehold, true).is_some()) {
         tls_cost(out, nodes, &client_counts, |clients, tls| {
             get_tls(nodes, clients, System::Leasehold, tls)
         });
+    }
+}
+
+/// The memory measurement and its two goals.
+fn memory_table(out: &mut String, memory: &MemorySummary, targets: &Targets) {
+    let mib = |kib: u64| format!("{:.1} MiB", kib as f64 / 1024.0);
+    let _ = writeln!(
+        out,
+        "One fresh node (release build, default configuration): its VmRSS idle, holding {} \
+         ready {}-byte jobs (enqueued in batches of 1,000, committed: a linearizable stats read \
+         counts them), and holding their acked tombstones (every job claimed and acked, \
+         counted the same way). Per job: the RSS above idle ÷ {}.\n",
+        thousands(memory.jobs),
+        memory.payload_bytes,
+        thousands(memory.jobs)
+    );
+    out.push_str("| jobs | idle RSS | RSS, ready | RSS, acked | peak RSS | bytes per ready job | bytes per tombstone | enqueue s | claim + ack s | snapshot build's longest state-lock hold |\n");
+    out.push_str("| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n");
+    let _ = writeln!(
+        out,
+        "| {} | {} | {} | {} | {} | {:.0} | {:.0} | {:.1} | {:.1} | {} |",
+        thousands(memory.jobs),
+        mib(memory.idle_rss_kib),
+        mib(memory.ready_rss_kib),
+        mib(memory.acked_rss_kib),
+        memory.peak_rss_kib.map_or_else(|| "–".to_string(), mib),
+        memory.bytes_per_ready_job,
+        memory.bytes_per_tombstone,
+        memory.enqueue_s,
+        memory.ack_s,
+        lock_hold(memory)
+    );
+    let _ = writeln!(
+        out,
+        "\nMemory goals, at most {:.0} bytes per ready job and {:.0} per acked tombstone: {}",
+        targets.ready_job_bytes,
+        targets.tombstone_bytes,
+        memory_verdict(memory, targets)
+    );
+}
+
+/// The snapshot lock gauge as the report prints it.
+fn lock_hold(memory: &MemorySummary) -> String {
+    memory
+        .snapshot_lock_hold_longest_s
+        .map_or_else(|| "not reported".to_string(), |s| format!("{:.2} ms", s * 1000.0))
+}
+
+fn memory_verdict(memory: &MemorySummary, targets: &Targets) -> String {
+    let check = |bytes: f64, goal: f64| if bytes <= goal { "met" } else { "not met" };
+    format!(
+        "ready **{}** ({:.0} B), tombstone **{}** ({:.0} B), with {} jobs.",
+        check(memory.bytes_per_ready_job, targets.ready_job_bytes),
+        memory.bytes_per_ready_job,
+        check(memory.bytes_per_tombstone, targets.tombstone_bytes),
+        memory.bytes_per_tombstone,
+        thousands(memory.jobs)
+    )
+}
+
+/// Every target of the throughput, latency, CPU and memory goals, one row
+/// each, with what was measured and whether it is met.
+fn targets_table(
+    out: &mut String,
+    by_key: &Runs,
+    memory: Option<&MemorySummary>,
+    targets: &Targets,
+) {
+    let get = |nodes: usize, clients: usize, system: System| {
+        by_key.get(&(nodes, clients, system as u8, false, 0)).copied()
+    };
+    let at = targets.clients;
+    let unmeasured = |what: &str| ("–".to_string(), format!("not measured ({what})"));
+    let verdict = |met: bool| if met { "**met**" } else { "**not met**" }.to_string();
+    let mut rows: Vec<(String, (String, String))> = Vec::new();
+
+    let times =
+        |ours: Option<&RunSummary>, theirs: Option<&RunSummary>, goal: f64, what: &str| match (
+            ours, theirs,
+        ) {
+            (Some(ours), Some(theirs)) if theirs.cycles_per_s > 0.0 => {
+                let times = ours.cycles_per_s / theirs.cycles_per_s;
+                (
+                    format!(
+                        "{:.0} ÷ {:.0} cycles/s ({}) = {times:.2}×",
+                        ours.cycles_per_s,
+                        theirs.cycles_per_s,
+                        theirs.system.name()
+                    ),
+                    verdict(times >= goal),
+                )
+            }
+            _ => unmeasured(what),
+        };
+    rows.push((
+        format!(
+            "3 nodes at {at} clients: at least {:.1}× PostgreSQL with 2 synchronous standbys",
+            targets.pg_cluster_ratio
+        ),
+        times(
+            get(3, at, System::Leasehold),
+            get(3, at, System::Postgres),
+            targets.pg_cluster_ratio,
+            "leasehold3 and pg3",
+        ),
+    ));
+    rows.push((
+        format!(
+            "3 nodes at {at} clients: at least {:.0}× the 3-member etcd (faster client)",
+            targets.cluster_ratio
+        ),
+        times(
+            get(3, at, System::Leasehold),
+            best_etcd(by_key, 3, at),
+            targets.cluster_ratio,
+            "leasehold3 and etcd3 or etcd3cas",
+        ),
+    ));
+    let top = client_counts(by_key, 3, 0).into_iter().filter(|c| *c > at).max();
+    rows.push((
+        format!(
+            "3 nodes: cycles/s at {} clients no lower than at {at}",
+            top.map_or("128".to_string(), |c| c.to_string())
+        ),
+        match (get(3, at, System::Leasehold), top.and_then(|c| get(3, c, System::Leasehold))) {
+            (Some(low), Some(high)) => (
+                format!("{:.0} against {:.0} cycles/s", high.cycles_per_s, low.cycles_per_s),
+                verdict(high.cycles_per_s >= low.cycles_per_s),
+            ),
+            _ => unmeasured("leasehold3 at 32 and at a higher count"),
+        },
+    ));
+    rows.push((
+        format!("3 nodes at 1 client: claim p50 at most {:.0} ms", targets.claim_p50_ms),
+        match get(3, 1, System::Leasehold) {
+            Some(run) => (
+                format!("{} ms", ms(run.claim.p50_us)),
+                verdict(run.claim.p50_us as f64 <= targets.claim_p50_ms * 1000.0),
+            ),
+            None => unmeasured("leasehold3 at 1 client"),
+        },
+    ));
+    let counts = client_counts(by_key, 3, 0);
+    let mut p99_cells = Vec::new();
+    let mut p99_met = true;
+    let mut p99_complete = !counts.is_empty();
+    for &clients in &counts {
+        let Some(ours) = get(3, clients, System::Leasehold) else { continue };
+        let etcd = [System::Etcd, System::EtcdCas]
+            .iter()
+            .filter_map(|s| get(3, clients, *s))
+            .map(|r| r.cycle.p99_us)
+            .min();
+        let postgres = get(3, clients, System::Postgres).map(|r| r.cycle.p99_us);
+        match (etcd, postgres) {
+            (Some(etcd), Some(postgres)) => {
+                p99_met &= ours.cycle.p99_us < etcd.min(postgres);
+                p99_cells.push(format!(
+                    "{clients}: {} against etcd {} and postgres {}",
+                    ms(ours.cycle.p99_us),
+                    ms(etcd),
+                    ms(postgres)
+                ));
+            }
+            _ => p99_complete = false,
+        }
+    }
+    rows.push((
+        "3 nodes: cycle p99 below both peers' (etcd: the lower of its two clients) at every client count".to_string(),
+        if p99_complete && !p99_cells.is_empty() {
+            (format!("{} ms", p99_cells.join("; ")), verdict(p99_met))
+        } else {
+            unmeasured("leasehold3, an etcd3 part and pg3 at every client count")
+        },
+    ));
+    rows.push((
+        format!(
+            "3 nodes at {at} clients: server CPU per cycle, all nodes summed, at most {:.1} ms",
+            targets.cpu_ms_per_cycle
+        ),
+        match get(3, at, System::Leasehold).and_then(cpu_ms_per_cycle) {
+            Some(cpu) => (format!("{cpu:.2} ms"), verdict(cpu <= targets.cpu_ms_per_cycle)),
+            None => unmeasured("leasehold3 with CPU times"),
+        },
+    ));
+    rows.push((
+        format!(
+            "1 node at {at} clients: at least {:.1}× single-node PostgreSQL",
+            targets.pg_single_ratio
+        ),
+        times(
+            get(1, at, System::Leasehold),
+            get(1, at, System::Postgres),
+            targets.pg_single_ratio,
+            "leasehold and postgres",
+        ),
+    ));
+    let memory_rows = [
+        (
+            format!(
+                "memory: a ready {}-byte job at most {:.0} B of RSS",
+                memory.map_or(64, |m| m.payload_bytes),
+                targets.ready_job_bytes
+            ),
+            true,
+        ),
+        (
+            format!("memory: an acked tombstone at most {:.0} B of RSS", targets.tombstone_bytes),
+            false,
+        ),
+    ];
+    for (name, ready) in memory_rows {
+        rows.push((
+            name,
+            match memory {
+                Some(m) => {
+                    let (bytes, goal) = if ready {
+                        (m.bytes_per_ready_job, targets.ready_job_bytes)
+                    } else {
+                        (m.bytes_per_tombstone, targets.tombstone_bytes)
+                    };
+                    (
+                        format!("{bytes:.0} B with {} jobs", thousands(m.jobs)),
+                        verdict(bytes <= goal),
+                    )
+                }
+                None => unmeasured("memory"),
+            },
+        ));
+    }
+    rows.push((
+        "snapshot build's longest state-lock hold reported".to_string(),
+        match memory {
+            Some(m) => {
+                let reported = m.snapshot_lock_hold_longest_s.is_some();
+                (lock_hold(m), verdict(reported))
+            }
+            None => unmeasured("memory"),
+        },
+    ));
+    out.push_str("Each target as this invocation measured it (ratios within the invocation).\n\n");
+    out.push_str("| target | measured | verdict |\n| --- | --- | --- |\n");
+    for (name, (measured, verdict)) in rows {
+        let _ = writeln!(out, "| {name} | {measured} | {verdict} |");
     }
 }
 
@@ -626,7 +929,13 @@ mod tests {
         Targets {
             cycles_per_s: 3000.0,
             clients: 32,
-            cluster_ratio: 5.0,
+            cluster_ratio: 8.0,
+            pg_cluster_ratio: 2.0,
+            pg_single_ratio: 1.5,
+            claim_p50_ms: 1.0,
+            cpu_ms_per_cycle: 0.3,
+            ready_job_bytes: 300.0,
+            tombstone_bytes: 120.0,
             failover_ms: 1500.0,
             fire_lag_ms: 100.0,
         }
@@ -637,7 +946,7 @@ mod tests {
         // 32 clients: 10,000 plaintext cycles on 10 s of CPU (1.00 ms a
         // cycle), 8,000 TLS cycles on 12 s (1.50 ms), p99 40 → 50 ms.
         let runs = [run(false, 32, 10_000, 40_000, 10.0), run(true, 32, 8_000, 50_000, 12.0)];
-        let text = render(&runs, &[], &[], &targets());
+        let text = render(&runs, &[], &[], &[], &targets());
         assert!(text.contains("| 32 | leasehold ×3 | 1000 |"), "{text}");
         assert!(text.contains("| 32 | leasehold ×3 TLS | 800 |"), "{text}");
         let row = "| 32 | 1000 | 800 | 0.80× | 40.00 | 50.00 | 1.25× | 1.00 | 1.50 | 1.50× |";
@@ -656,7 +965,7 @@ mod tests {
             single_run(System::Leasehold, 100_000, 8, 19_000, 5_000),
             single_run(System::Postgres, 100_000, 8, 10_000, 10_000),
         ];
-        let text = render(&runs, &[], &[], &targets());
+        let text = render(&runs, &[], &[], &[], &targets());
         assert!(text.contains("### Claims behind 100,000 unclaimable jobs"), "{text}");
         assert!(text.contains("| 8 | leasehold | 0 | 2000 |"), "{text}");
         assert!(text.contains("| 8 | leasehold | 100,000 | 1900 |"), "{text}");
@@ -667,7 +976,7 @@ mod tests {
         // PostgreSQL run without a backlog, so no ratio against it.
         let one_node = text.split("### Claims behind").next().unwrap_or_default();
         assert!(!one_node.contains("| 8 | postgres |"), "{text}");
-        assert!(one_node.contains("| 8 | – | – |"), "{text}");
+        assert!(one_node.contains("| 8 | – | – | – |"), "{text}");
     }
 
     #[test]
@@ -681,7 +990,7 @@ mod tests {
 
     #[test]
     fn a_plaintext_invocation_has_no_tls_table() {
-        let text = render(&[run(false, 1, 100, 9_000, 1.0)], &[], &[], &targets());
+        let text = render(&[run(false, 1, 100, 9_000, 1.0)], &[], &[], &[], &targets());
         assert!(!text.contains("Cost of TLS"), "{text}");
         assert!(!text.contains("TLS ÷ plaintext"), "{text}");
     }
