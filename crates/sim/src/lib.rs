@@ -1,4 +1,7 @@
-//! Deterministic simulation of leasehold, first part: a simulated disk.
+//! Deterministic simulation of leasehold: a simulated disk, openraft's
+//! network over turmoil ([`net`]), and a seeded cluster run with faults and
+//! a workload ([`cluster`]). What it covers and what not yet:
+//! `docs/simulation.md`.
 //!
 //! [`SimDisk`] is one node's disk held in memory, with the durability
 //! contract of the real store made explicit. Every write first lands in a
@@ -38,9 +41,11 @@
 //! # }
 //! ```
 
+pub mod cluster;
 mod disk;
 mod error;
 mod log_store;
+pub mod net;
 mod state_machine;
 
 pub use disk::{Crash, SimDisk};

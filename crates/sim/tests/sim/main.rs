@@ -1,10 +1,12 @@
-//! Integration tests of the simulated disk, in one binary.
+//! Integration tests of the simulation, in one binary.
 //!
+//! - `cluster`: a seeded turmoil cluster run replays byte for byte.
 //! - `conformance`: openraft's own storage suite over the simulated stores.
 //! - `crash`: what the stores reported durable survives a crash; what they
 //!   did not may be lost, torn, but never half-reported.
 //! - `raft`: three openraft nodes on simulated disks survive a follower crash.
 
+mod cluster;
 mod conformance;
 mod crash;
 mod raft;
