@@ -15,7 +15,11 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
-use leasehold_core::{Command, JobSpec, Proposal, Response};
+use leasehold_cluster_tests::checkers::{
+    self, Checker, FinalJob, RunRecord, Severity, StatusSample, Verdict,
+};
+use leasehold_cluster_tests::history::{LeaseRecord, Op, OpFunction, OpType, OpValue};
+use leasehold_core::{Command, JobFilter, JobSpec, Proposal, Response, State};
 use leasehold_raft::{NodeId, Raft};
 use openraft::{BasicNode, Config};
 use rand::rngs::StdRng;
@@ -51,25 +55,108 @@ impl Plan {
     }
 }
 
+/// The clock bound the checkers judge lease timing by (every simulated
+/// host shares turmoil's one clock, so any bound holds).
+const CLOCK_BOUND_MS: u64 = 500;
+
+/// The queue the workload uses.
+const QUEUE: &str = "q";
+
 /// The record of a run.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Run {
     /// One line per event, in simulated time order.
     pub history: Vec<String>,
+    /// The workload's operations in the chaos harness's history format, on
+    /// simulated time, for its checkers.
+    pub ops: Vec<Op>,
+    /// The workload queue's jobs after heal, read from the leader.
+    pub final_jobs: Option<Vec<FinalJob>>,
     /// Per node at the end: (applied index, state digest).
     pub finals: BTreeMap<NodeId, (u64, u64)>,
 }
 
 impl Run {
-    /// FNV-1a 64 over the history's lines: equal for equal histories, byte
-    /// for byte.
+    /// FNV-1a 64 over the history's lines and the operations' JSON: equal
+    /// for equal histories, byte for byte.
     pub fn digest(&self) -> u64 {
         let mut hash = Fnv::default();
         for line in &self.history {
             hash.write(line.as_bytes());
             hash.write(b"\n");
         }
+        for op in &self.ops {
+            hash.write(serde_json::to_string(op).unwrap_or_default().as_bytes());
+            hash.write(b"\n");
+        }
         hash.0
+    }
+
+    /// The run as the chaos harness's checkers read one: the history, the
+    /// final jobs, and one sampling round (two reads per node) of the final
+    /// applied index and digest.
+    pub fn record(&self) -> RunRecord {
+        let end_ns = self.ops.last().map_or(0, |op| op.time_ns);
+        let samples = self
+            .finals
+            .iter()
+            .flat_map(|(node, (applied_index, digest))| {
+                (0..2).map(move |read| StatusSample {
+                    round: 0,
+                    read,
+                    time_ns: end_ns,
+                    node: *node,
+                    applied_index: *applied_index,
+                    digest: *digest,
+                })
+            })
+            .collect();
+        RunRecord {
+            history: self.ops.clone(),
+            final_jobs: self.final_jobs.clone(),
+            samples,
+            nodes: self.finals.len() as u64,
+            clock_bound_ms: CLOCK_BOUND_MS,
+            ..RunRecord::default()
+        }
+    }
+
+    /// The verdicts of the checkers that apply to a queue workload: lease
+    /// exclusivity (in simulated real time too), fencing, no redelivery
+    /// after ack, none lost, convergence.
+    pub fn check(&self) -> Vec<Verdict> {
+        let record = self.record();
+        let applicable: [&dyn Checker; 5] = [
+            &checkers::lease_exclusivity::LeaseExclusivity,
+            &checkers::fencing::Fencing,
+            &checkers::no_redelivery::NoRedelivery,
+            &checkers::none_lost::NoneLost,
+            &checkers::convergence::Convergence,
+        ];
+        applicable.iter().map(|checker| checker.check(&record)).collect()
+    }
+
+    /// Why this run fails, empty when it passes: every safety anomaly of
+    /// every checker (liveness is not enforced: a plan may leave jobs
+    /// unfinished), a checker that checked nothing, and replicas that
+    /// ended apart.
+    pub fn failures(&self) -> Vec<String> {
+        let mut failures = Vec::new();
+        for verdict in self.check() {
+            if verdict.checked == 0 {
+                failures.push(format!("{}: checked nothing", verdict.checker));
+            }
+            for anomaly in &verdict.anomalies {
+                if anomaly.severity == Severity::Safety {
+                    failures.push(format!("{}: {}", verdict.checker, anomaly.message));
+                }
+            }
+        }
+        let ends: std::collections::BTreeSet<&(u64, u64)> = self.finals.values().collect();
+        if ends.len() != 1 {
+            failures.push(format!("replicas ended apart: {:?}", self.finals));
+        }
+        failures
     }
 }
 
@@ -166,8 +253,54 @@ impl History {
     }
 }
 
+/// The workload's operations, shared by the driver and the run.
+#[derive(Clone, Default)]
+struct Ops(Arc<Mutex<Vec<Op>>>);
+
+impl Ops {
+    fn record(&self, kind: OpType, f: OpFunction, value: OpValue) {
+        let mut ops = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        let index = ops.len() as u64;
+        let time_ns = u64::try_from(turmoil::elapsed().as_nanos()).unwrap_or(u64::MAX);
+        ops.push(Op { index, time_ns, process: "driver".to_string(), kind, f, value });
+    }
+
+    fn take(&self) -> Vec<Op> {
+        std::mem::take(&mut *self.0.lock().unwrap_or_else(PoisonError::into_inner))
+    }
+}
+
+/// The workload queue's jobs as the final read reports them.
+fn final_jobs(state: &State) -> Vec<FinalJob> {
+    let filter = JobFilter { queue: Some(QUEUE.to_string()), ..JobFilter::default() };
+    state
+        .jobs(&filter, 0, usize::MAX)
+        .into_iter()
+        .map(|job| FinalJob {
+            id: job.id,
+            value: String::from_utf8_lossy(&job.payload).into_owned(),
+            state: job.state.as_str().to_string(),
+            attempts: job.attempts,
+            lease_token: job.lease.as_ref().map(|lease| lease.token),
+            key: job.idempotency_key.clone(),
+        })
+        .collect()
+}
+
 fn now_ms() -> u64 {
     u64::try_from(turmoil::elapsed().as_millis()).unwrap_or(u64::MAX)
+}
+
+/// The leader the highest-term running node names, among `nodes`.
+fn leader_of(nodes: &BTreeMap<NodeId, (Raft, SimStateMachine)>) -> Option<NodeId> {
+    nodes
+        .values()
+        .filter_map(|(raft, _)| {
+            let metrics = raft.metrics().borrow().clone();
+            Some((metrics.current_term, metrics.current_leader?))
+        })
+        .max()
+        .map(|(_, leader)| leader)
 }
 
 /// The leader as the running node with the highest term sees it (a deposed
@@ -230,12 +363,14 @@ pub fn run(plan: &Plan) -> Result<Run, ClusterError> {
     }
 
     let faults = Faults::default();
+    let ops = Ops::default();
     let driver = drive(
         plan.clone(),
         StdRng::seed_from_u64(rng.r#gen()),
         registry.clone(),
         history.clone(),
         faults.clone(),
+        ops.clone(),
     );
     sim.client("driver", driver);
 
@@ -275,7 +410,47 @@ pub fn run(plan: &Plan) -> Result<Run, ClusterError> {
         .iter()
         .map(|(id, (_, sm))| (*id, (sm.last_applied_index(), sm.read(state_digest))))
         .collect();
-    Ok(Run { history: history.take(), finals })
+    let final_jobs = {
+        let nodes = registry.lock();
+        let leader = leader_of(&nodes);
+        leader.and_then(|id| nodes.get(&id)).map(|(_, sm)| sm.read(final_jobs))
+    };
+    Ok(Run { history: history.take(), ops: ops.take(), final_jobs, finals })
+}
+
+/// The completion of an operation whose write was applied with `response`.
+fn completion(response: &Response, invoke: OpValue) -> (OpType, OpValue) {
+    match response {
+        Response::Enqueued(outcomes) => {
+            let first = outcomes.first();
+            let value = OpValue {
+                job_id: first.map(|o| o.job_id),
+                duplicate: first.map(|o| o.duplicate),
+                ..invoke
+            };
+            (OpType::Ok, value)
+        }
+        Response::Claimed(grants) => {
+            let leases = grants
+                .iter()
+                .map(|grant| LeaseRecord {
+                    job_id: grant.lease.job_id,
+                    holder: grant.lease.holder.clone(),
+                    token: grant.lease.token,
+                    epoch: grant.lease.epoch,
+                    granted_at_ms: grant.lease.granted_at_ms,
+                    expires_at_ms: grant.lease.expires_at_ms,
+                    value: Some(String::from_utf8_lossy(&grant.job.payload).into_owned()),
+                    attempts: Some(grant.job.attempts),
+                })
+                .collect();
+            (OpType::Ok, OpValue { leases, ..invoke })
+        }
+        Response::Refused(refusal) => {
+            (OpType::Fail, OpValue { message: Some(format!("{refusal:?}")), ..invoke })
+        }
+        _ => (OpType::Ok, invoke),
+    }
 }
 
 /// The driver: forms the group, runs the workload, heals, and waits for
@@ -286,6 +461,7 @@ async fn drive(
     registry: Registry,
     history: History,
     faults: Faults,
+    ops: Ops,
 ) -> turmoil::Result {
     // --- every node up, node 1 forms the group
     while registry.lock().len() < plan.nodes as usize {
@@ -333,7 +509,7 @@ async fn drive(
         let (name, command) = if roll < 4 {
             next_value += 1;
             let spec = JobSpec {
-                queue: "q".into(),
+                queue: QUEUE.into(),
                 payload: format!("v{next_value}").into_bytes(),
                 ..Default::default()
             };
@@ -341,7 +517,7 @@ async fn drive(
         } else if roll < 7 || held.is_empty() {
             let claim = Command::Claim {
                 worker: "w".into(),
-                queue: "q".into(),
+                queue: QUEUE.into(),
                 max: 2,
                 lease_ttl_ms: Some(30_000),
                 selector: Vec::new(),
@@ -357,6 +533,18 @@ async fn drive(
             history.record(format!("{} {name} fail no-leader", now_ms()));
             continue;
         };
+        let (f, invoke) = match &command {
+            Command::Enqueue { jobs } => {
+                let value = jobs.first().map(|j| String::from_utf8_lossy(&j.payload).into_owned());
+                (OpFunction::Enqueue, OpValue { value, poison: Some(false), ..OpValue::default() })
+            }
+            Command::Ack { job_id, token, .. } => (
+                OpFunction::Ack,
+                OpValue { job_id: Some(*job_id), token: Some(*token), ..OpValue::default() },
+            ),
+            _ => (OpFunction::Claim, OpValue::default()),
+        };
+        ops.record(OpType::Invoke, f, invoke.clone());
         let proposal = Proposal { now_ms: 1_000_000 + now_ms(), command };
         let answer = tokio::time::timeout(CLIENT_TIMEOUT, target.1.client_write(proposal)).await;
         let outcome = match answer {
@@ -380,13 +568,24 @@ async fn drive(
                     }
                     other => format!("{other:?}"),
                 };
+                let (kind, value) = completion(&written.data, invoke);
+                ops.record(kind, f, value);
                 format!("ok node={} index={} {detail}", target.0, written.log_id.index)
+            }
+            // Refused before it was proposed: certainly not written.
+            Ok(Err(error)) if error.forward_to_leader().is_some() => {
+                ops.record(OpType::Fail, f, invoke);
+                format!("fail node={} not the leader", target.0)
             }
             // Unknown outcome: it may still commit.
             Ok(Err(error)) => {
+                ops.record(OpType::Info, f, invoke);
                 format!("info node={} {}", target.0, error.to_string().replace('\n', " "))
             }
-            Err(_) => format!("info node={} timeout", target.0),
+            Err(_) => {
+                ops.record(OpType::Info, f, invoke);
+                format!("info node={} timeout", target.0)
+            }
         };
         history.record(format!("{} {name} {outcome}", now_ms()));
     }
