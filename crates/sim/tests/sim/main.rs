@@ -5,8 +5,10 @@
 //! - `crash`: what the stores reported durable survives a crash; what they
 //!   did not may be lost, torn, but never half-reported.
 //! - `raft`: three openraft nodes on simulated disks survive a follower crash.
+//! - `sweep`: many short seeds, none with a safety anomaly (`scripts/sim.sh`).
 
 mod cluster;
 mod conformance;
 mod crash;
 mod raft;
+mod sweep;
