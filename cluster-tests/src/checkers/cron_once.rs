@@ -408,6 +408,7 @@ impl Checker for CronOnce {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::checkers::test_support::{assert_anomaly, assert_kind};
     use crate::checkers::{FinalJob, Severity};
     use crate::execlog::test_support::event;
     use crate::history::OpValue;
@@ -554,12 +555,8 @@ mod tests {
         run.runs.push(event(RunPhase::Start, 8, "t", 101, 3, 11, 6));
         run.runs.push(event(RunPhase::Start, 9, "t", 102, 3, 12, 7));
         let verdict = CronOnce.check(&run);
-        let messages: Vec<&str> = verdict.anomalies.iter().map(|a| a.message.as_str()).collect();
-        assert!(messages.iter().any(|m| m.contains("bucket 101 ran as 2 jobs")), "{messages:?}");
-        assert!(
-            messages.iter().any(|m| m.contains("bucket 102 was recorded as skipped")),
-            "{messages:?}"
-        );
+        assert_anomaly(&verdict, Severity::Safety, "bucket 101 ran as 2 jobs");
+        assert_anomaly(&verdict, Severity::Safety, "bucket 102 was recorded as skipped");
     }
 
     #[test]
@@ -567,7 +564,7 @@ mod tests {
         let mut run = clean();
         run.runs.push(event(RunPhase::Start, 8, "t", 100, 2, 3, 1));
         let verdict = CronOnce.check(&run);
-        assert!(verdict.anomalies.iter().any(|a| a.message.contains("token 3 started 2 runs")));
+        assert_anomaly(&verdict, Severity::Safety, "token 3 started 2 runs");
     }
 
     #[test]
@@ -605,11 +602,33 @@ mod tests {
         run.history = b.ops.clone();
         run.runs.retain(|e| !(e.job_id == 2 && e.phase == RunPhase::End));
         let verdict = CronOnce.check(&run);
-        let messages: Vec<&str> = verdict.anomalies.iter().map(|a| a.message.as_str()).collect();
-        assert!(
-            messages.iter().any(|m| m.contains("job 2 (cron:t:101) was acked, but no run")),
-            "{messages:?}"
-        );
-        assert!(messages.iter().any(|m| m.contains("overlap policy is allow")), "{messages:?}");
+        assert_anomaly(&verdict, Severity::Safety, "job 2 (cron:t:101) was acked, but no run");
+        assert_anomaly(&verdict, Severity::Safety, "overlap policy is allow");
+    }
+
+    #[test]
+    fn a_foreign_job_for_a_fired_bucket_is_safety_and_a_stuck_one_liveness() {
+        // Bucket 100 fired job 1, yet job 6 ran for it: a second job for one
+        // bucket (safety). Job 2 of bucket 101 is still claimed after heal:
+        // it may yet finish (liveness).
+        let mut run = clean();
+        run.runs.push(event(RunPhase::Start, 8, "t", 100, 3, 11, 6));
+        run.final_exec_jobs = Some(vec![
+            acked(1, 100),
+            FinalJob { state: "claimed".into(), ..acked(2, 101) },
+            acked(4, 104),
+        ]);
+        let verdict = CronOnce.check(&run);
+        assert_anomaly(&verdict, Severity::Safety, "fired job(s) {1} but job(s) [6] ran for it");
+        assert_anomaly(&verdict, Severity::Liveness, "bucket 101: job 2 is claimed after heal");
+    }
+
+    #[test]
+    fn an_unreadable_command_queue_is_liveness() {
+        let mut run = clean();
+        run.final_exec_jobs = None;
+        let verdict = CronOnce.check(&run);
+        assert_eq!(verdict.anomalies.len(), 1, "{:?}", verdict.anomalies);
+        assert_kind(&verdict.anomalies[0], Severity::Liveness, "command queue could not be read");
     }
 }

@@ -149,6 +149,7 @@ impl Checker for DrainedLeases {
 mod tests {
     use super::*;
     use crate::checkers::Severity;
+    use crate::checkers::test_support::assert_kind;
     use crate::history::OpValue;
     use crate::history::test_support::{Builder, lease};
 
@@ -205,7 +206,7 @@ mod tests {
         let verdict = DrainedLeases.check(&run);
         assert_eq!(verdict.anomalies.len(), 1, "{:?}", verdict.anomalies);
         assert_eq!(verdict.anomalies[0].severity, Severity::Liveness);
-        assert!(verdict.anomalies[0].message.contains("still held job 5"));
+        assert_kind(&verdict.anomalies[0], Severity::Liveness, "still held job 5");
         // A drain that ran out of time (killed) may leave leases to lapse.
         let mut b = Builder::default();
         lease_read(&mut b, 20, 2, "exit", None, vec![held(5, 40, 9_000)]);
@@ -223,7 +224,7 @@ mod tests {
         let verdict = DrainedLeases.check(&run);
         assert_eq!(verdict.anomalies.len(), 1, "{:?}", verdict.anomalies);
         assert_eq!(verdict.anomalies[0].severity, Severity::Safety);
-        assert!(verdict.anomalies[0].message.contains("renewed after the exit"));
+        assert_kind(&verdict.anomalies[0], Severity::Safety, "renewed after the exit");
     }
 
     #[test]
@@ -235,6 +236,6 @@ mod tests {
         let run = RunRecord { history: b.ops.clone(), ..RunRecord::default() };
         let verdict = DrainedLeases.check(&run);
         assert_eq!(verdict.anomalies.len(), 1, "{:?}", verdict.anomalies);
-        assert!(verdict.anomalies[0].message.contains("gave up job 5"));
+        assert_kind(&verdict.anomalies[0], Severity::Safety, "gave up job 5");
     }
 }

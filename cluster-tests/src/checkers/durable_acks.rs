@@ -175,6 +175,7 @@ impl Checker for DurableAcks {
 mod tests {
     use super::*;
     use crate::checkers::Severity;
+    use crate::checkers::test_support::assert_kind;
     use crate::history::OpValue;
     use crate::history::test_support::Builder;
 
@@ -242,12 +243,28 @@ mod tests {
         };
         let verdict = DurableAcks.check(&run);
         assert_eq!(verdict.anomalies.len(), 1, "{:?}", verdict.anomalies);
-        assert_eq!(verdict.anomalies[0].severity, Severity::Safety);
-        assert!(verdict.anomalies[0].message.contains("ack of job 7 with token 12"));
+        assert_kind(&verdict.anomalies[0], Severity::Safety, "ack of job 7 with token 12");
         let run =
             RunRecord { history: b.ops.clone(), final_jobs: Some(vec![]), ..RunRecord::default() };
         let verdict = DurableAcks.check(&run);
         assert_eq!(verdict.anomalies.len(), 2, "{:?}", verdict.anomalies);
-        assert!(verdict.anomalies[0].message.contains("the job is gone after heal"));
+        assert_kind(&verdict.anomalies[0], Severity::Safety, "the job is gone after heal");
+    }
+
+    #[test]
+    fn a_job_holding_another_value_is_safety_and_an_unreadable_state_liveness() {
+        let b = history();
+        let run = RunRecord {
+            history: b.ops.clone(),
+            final_jobs: Some(vec![job(7, "job-x", "acked", Some(12))]),
+            ..RunRecord::default()
+        };
+        let verdict = DurableAcks.check(&run);
+        assert_eq!(verdict.anomalies.len(), 1, "{:?}", verdict.anomalies);
+        assert_kind(&verdict.anomalies[0], Severity::Safety, "but job 7 holds job-x");
+        let run = RunRecord { history: b.ops.clone(), final_jobs: None, ..RunRecord::default() };
+        let verdict = DurableAcks.check(&run);
+        assert_eq!(verdict.anomalies.len(), 1, "{:?}", verdict.anomalies);
+        assert_kind(&verdict.anomalies[0], Severity::Liveness, "final state could not be read");
     }
 }

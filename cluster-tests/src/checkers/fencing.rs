@@ -166,6 +166,8 @@ impl Checker for Fencing {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::checkers::Severity;
+    use crate::checkers::test_support::{assert_anomaly, assert_kind};
     use crate::history::test_support::{Builder, lease};
     use crate::sink::SinkWrite;
 
@@ -203,7 +205,7 @@ mod tests {
             vec![lease(2, 5, "w2", 3_000, 5_000)],
         );
         let verdict = check(&b, Vec::new());
-        assert!(verdict.anomalies.iter().any(|a| a.message.contains("granted twice")));
+        assert_anomaly(&verdict, Severity::Safety, "granted twice");
     }
 
     #[test]
@@ -235,7 +237,7 @@ mod tests {
             );
         let verdict = check(&b, Vec::new());
         assert_eq!(verdict.anomalies.len(), 1, "{:?}", verdict.anomalies);
-        assert!(verdict.anomalies[0].message.contains("before the lower token"));
+        assert_kind(&verdict.anomalies[0], Severity::Safety, "before the lower token");
     }
 
     #[test]
@@ -248,7 +250,7 @@ mod tests {
             vec![lease(2, 4, "w2", 3_000, 5_000)],
         );
         let verdict = check(&b, Vec::new());
-        assert!(verdict.anomalies.iter().any(|a| a.message.contains("invoked after")));
+        assert_anomaly(&verdict, Severity::Safety, "invoked after");
     }
 
     #[test]
@@ -263,7 +265,7 @@ mod tests {
         let sink = vec![write(0, 1, 7, true), write(1, 1, 5, true), write(2, 1, 99, true)];
         let verdict = check(&b, sink);
         assert_eq!(verdict.anomalies.len(), 2, "{:?}", verdict.anomalies);
-        assert!(verdict.anomalies[0].message.contains("after token 7"));
-        assert!(verdict.anomalies[1].message.contains("never granted"));
+        assert_kind(&verdict.anomalies[0], Severity::Safety, "after token 7");
+        assert_kind(&verdict.anomalies[1], Severity::Safety, "never granted");
     }
 }

@@ -122,6 +122,7 @@ impl Checker for JournalOnce {
 mod tests {
     use super::*;
     use crate::checkers::Severity;
+    use crate::checkers::test_support::{assert_anomaly, assert_kind};
     use crate::execlog::test_support::event;
     use crate::execlog::{ExecEvent, RunPhase::*};
     use crate::history::OpValue;
@@ -168,7 +169,7 @@ mod tests {
         let verdict = JournalOnce.check(&run);
         assert_eq!(verdict.anomalies.len(), 1, "{:?}", verdict.anomalies);
         assert_eq!(verdict.anomalies[0].severity, Severity::Safety);
-        assert!(verdict.anomalies[0].message.contains("claimed on both paths"));
+        assert_kind(&verdict.anomalies[0], Severity::Safety, "claimed on both paths");
     }
 
     #[test]
@@ -180,10 +181,10 @@ mod tests {
         let verdict = JournalOnce.check(&run);
         assert_eq!(verdict.anomalies.len(), 1, "{:?}", verdict.anomalies);
         assert_eq!(verdict.anomalies[0].severity, Severity::Safety);
-        assert!(
-            verdict.anomalies[0].message.contains("ran 2 times on the bus path (nodes [2, 3])"),
-            "{:?}",
-            verdict.anomalies
+        assert_kind(
+            &verdict.anomalies[0],
+            Severity::Safety,
+            "ran 2 times on the bus path (nodes [2, 3])",
         );
         // A second bus bucket run once each is fine.
         let mut run = clean();
@@ -198,8 +199,7 @@ mod tests {
         run.runs.push(event(Start, 8, "t", 100, 2, 3, 1));
         run.runs.push(event(Start, 9, "t", 101, 1, 9, 6));
         let verdict = JournalOnce.check(&run);
-        let messages: Vec<&str> = verdict.anomalies.iter().map(|a| a.message.as_str()).collect();
-        assert!(messages.iter().any(|m| m.contains("under one lease, token 3")), "{messages:?}");
-        assert!(messages.iter().any(|m| m.contains("as jobs {2, 6}")), "{messages:?}");
+        assert_anomaly(&verdict, Severity::Safety, "under one lease, token 3");
+        assert_anomaly(&verdict, Severity::Safety, "as jobs {2, 6}");
     }
 }

@@ -316,6 +316,7 @@ fn seconds(ns: u64) -> f64 {
 mod tests {
     use super::*;
     use crate::checkers::Severity;
+    use crate::checkers::test_support::{assert_anomaly, assert_kind};
     use crate::history::test_support::{Builder, lease};
     use crate::plan::Mode;
 
@@ -375,7 +376,7 @@ mod tests {
         );
         let verdict = check(&b);
         assert_eq!(verdict.anomalies.len(), 1, "{:?}", verdict.anomalies);
-        assert!(verdict.anomalies[0].message.contains("overlap"));
+        assert_kind(&verdict.anomalies[0], Severity::Safety, "overlap");
     }
 
     #[test]
@@ -416,7 +417,7 @@ mod tests {
             );
         let verdict = check(&b);
         assert_eq!(verdict.anomalies.len(), 1, "{:?}", verdict.anomalies);
-        assert!(verdict.anomalies[0].message.contains("presenting token 5"));
+        assert_kind(&verdict.anomalies[0], Severity::Safety, "presenting token 5");
     }
 
     #[test]
@@ -436,7 +437,8 @@ mod tests {
         let verdict = check(&b);
         // The renewal itself, and the overlap it creates.
         assert_eq!(verdict.anomalies.len(), 2, "{:?}", verdict.anomalies);
-        assert!(verdict.anomalies.iter().any(|a| a.message.contains("renewed")));
+        assert_anomaly(&verdict, Severity::Safety, "was renewed at cluster time");
+        assert_anomaly(&verdict, Severity::Safety, "leases overlap in cluster time");
     }
 
     /// A leader whose clock jumped ahead after it granted a lease sweeps it
@@ -535,6 +537,7 @@ mod tests {
         let cut: Vec<&Anomaly> =
             verdict.anomalies.iter().filter(|a| a.message.contains("cut short")).collect();
         assert_eq!(cut.len(), 2, "{:?}", verdict.anomalies);
+        assert!(cut.iter().all(|a| a.severity == Severity::Safety), "{cut:?}");
         assert!(cut[0].message.contains("token 40") && cut[0].message.contains("token 42"));
         assert!(cut[0].message.contains("200 ms early"), "{}", cut[0].message);
         // Token 41, sent at 3.0 s, was taken back by 3.3 s as well.

@@ -193,3 +193,60 @@ pub fn cap(mut anomalies: Vec<Anomaly>) -> Vec<Anomaly> {
     }
     anomalies
 }
+
+/// Assertions the checkers' unit tests share. A checker's severity decides
+/// whether a safety-only run fails, so every test that provokes an anomaly
+/// pins its severity as firmly as its message: a safety violation relabelled
+/// as liveness would otherwise pass every safety-only run unnoticed.
+#[cfg(test)]
+pub(crate) mod test_support {
+    use super::{Anomaly, Severity, Verdict};
+
+    /// Asserts that `verdict` reports at least one anomaly whose message
+    /// contains `needle`, and that every such anomaly carries `severity`.
+    #[track_caller]
+    pub(crate) fn assert_anomaly(verdict: &Verdict, severity: Severity, needle: &str) {
+        let matching: Vec<&Anomaly> =
+            verdict.anomalies.iter().filter(|a| a.message.contains(needle)).collect();
+        assert!(!matching.is_empty(), "no anomaly mentions {needle:?}: {:?}", verdict.anomalies);
+        for anomaly in matching {
+            assert_eq!(anomaly.severity, severity, "wrong severity for {:?}", anomaly.message);
+        }
+    }
+
+    /// Asserts that one anomaly's message contains `needle` and that it
+    /// carries `severity`.
+    #[track_caller]
+    pub(crate) fn assert_kind(anomaly: &Anomaly, severity: Severity, needle: &str) {
+        assert!(
+            anomaly.message.contains(needle),
+            "{:?} does not mention {needle:?}",
+            anomaly.message
+        );
+        assert_eq!(anomaly.severity, severity, "wrong severity for {:?}", anomaly.message);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn many(severity: Severity, count: usize) -> Vec<Anomaly> {
+        (0..count)
+            .map(|i| Anomaly { severity, message: format!("anomaly {i}"), evidence: Vec::new() })
+            .collect()
+    }
+
+    #[test]
+    fn the_cap_note_is_safety_when_a_dropped_anomaly_is_safety() {
+        // A safety anomaly past the cap must still fail a safety-only run.
+        let mut anomalies = many(Severity::Liveness, MAX_REPORTED);
+        anomalies.push(Anomaly::safety("dropped".to_string(), Vec::new()));
+        let capped = cap(anomalies);
+        assert_eq!(capped.len(), MAX_REPORTED + 1);
+        test_support::assert_kind(&capped[MAX_REPORTED], Severity::Safety, "and 1 more");
+        let capped = cap(many(Severity::Liveness, MAX_REPORTED + 2));
+        test_support::assert_kind(&capped[MAX_REPORTED], Severity::Liveness, "and 2 more");
+        assert_eq!(cap(many(Severity::Safety, MAX_REPORTED)).len(), MAX_REPORTED);
+    }
+}

@@ -110,7 +110,8 @@ impl Checker for NoRedelivery {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::checkers::FinalJob;
+    use crate::checkers::test_support::{assert_anomaly, assert_kind};
+    use crate::checkers::{FinalJob, Severity};
     use crate::history::test_support::{Builder, lease};
 
     fn check(builder: &Builder, final_jobs: Option<Vec<FinalJob>>) -> Verdict {
@@ -154,10 +155,9 @@ mod tests {
             .token_op(50, 60, "w1", OpFunction::Ack, 1, 5, OpType::Ok)
             .token_op(70, 80, "w2", OpFunction::Ack, 1, 6, OpType::Ok);
         let verdict = check(&b, Some(vec![acked(1, 6)]));
-        let messages: Vec<&str> = verdict.anomalies.iter().map(|a| a.message.as_str()).collect();
-        assert!(messages.iter().any(|m| m.contains("several tokens")), "{messages:?}");
-        assert!(messages.iter().any(|m| m.contains("stale token 5 was accepted")), "{messages:?}");
-        assert!(messages.iter().any(|m| m.contains("tombstone holds token 6")), "{messages:?}");
+        assert_anomaly(&verdict, Severity::Safety, "several tokens");
+        assert_anomaly(&verdict, Severity::Safety, "stale token 5 was accepted");
+        assert_anomaly(&verdict, Severity::Safety, "tombstone holds token 6");
     }
 
     #[test]
@@ -168,6 +168,6 @@ mod tests {
             .claim(50, 60, "w2", vec![lease(1, 6, "w2", 4_000, 6_000)]);
         let verdict = check(&b, None);
         assert_eq!(verdict.anomalies.len(), 1, "{:?}", verdict.anomalies);
-        assert!(verdict.anomalies[0].message.contains("delivered again"));
+        assert_kind(&verdict.anomalies[0], Severity::Safety, "delivered again");
     }
 }

@@ -133,6 +133,7 @@ impl Checker for NoneLost {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::checkers::test_support::{assert_anomaly, assert_kind};
     use crate::checkers::{FinalJob, Severity};
     use crate::history::test_support::Builder;
 
@@ -188,14 +189,32 @@ mod tests {
             job(6, "job-zzz", "acked"),
         ];
         let verdict = check(&b, Some(jobs));
-        let messages: Vec<&str> = verdict.anomalies.iter().map(|a| a.message.as_str()).collect();
-        assert!(messages.iter().any(|m| m.contains("not in the final state")), "{messages:?}");
-        assert!(messages.iter().any(|m| m.contains("exists as 2 jobs")), "{messages:?}");
-        assert!(messages.iter().any(|m| m.contains("still claimed")), "{messages:?}");
-        assert!(messages.iter().any(|m| m.contains("poison job 4")), "{messages:?}");
-        assert!(messages.iter().any(|m| m.contains("no enqueue")), "{messages:?}");
-        let stuck = verdict.anomalies.iter().find(|a| a.message.contains("still claimed"));
-        assert_eq!(stuck.map(|a| a.severity), Some(Severity::Liveness));
+        assert_eq!(verdict.anomalies.len(), 5, "{:?}", verdict.anomalies);
+        assert_anomaly(&verdict, Severity::Safety, "not in the final state");
+        assert_anomaly(&verdict, Severity::Safety, "exists as 2 jobs");
+        assert_anomaly(&verdict, Severity::Liveness, "still claimed");
+        assert_anomaly(&verdict, Severity::Safety, "poison job 4");
+        assert_anomaly(&verdict, Severity::Safety, "no enqueue");
+    }
+
+    #[test]
+    fn one_key_answering_two_ids_is_a_safety_anomaly() {
+        // Two enqueues of one value (one idempotency key) both answered ok,
+        // with different ids: the key did not deduplicate.
+        let mut b = Builder::default();
+        b.enqueue(1, 2, "p", "job-a", false, OpType::Ok, Some(1)).enqueue(
+            3,
+            4,
+            "p",
+            "job-a",
+            false,
+            OpType::Ok,
+            Some(2),
+        );
+        let verdict = check(&b, Some(vec![job(1, "job-a", "acked")]));
+        assert_anomaly(&verdict, Severity::Safety, "one idempotency key answered ids {1, 2}");
+        assert_anomaly(&verdict, Severity::Safety, "job 2 (job-a) was enqueued (ok)");
+        assert_eq!(verdict.anomalies.len(), 2, "{:?}", verdict.anomalies);
     }
 
     #[test]
@@ -203,6 +222,6 @@ mod tests {
         let b = Builder::default();
         let verdict = check(&b, None);
         assert_eq!(verdict.anomalies.len(), 1);
-        assert_eq!(verdict.anomalies[0].severity, Severity::Liveness);
+        assert_kind(&verdict.anomalies[0], Severity::Liveness, "could not be read");
     }
 }

@@ -1,0 +1,184 @@
+//! openraft's network over turmoil's simulated TCP: [`SimNetwork`] is the
+//! `RaftNetworkFactory` of a simulated node, [`serve`] answers its peers.
+//!
+//! The bytes are leasehold's own Raft envelope (`leasehold_raft::envelope`,
+//! the binary layout the nodes speak), one request per connection, framed
+//! as a method byte and a big-endian `u32` length; the answer is the
+//! envelope of openraft's `Result`, as the gRPC service seals it. What is
+//! not the real code yet is the gRPC layer itself (tonic over turmoil needs
+//! the peer channels to take an injected connector).
+
+use std::time::Duration;
+
+use leasehold_raft::envelope::{self, MAX_ENVELOPE_BYTES, Wire};
+use leasehold_raft::{NodeId, Raft, TypeConfig};
+use openraft::BasicNode;
+use openraft::error::{
+    InstallSnapshotError, NetworkError, RPCError, RaftError, RemoteError, Unreachable,
+};
+use openraft::network::{RPCOption, RaftNetwork, RaftNetworkFactory};
+use openraft::raft::{
+    AppendEntriesRequest, AppendEntriesResponse, InstallSnapshotRequest, InstallSnapshotResponse,
+    VoteRequest, VoteResponse,
+};
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use turmoil::net::{TcpListener, TcpStream};
+
+/// The port every simulated node listens on for its peers.
+pub const RAFT_PORT: u16 = 7000;
+
+/// The deadline of one RPC when openraft sets none.
+const DEFAULT_RPC_TIMEOUT: Duration = Duration::from_secs(2);
+
+const APPEND: u8 = 1;
+const VOTE: u8 = 2;
+const SNAPSHOT: u8 = 3;
+
+/// The host name of node `id` in the simulation.
+pub fn host_name(id: NodeId) -> String {
+    format!("n{id}")
+}
+
+/// Builds clients to peers; each call dials the peer afresh (simulated
+/// connections cost nothing, and a partition then shows on the next call).
+#[derive(Clone, Debug, Default)]
+pub struct SimNetwork;
+
+/// A client for one peer.
+#[derive(Debug)]
+pub struct SimPeer {
+    target: NodeId,
+}
+
+impl RaftNetworkFactory<TypeConfig> for SimNetwork {
+    type Network = SimPeer;
+
+    async fn new_client(&mut self, target: NodeId, _node: &BasicNode) -> SimPeer {
+        SimPeer { target }
+    }
+}
+
+async fn write_frame(
+    stream: &mut TcpStream,
+    method: Option<u8>,
+    bytes: &[u8],
+) -> std::io::Result<()> {
+    let length = u32::try_from(bytes.len()).map_err(std::io::Error::other)?;
+    if let Some(method) = method {
+        stream.write_u8(method).await?;
+    }
+    stream.write_u32(length).await?;
+    stream.write_all(bytes).await?;
+    stream.flush().await
+}
+
+async fn read_body(stream: &mut TcpStream) -> std::io::Result<Vec<u8>> {
+    let length = stream.read_u32().await? as usize;
+    if length > MAX_ENVELOPE_BYTES {
+        return Err(std::io::Error::other(format!("frame of {length} bytes is too large")));
+    }
+    let mut bytes = vec![0; length];
+    stream.read_exact(&mut bytes).await?;
+    Ok(bytes)
+}
+
+type RpcResult<T, E> = Result<T, RPCError<NodeId, BasicNode, E>>;
+
+impl SimPeer {
+    async fn call<Req, Resp, E>(
+        &self,
+        method: u8,
+        request: &Req,
+        option: &RPCOption,
+    ) -> RpcResult<Resp, E>
+    where
+        Req: Serialize,
+        Resp: DeserializeOwned,
+        E: std::error::Error + DeserializeOwned,
+    {
+        let data = envelope::encode_as(Wire::Binary, request)
+            .map_err(|e| RPCError::Network(NetworkError::new(&e)))?;
+        let ttl = option.hard_ttl();
+        let ttl = if ttl.is_zero() { DEFAULT_RPC_TIMEOUT } else { ttl };
+        let exchange = async {
+            let mut stream = TcpStream::connect((host_name(self.target), RAFT_PORT)).await?;
+            write_frame(&mut stream, Some(method), &data).await?;
+            read_body(&mut stream).await
+        };
+        let reply = match tokio::time::timeout(ttl, exchange).await {
+            Ok(Ok(reply)) => reply,
+            Ok(Err(error)) => return Err(RPCError::Unreachable(Unreachable::new(&error))),
+            Err(elapsed) => return Err(RPCError::Unreachable(Unreachable::new(&elapsed))),
+        };
+        let answer: Result<Resp, E> =
+            envelope::decode(&reply).map_err(|e| RPCError::Network(NetworkError::new(&e)))?;
+        answer.map_err(|e| RPCError::RemoteError(RemoteError::new(self.target, e)))
+    }
+}
+
+impl RaftNetwork<TypeConfig> for SimPeer {
+    async fn append_entries(
+        &mut self,
+        rpc: AppendEntriesRequest<TypeConfig>,
+        option: RPCOption,
+    ) -> RpcResult<AppendEntriesResponse<NodeId>, RaftError<NodeId>> {
+        self.call(APPEND, &rpc, &option).await
+    }
+
+    async fn install_snapshot(
+        &mut self,
+        rpc: InstallSnapshotRequest<TypeConfig>,
+        option: RPCOption,
+    ) -> RpcResult<InstallSnapshotResponse<NodeId>, RaftError<NodeId, InstallSnapshotError>> {
+        self.call(SNAPSHOT, &rpc, &option).await
+    }
+
+    async fn vote(
+        &mut self,
+        rpc: VoteRequest<NodeId>,
+        option: RPCOption,
+    ) -> RpcResult<VoteResponse<NodeId>, RaftError<NodeId>> {
+        self.call(VOTE, &rpc, &option).await
+    }
+}
+
+/// Answers peers' RPCs with `raft` until the host is crashed (turmoil then
+/// drops this future with the host's runtime).
+pub async fn serve(raft: Raft) -> std::io::Result<()> {
+    let listener = TcpListener::bind((std::net::Ipv4Addr::UNSPECIFIED, RAFT_PORT)).await?;
+    loop {
+        let (stream, _) = listener.accept().await?;
+        let raft = raft.clone();
+        // Each exchange owns its connection and ends with it.
+        tokio::spawn(async move {
+            if let Err(error) = answer(stream, raft).await {
+                tracing::debug!(%error, "simulated peer exchange failed");
+            }
+        });
+    }
+}
+
+async fn answer(mut stream: TcpStream, raft: Raft) -> std::io::Result<()> {
+    let method = stream.read_u8().await?;
+    let body = read_body(&mut stream).await?;
+    let bad = |e: envelope::EnvelopeError| std::io::Error::other(e.to_string());
+    let reply = match method {
+        APPEND => {
+            let rpc: AppendEntriesRequest<TypeConfig> = envelope::decode(&body).map_err(bad)?;
+            envelope::encode_as(Wire::Binary, &raft.append_entries(rpc).await)
+        }
+        VOTE => {
+            let rpc: VoteRequest<NodeId> = envelope::decode(&body).map_err(bad)?;
+            envelope::encode_as(Wire::Binary, &raft.vote(rpc).await)
+        }
+        SNAPSHOT => {
+            let rpc: InstallSnapshotRequest<TypeConfig> = envelope::decode(&body).map_err(bad)?;
+            envelope::encode_as(Wire::Binary, &raft.install_snapshot(rpc).await)
+        }
+        other => return Err(std::io::Error::other(format!("unknown method {other}"))),
+    }
+    .map_err(bad)?;
+    write_frame(&mut stream, None, &reply).await
+}
