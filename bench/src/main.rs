@@ -34,6 +34,7 @@ mod memory;
 mod plot;
 mod postgres;
 mod report;
+mod stages;
 
 use std::io::Write;
 use std::path::PathBuf;
@@ -130,6 +131,11 @@ struct RunArgs {
     /// and peak RSS (VmHWM) at the end are recorded.
     #[arg(long, value_delimiter = ',')]
     server_pid: Vec<u32>,
+    /// leasehold nodes' HTTP addresses (comma-separated) whose commit-stage
+    /// timings are read on the measured window's two edges, so the result
+    /// says where a commit round's time went.
+    #[arg(long, value_delimiter = ',')]
+    stages_from: Vec<String>,
     /// PostgreSQL user (the script's initdb creates it).
     #[arg(long, default_value = "bench")]
     pg_user: String,
@@ -531,6 +537,10 @@ fn run(args: RunArgs) -> anyhow::Result<()> {
     anyhow::ensure!(args.payload_bytes <= 64 * 1024, "--payload-bytes must be <= 65536");
     anyhow::ensure!(args.backlog <= MAX_BACKLOG, "--backlog must be <= {MAX_BACKLOG}");
     anyhow::ensure!(
+        args.stages_from.is_empty() || args.system == System::Leasehold,
+        "--stages-from is for leasehold runs"
+    );
+    anyhow::ensure!(
         args.backlog == 0 || matches!(args.system, System::Leasehold | System::Postgres),
         "--backlog is for leasehold and postgres runs"
     );
@@ -567,8 +577,14 @@ fn run(args: RunArgs) -> anyhow::Result<()> {
                 fill_backlog(&args, system.fill_backlog(args.backlog, args.payload_bytes)).await?;
                 let before =
                     if nodes > 1 { Some(cluster::max_term(&addrs, &access).await?) } else { None };
-                let mut summary =
-                    measure::drive(&system, System::Leasehold, &config, &args.server_pid).await?;
+                let mut summary = measure::drive_with_stages(
+                    &system,
+                    System::Leasehold,
+                    &config,
+                    &args.server_pid,
+                    &args.stages_from,
+                )
+                .await?;
                 if let Some(before) = before {
                     let after = cluster::max_term(&addrs, &access).await?;
                     summary.elections = Some(after.saturating_sub(before));

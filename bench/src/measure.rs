@@ -156,6 +156,11 @@ pub struct RunSummary {
     /// from before the backlog parts lack it and mean none.
     #[serde(default)]
     pub backlog: u64,
+    /// Where a commit round's time went over the window (leasehold runs
+    /// given the nodes' HTTP addresses): each stage's count and mean,
+    /// summed over the nodes.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub stages: Vec<crate::stages::StageMean>,
 }
 
 fn one() -> usize {
@@ -232,6 +237,18 @@ pub async fn drive<T: Target>(
     config: &RunConfig,
     server_pids: &[u32],
 ) -> anyhow::Result<RunSummary> {
+    drive_with_stages(target, system, config, server_pids, &[]).await
+}
+
+/// [`drive`], reading the commit-stage timings of the leasehold nodes at
+/// `stage_addrs` (HTTP) on the window's two edges.
+pub async fn drive_with_stages<T: Target>(
+    target: &T,
+    system: System,
+    config: &RunConfig,
+    server_pids: &[u32],
+    stage_addrs: &[String],
+) -> anyhow::Result<RunSummary> {
     // Connect everyone first, so connection setup is not in the window.
     let mut connections = Vec::with_capacity(config.clients);
     for index in 0..config.clients {
@@ -252,6 +269,17 @@ pub async fn drive<T: Target>(
         tokio::time::sleep_until(window_end).await;
         let after = cpu_seconds(&pids);
         before.zip(after).map(|(before, after)| (after - before).max(0.0))
+    });
+    let addrs = stage_addrs.to_vec();
+    let stages = tokio::spawn(async move {
+        if addrs.is_empty() {
+            return anyhow::Ok(Vec::new());
+        }
+        tokio::time::sleep_until(window_start).await;
+        let before = crate::stages::scrape_all(&addrs).await?;
+        tokio::time::sleep_until(window_end).await;
+        let after = crate::stages::scrape_all(&addrs).await?;
+        Ok(crate::stages::means(&before, &after))
     });
     let mut tasks = tokio::task::JoinSet::new();
     for (index, connection) in connections.into_iter().enumerate() {
@@ -283,6 +311,7 @@ pub async fn drive<T: Target>(
         elections: None,
         tls: false,
         backlog: 0,
+        stages: stages.await??,
     })
 }
 

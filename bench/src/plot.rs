@@ -158,6 +158,7 @@ mod tests {
             elections: None,
             tls: false,
             backlog: 0,
+            stages: Vec::new(),
         }
     }
 

@@ -133,6 +133,10 @@ pub fn render(
         let _ = writeln!(out, "\n### {nodes} nodes\n");
         cluster(&mut out, &by_key, nodes, targets);
     }
+    if runs.iter().any(|r| !r.stages.is_empty()) {
+        out.push_str("\n### Where a commit round's time goes\n\n");
+        stage_table(&mut out, runs);
+    }
     if !failovers.is_empty() {
         out.push_str("\n### Failover\n\n");
         failover(&mut out, failovers, targets);
@@ -150,6 +154,45 @@ pub fn render(
         targets_table(&mut out, &by_key, memories.last(), targets);
     }
     out
+}
+
+/// The stages in the order of a round, as the nodes name them.
+const STAGE_ORDER: [&str; 6] =
+    ["queue", "forward", "write", "log_sync", "replicate", "follower_append"];
+
+/// One row per leasehold run that read its nodes' stage timings: each
+/// stage's mean (ms) and how many times it ran per cycle, summed over the
+/// nodes, beside the client's view of a claim.
+fn stage_table(out: &mut String, runs: &[RunSummary]) {
+    out.push_str(
+        "Each stage's mean over the window (ms) and, in brackets, how many times it ran per \
+         cycle on all nodes together (a cycle is three writes; a batch of writes shares one \
+         write, one sync and one replication). `write` is the leader's whole Raft write: its \
+         log sync and the replication to a quorum run side by side inside it, then commit and \
+         apply.\n\n",
+    );
+    out.push_str("| nodes | clients | client's claim p50 |");
+    for stage in STAGE_ORDER {
+        let _ = write!(out, " {stage} |");
+    }
+    out.push_str("\n| --- | --- | --- |");
+    for _ in STAGE_ORDER {
+        out.push_str(" --- |");
+    }
+    out.push('\n');
+    for run in runs.iter().filter(|r| !r.stages.is_empty()) {
+        let _ = write!(out, "| {} | {} | {} |", run.nodes, run.clients, ms(run.claim.p50_us));
+        for stage in STAGE_ORDER {
+            match run.stages.iter().find(|s| s.stage == stage) {
+                Some(timed) if run.cycles > 0 => {
+                    let per_cycle = timed.count as f64 / run.cycles as f64;
+                    let _ = write!(out, " {:.2} ({per_cycle:.2}) |", timed.mean_us / 1000.0);
+                }
+                _ => out.push_str(" – |"),
+            }
+        }
+        out.push('\n');
+    }
 }
 
 /// The client counts of the runs with `nodes` nodes and `backlog` jobs of
@@ -911,6 +954,7 @@ mod tests {
             elections: Some(0),
             tls,
             backlog: 0,
+            stages: Vec::new(),
         }
     }
 
@@ -939,6 +983,25 @@ mod tests {
             failover_ms: 1500.0,
             fire_lag_ms: 100.0,
         }
+    }
+
+    #[test]
+    fn stage_rows_give_each_stage_its_mean_and_share_per_cycle() {
+        let mut timed = run(false, 32, 1_000, 9_000, 1.0);
+        timed.nodes = 3;
+        timed.stages = vec![
+            crate::stages::StageMean { stage: "log_sync".into(), count: 3_000, mean_us: 1_250.0 },
+            crate::stages::StageMean { stage: "queue".into(), count: 500, mean_us: 40.0 },
+        ];
+        let untimed = run(false, 1, 10, 9_000, 1.0);
+        let out = render(&[timed, untimed], &[], &[], &[], &targets());
+        let section = out.split("### Where a commit round's time goes").nth(1).unwrap_or_default();
+        let rows: Vec<&str> = section.lines().filter(|l| l.starts_with("| 3 |")).collect();
+        assert_eq!(rows.len(), 1, "{section}");
+        assert!(rows[0].contains("| 0.04 (0.50) |"), "{}", rows[0]);
+        assert!(rows[0].contains("| 1.25 (3.00) |"), "{}", rows[0]);
+        assert!(rows[0].contains("| – |"), "a stage not timed is a dash: {}", rows[0]);
+        assert!(!section.contains("| 1 | 1 |"), "a run without stages has no row: {section}");
     }
 
     #[test]
