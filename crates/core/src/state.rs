@@ -23,6 +23,7 @@ use crate::response::{EnqueueOutcome, Grant, QueueStats, Refusal, Response};
 use crate::schedule::Schedule;
 use crate::validate::{ValidationError, truncate_text, validate_command};
 
+pub use frozen::{FrozenHead, FrozenJob, FrozenTail, FrozenViewLost};
 pub use recent::{ExpiredLease, RECENT_LIMIT, RECENT_SCAN, Redelivery};
 
 /// Error text recorded on a job whose lease lapsed before it was acked.
@@ -122,6 +123,10 @@ pub struct State {
     /// Derived from `jobs`; rebuilt on deserialize.
     #[serde(skip)]
     indexes: Indexes,
+    /// A snapshot being read in chunks, if any (see [`State::freeze`]):
+    /// bookkeeping, never serialized or compared.
+    #[serde(skip)]
+    frozen: frozen::FrozenView,
 }
 
 impl Serialize for State {
@@ -229,6 +234,7 @@ impl From<Snapshot> for State {
             grace_end_ms: snapshot.grace_end_ms,
             requests: snapshot.requests,
             indexes,
+            frozen: frozen::FrozenView::default(),
         }
     }
 }
@@ -813,6 +819,7 @@ impl State {
         let mut purged = 0u64;
         for job_id in expired {
             if let Some(job) = self.jobs.remove(&job_id) {
+                self.frozen.before_change(job_id, &job);
                 self.indexes.remove(job_id, &job);
                 self.indexes.remove_key(job_id, &job);
                 purged = purged.saturating_add(1);
@@ -829,6 +836,7 @@ impl State {
     /// (the payload moves, it is not copied) and stored back compact.
     fn change_job<R>(&mut self, job_id: u64, change: impl FnOnce(&mut Job) -> R) -> Option<R> {
         let stored = self.jobs.remove(&job_id)?;
+        self.frozen.before_change(job_id, &stored);
         self.indexes.remove(job_id, &stored);
         let queue = Arc::clone(&stored.queue);
         let mut job = stored.into_job(job_id);
@@ -967,6 +975,7 @@ fn check_job(job_id: u64, job: &Job, last_job_id: u64, last_token: u64) -> Resul
     }
 }
 
+mod frozen;
 mod queries;
 mod recent;
 mod requests;
