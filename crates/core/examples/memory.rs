@@ -26,12 +26,13 @@ fn main() {
     match phase.as_str() {
         "ready" => measure(jobs, false),
         "acked" => measure(jobs, true),
+        "snapshot" => snapshot(jobs),
         // Each phase in a process of its own: memory an allocator got back
         // is not returned to the system, so a second phase in the same
         // process would be measured against the first one's peak.
         _ => {
             let exe = std::env::current_exe().expect("own executable");
-            for phase in ["ready", "acked"] {
+            for phase in ["ready", "acked", "snapshot"] {
                 let status = std::process::Command::new(&exe)
                     .args([phase, &jobs.to_string()])
                     .status()
@@ -104,6 +105,71 @@ fn measure(jobs: usize, ack: bool) {
         (after - idle) as f64 / jobs as f64
     );
     std::hint::black_box(&state);
+}
+
+/// Enqueues `jobs` ready jobs, then reads them as a snapshot build does:
+/// one freeze, then chunks of 1,024 jobs encoded under one hold each, with
+/// a claim of ten jobs applied between chunks. Prints the longest hold.
+fn snapshot(jobs: usize) {
+    let limits = Limits::default();
+    let mut state = State::new();
+    let mut now_ms = 1_000u64;
+    let mut apply = |state: &mut State, command: Command| {
+        now_ms += 1;
+        let ruled = Command::Ruled { limits: limits.clone(), command: Box::new(command) };
+        state.apply(1, &Proposal { now_ms, command: ruled })
+    };
+    let mut enqueued = 0;
+    while enqueued < jobs {
+        let n = BATCH.min(jobs - enqueued);
+        let specs = (0..n)
+            .map(|i| JobSpec {
+                queue: "bench".into(),
+                payload: format!("{:064}", enqueued + i).into_bytes(),
+                ..JobSpec::default()
+            })
+            .collect();
+        apply(&mut state, Command::Enqueue { jobs: specs });
+        enqueued += n;
+    }
+    let started = std::time::Instant::now();
+    let (head, tail) = state.freeze();
+    let mut longest = started.elapsed();
+    let mut written = bincode::serialize(&(head.counters, head.job_count)).expect("encodes").len();
+    // Reserved once, as a build does: growing it faults fresh pages in
+    // under the lock.
+    let mut chunk = Vec::with_capacity(1 << 20);
+    let mut chunks = 0;
+    loop {
+        chunk.clear();
+        let hold = std::time::Instant::now();
+        let done = state
+            .read_frozen_jobs(head.ticket, 1_024, |job| {
+                bincode::serialize_into(&mut chunk, &job).map(|()| true)
+            })
+            .expect("the view is there")
+            .expect("encodes");
+        longest = longest.max(hold.elapsed());
+        written += chunk.len();
+        chunks += 1;
+        if done {
+            break;
+        }
+        let claim = Command::Claim {
+            worker: "worker-1".into(),
+            queue: "bench".into(),
+            max: 10,
+            lease_ttl_ms: None,
+            selector: vec![],
+        };
+        apply(&mut state, claim);
+    }
+    written += bincode::serialize(&tail).expect("encodes").len();
+    println!(
+        "snapshot of {jobs} jobs: {written} bytes in {chunks} chunks, {:?} in all, longest lock hold {:?}",
+        started.elapsed(),
+        longest
+    );
 }
 
 /// Resident set size from `/proc/self/statm` (pages × 4 KiB).

@@ -124,6 +124,10 @@ impl SnapshotBody {
 /// at most that long for it.
 const SNAPSHOT_CHUNK_JOBS: usize = 1_024;
 
+/// A chunk also ends once its encoding passes this many bytes, so a chunk
+/// of large payloads neither holds the lock long nor grows a large buffer.
+const SNAPSHOT_CHUNK_BYTES: usize = 512 * 1024;
+
 /// How the last snapshot build went.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct SnapshotBuildStats {
@@ -374,8 +378,10 @@ impl StateMachineStore {
             // The body, field by field: what encoding a `SnapshotBodyRef`
             // writes (bincode puts a struct's fields, and a map's length
             // and entries, one after another).
-            let mut body = encode(
+            let mut body = Vec::with_capacity(2 * SNAPSHOT_CHUNK_BYTES);
+            encode_into(
                 "snapshot",
+                &mut body,
                 &(&last_applied, &last_membership, &head.counters, &head.job_count),
             )?;
             let mut bytes = 0u64;
@@ -390,6 +396,7 @@ impl StateMachineStore {
                     applied.state.read_frozen_jobs(head.ticket, SNAPSHOT_CHUNK_JOBS, |job| {
                         jobs = jobs.saturating_add(1);
                         encode_into("snapshot", &mut body, &job)
+                            .map(|()| body.len() < SNAPSHOT_CHUNK_BYTES)
                     })
                 };
                 longest = longest.max(hold.elapsed());

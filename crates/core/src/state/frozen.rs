@@ -163,14 +163,16 @@ impl State {
     }
 
     /// Hands the next (up to) `max` jobs of the frozen view `ticket` to
-    /// `write`, in id order, as they were at the freeze. Returns whether the
-    /// view is exhausted (then it is dropped) or `write`'s first error (the
-    /// view stays, the jobs of this call are handed out again next time).
+    /// `write`, in id order, as they were at the freeze; `write` answers
+    /// whether it wants more in this call (so a caller can bound a chunk by
+    /// bytes as well). Returns whether the view is exhausted (then it is
+    /// dropped) or `write`'s first error (the view stays, the jobs of this
+    /// call are handed out again next time).
     pub fn read_frozen_jobs<E>(
         &mut self,
         ticket: u64,
         max: usize,
-        mut write: impl FnMut(FrozenJob<'_>) -> Result<(), E>,
+        mut write: impl FnMut(FrozenJob<'_>) -> Result<bool, E>,
     ) -> Result<Result<bool, E>, FrozenViewLost> {
         let Some(frozen) = self.frozen.0.as_deref_mut().filter(|frozen| frozen.ticket == ticket)
         else {
@@ -201,11 +203,16 @@ impl State {
                     (kept_id, kept_job)
                 }
             };
-            if let Err(error) = write(FrozenJob(id, job.as_written(id))) {
-                return Ok(Err(error));
-            }
+            let more = match write(FrozenJob(id, job.as_written(id))) {
+                Ok(more) => more,
+                Err(error) => return Ok(Err(error)),
+            };
             handed += 1;
             next_id = id.saturating_add(1);
+            if !more {
+                // The view is exhausted only when nothing is left.
+                break live.peek().is_none() && kept.peek().is_none();
+            }
         };
         if exhausted {
             self.frozen.0 = None;
@@ -293,7 +300,9 @@ mod tests {
             let done = state
                 .read_frozen_jobs(head.ticket, chunk, |job| {
                     count += 1;
-                    bincode::serialize_into(&mut bytes, &job).map_err(|e| e.to_string())
+                    bincode::serialize_into(&mut bytes, &job)
+                        .map(|()| true)
+                        .map_err(|e| e.to_string())
                 })
                 .expect("the view is there")
                 .expect("writes");
@@ -328,7 +337,10 @@ mod tests {
         let read: State = bincode::deserialize(&bytes).expect("decodes");
         assert_eq!(read, at_freeze);
         assert_eq!(state.frozen_kept(), 0, "nothing kept once the view is read");
-        assert!(state.read_frozen_jobs(1, 1, |_| Ok::<(), ()>(())).is_err(), "the view is gone");
+        assert!(
+            state.read_frozen_jobs(1, 1, |_| Ok::<bool, ()>(true)).is_err(),
+            "the view is gone"
+        );
     }
 
     #[test]
@@ -337,13 +349,16 @@ mod tests {
         enqueue(&mut state, 1_000, 10);
         let (first, _) = state.freeze();
         let (second, _) = state.freeze();
-        assert!(state.read_frozen_jobs(first.ticket, 1, |_| Ok::<(), ()>(())).is_err());
-        assert_eq!(state.read_frozen_jobs(second.ticket, 1, |_| Ok::<(), ()>(())), Ok(Ok(false)));
+        assert!(state.read_frozen_jobs(first.ticket, 1, |_| Ok::<bool, ()>(true)).is_err());
+        assert_eq!(
+            state.read_frozen_jobs(second.ticket, 1, |_| Ok::<bool, ()>(true)),
+            Ok(Ok(false))
+        );
         churn(&mut state, 2_000, 10);
         assert!(state.frozen_kept() > 0, "changed jobs are kept for the view");
         state.thaw(second.ticket);
         assert_eq!(state.frozen_kept(), 0);
-        assert!(state.read_frozen_jobs(second.ticket, 1, |_| Ok::<(), ()>(())).is_err());
+        assert!(state.read_frozen_jobs(second.ticket, 1, |_| Ok::<bool, ()>(true)).is_err());
         let unfrozen = state.clone();
         churn(&mut state, 3_000, 10);
         assert_ne!(state, unfrozen);
@@ -355,15 +370,19 @@ mod tests {
         enqueue(&mut state, 1_000, 5);
         let (head, _) = state.freeze();
         let failed = state.read_frozen_jobs(head.ticket, 3, |job| {
-            if job.id() == 2 { Err("disk full") } else { Ok(()) }
+            if job.id() == 2 { Err("disk full") } else { Ok(true) }
         });
         assert_eq!(failed, Ok(Err("disk full")));
         let mut ids = Vec::new();
-        let done = state.read_frozen_jobs(head.ticket, 10, |job| {
-            ids.push(job.id());
-            Ok::<(), ()>(())
-        });
-        assert_eq!(done, Ok(Ok(true)));
+        let mut read = |state: &mut State| {
+            state.read_frozen_jobs(head.ticket, 10, |job| {
+                ids.push(job.id());
+                // A chunk the writer ends after job 3.
+                Ok::<bool, ()>(job.id() != 3)
+            })
+        };
+        assert_eq!(read(&mut state), Ok(Ok(false)), "ended early by the writer");
+        assert_eq!(read(&mut state), Ok(Ok(true)));
         assert_eq!(ids, vec![1, 2, 3, 4, 5]);
     }
 }
