@@ -293,11 +293,9 @@ impl Resolver<'_> {
 
     fn token(&self, pick: TokenPick, job_id: u64) -> u64 {
         match pick {
-            TokenPick::Current => self
-                .state
-                .job(job_id)
-                .and_then(|job| job.lease)
-                .map_or(0, |lease| lease.token),
+            TokenPick::Current => {
+                self.state.job(job_id).and_then(|job| job.lease).map_or(0, |lease| lease.token)
+            }
             TokenPick::Granted(index) => match self.granted.len() {
                 0 => 0,
                 len => self.granted[usize::from(index) % len],
