@@ -293,11 +293,9 @@ impl Resolver<'_> {
 
     fn token(&self, pick: TokenPick, job_id: u64) -> u64 {
         match pick {
-            TokenPick::Current => self
-                .state
-                .job(job_id)
-                .and_then(|job| job.lease.as_ref())
-                .map_or(0, |lease| lease.token),
+            TokenPick::Current => {
+                self.state.job(job_id).and_then(|job| job.lease).map_or(0, |lease| lease.token)
+            }
             TokenPick::Granted(index) => match self.granted.len() {
                 0 => 0,
                 len => self.granted[usize::from(index) % len],
@@ -467,7 +465,7 @@ fn reload(state: &State) -> State {
 }
 
 /// Everything a refusal must leave alone (cluster time may move).
-fn unchanged_view(state: &State) -> (Vec<&Job>, u64, u64, String) {
+fn unchanged_view(state: &State) -> (Vec<Job>, u64, u64, String) {
     let schedules_and_nodes = format!("{:?} {:?}", state.schedules(), state.nodes());
     (
         state.jobs(&JobFilter::default(), 0, usize::MAX),

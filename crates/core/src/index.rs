@@ -13,8 +13,9 @@
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BTreeSet};
 use std::ops::Bound;
+use std::sync::Arc;
 
-use crate::job::{Job, JobState};
+use crate::job::{JobState, StoredJob};
 
 /// Claim order of a ready job: priority descending, then `not_before_ms`
 /// ascending, then id ascending. `Reverse` turns the set's ascending order
@@ -133,8 +134,9 @@ fn due_in_claim_order(order: &BTreeSet<ClaimKey>, now_ms: u64, max: usize) -> Ve
 /// All secondary indexes of the job table.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub(crate) struct Indexes {
-    /// Per-queue indexes, by queue name.
-    pub(crate) queues: BTreeMap<String, QueueIndex>,
+    /// Per-queue indexes, by queue name. The key is the one allocation of
+    /// the name: every stored job of the queue shares it.
+    pub(crate) queues: BTreeMap<Arc<str>, QueueIndex>,
     /// Current leases of claimed jobs by `(expires_at_ms, job_id)`: what
     /// `Sweep` must return, and when the next lease lapses.
     pub(crate) expiries: BTreeSet<TimedId>,
@@ -143,40 +145,60 @@ pub(crate) struct Indexes {
     pub(crate) tombstones: BTreeSet<TimedId>,
     /// Idempotency keys: queue → key → id of the job that first used it.
     /// Independent of job state: an entry lives as long as its job.
-    pub(crate) idempotency: BTreeMap<String, BTreeMap<String, u64>>,
+    pub(crate) idempotency: BTreeMap<Arc<str>, BTreeMap<String, u64>>,
 }
 
 impl Indexes {
     /// Builds every index from the job table alone. If two jobs share an
     /// idempotency key (which `apply` never allows) the lower id wins, as it
     /// would have at enqueue time.
-    pub(crate) fn rebuild(jobs: &BTreeMap<u64, Job>) -> Indexes {
+    pub(crate) fn rebuild(jobs: &BTreeMap<u64, StoredJob>) -> Indexes {
         let mut indexes = Indexes::default();
-        for job in jobs.values() {
-            indexes.insert(job);
-            indexes.insert_key(job);
+        for (&id, job) in jobs {
+            indexes.insert(id, job);
+            indexes.insert_key(id, job);
         }
         indexes
     }
 
+    /// The shared name of `queue`: the index's key while the queue holds a
+    /// job, a new allocation otherwise.
+    pub(crate) fn queue_name(&self, queue: &str) -> Arc<str> {
+        match self.queues.get_key_value(queue) {
+            Some((name, _)) => Arc::clone(name),
+            None => Arc::from(queue),
+        }
+    }
+
     /// Adds the state-dependent entries of `job` (everything but its
     /// idempotency key).
-    pub(crate) fn insert(&mut self, job: &Job) {
-        let queue = self.queues.entry(job.queue.clone()).or_default();
-        queue.ids_mut(job.state).insert(job.id);
+    pub(crate) fn insert(&mut self, id: u64, job: &StoredJob) {
+        let queue = match self.queues.get_mut(&*job.queue) {
+            Some(queue) => queue,
+            None => self.queues.entry(Arc::clone(&job.queue)).or_default(),
+        };
+        queue.ids_mut(job.state).insert(id);
         match job.state {
             JobState::Ready => {
-                queue.claim_order.entry(tag_set(job)).or_default().insert(claim_key(job));
-                queue.due_order.insert((job.not_before_ms, job.id));
+                let key = claim_key(id, job);
+                match queue.claim_order.get_mut(job.tags()) {
+                    Some(group) => {
+                        group.insert(key);
+                    }
+                    None => {
+                        queue.claim_order.entry(job.tags().to_vec()).or_default().insert(key);
+                    }
+                }
+                queue.due_order.insert((job.not_before_ms, id));
             }
             JobState::Claimed => {
-                if let Some(lease) = &job.lease {
-                    self.expiries.insert((lease.expires_at_ms, job.id));
+                if let Some(lease) = job.lease() {
+                    self.expiries.insert((lease.expires_at_ms, id));
                 }
             }
             JobState::Acked => {
-                if let Some(finished_at_ms) = job.finished_at_ms {
-                    self.tombstones.insert((finished_at_ms, job.id));
+                if let Some(finished_at_ms) = job.finished_at_ms() {
+                    self.tombstones.insert((finished_at_ms, id));
                 }
             }
             JobState::Dead => {}
@@ -185,32 +207,32 @@ impl Indexes {
 
     /// Removes the state-dependent entries of `job`, exactly those
     /// [`Indexes::insert`] added for it in its current state.
-    pub(crate) fn remove(&mut self, job: &Job) {
-        if let Some(queue) = self.queues.get_mut(&job.queue) {
-            queue.ids_mut(job.state).remove(&job.id);
+    pub(crate) fn remove(&mut self, id: u64, job: &StoredJob) {
+        if let Some(queue) = self.queues.get_mut(&*job.queue) {
+            queue.ids_mut(job.state).remove(&id);
             if job.state == JobState::Ready {
-                let tags = tag_set(job);
-                if let Some(group) = queue.claim_order.get_mut(&tags) {
-                    group.remove(&claim_key(job));
+                let tags = job.tags();
+                if let Some(group) = queue.claim_order.get_mut(tags) {
+                    group.remove(&claim_key(id, job));
                     if group.is_empty() {
-                        queue.claim_order.remove(&tags);
+                        queue.claim_order.remove(tags);
                     }
                 }
-                queue.due_order.remove(&(job.not_before_ms, job.id));
+                queue.due_order.remove(&(job.not_before_ms, id));
             }
             if queue.is_empty() {
-                self.queues.remove(&job.queue);
+                self.queues.remove(&*job.queue);
             }
         }
         match job.state {
             JobState::Claimed => {
-                if let Some(lease) = &job.lease {
-                    self.expiries.remove(&(lease.expires_at_ms, job.id));
+                if let Some(lease) = job.lease() {
+                    self.expiries.remove(&(lease.expires_at_ms, id));
                 }
             }
             JobState::Acked => {
-                if let Some(finished_at_ms) = job.finished_at_ms {
-                    self.tombstones.remove(&(finished_at_ms, job.id));
+                if let Some(finished_at_ms) = job.finished_at_ms() {
+                    self.tombstones.remove(&(finished_at_ms, id));
                 }
             }
             JobState::Ready | JobState::Dead => {}
@@ -223,41 +245,33 @@ impl Indexes {
     }
 
     /// Records `job`'s idempotency key, unless an earlier job holds it.
-    pub(crate) fn insert_key(&mut self, job: &Job) {
-        if let Some(key) = &job.idempotency_key {
+    pub(crate) fn insert_key(&mut self, id: u64, job: &StoredJob) {
+        if let Some(key) = job.idempotency_key() {
             self.idempotency
-                .entry(job.queue.clone())
+                .entry(Arc::clone(&job.queue))
                 .or_default()
-                .entry(key.clone())
-                .or_insert(job.id);
+                .entry(key.to_owned())
+                .or_insert(id);
         }
     }
 
     /// Forgets `job`'s idempotency key if `job` is the one holding it.
-    pub(crate) fn remove_key(&mut self, job: &Job) {
-        let Some(key) = &job.idempotency_key else {
+    pub(crate) fn remove_key(&mut self, id: u64, job: &StoredJob) {
+        let Some(key) = job.idempotency_key() else {
             return;
         };
-        if let Some(keys) = self.idempotency.get_mut(&job.queue) {
-            if keys.get(key) == Some(&job.id) {
+        if let Some(keys) = self.idempotency.get_mut(&*job.queue) {
+            if keys.get(key) == Some(&id) {
                 keys.remove(key);
             }
             if keys.is_empty() {
-                self.idempotency.remove(&job.queue);
+                self.idempotency.remove(&*job.queue);
             }
         }
     }
 }
 
 /// The claim-order key of a ready job.
-fn claim_key(job: &Job) -> ClaimKey {
-    (Reverse(job.priority), job.not_before_ms, job.id)
-}
-
-/// The tag set of a job.
-fn tag_set(job: &Job) -> TagSet {
-    let mut tags = job.tags.clone();
-    tags.sort_unstable();
-    tags.dedup();
-    tags
+fn claim_key(id: u64, job: &StoredJob) -> ClaimKey {
+    (Reverse(job.priority), job.not_before_ms, id)
 }

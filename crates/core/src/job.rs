@@ -1,6 +1,8 @@
 //! Jobs: what a producer enqueues ([`JobSpec`]) and what the journal keeps
 //! ([`Job`]).
 
+use std::sync::Arc;
+
 use serde::{Deserialize, Serialize};
 
 use crate::lease::Lease;
@@ -123,4 +125,282 @@ pub struct Job {
     pub finished_at_ms: Option<u64>,
     /// What the ack that finished the job reported (a command's output).
     pub result: Option<Vec<u8>>,
+}
+
+/// Attempts a job gets when neither it nor the leader's limits said
+/// otherwise: a job with these is stored without its [`Rare`] part. Only a
+/// compression dictionary for the in-memory form; nothing replicated or
+/// written depends on it.
+const COMMON_MAX_ATTEMPTS: u32 = 5;
+/// Lease length stored without a [`Rare`] part (see [`COMMON_MAX_ATTEMPTS`]).
+const COMMON_LEASE_TTL_MS: u64 = 30_000;
+
+/// A job as the state keeps it in memory: what every ready job has, in as
+/// few bytes as will hold it, and everything most jobs leave at its default
+/// in one optional boxed [`Rare`] part. The queue name is shared with the
+/// queue's index (one allocation per queue, not per job). Converted to and
+/// from [`Job`] ([`StoredJob::to_job`], [`StoredJob::from_job`]); snapshots
+/// write the [`Job`] form, so the format on disk and on the wire is
+/// unchanged. The id is the key it is stored under.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct StoredJob {
+    /// Queue name, shared with the other jobs of the queue.
+    pub(crate) queue: Arc<str>,
+    /// Opaque bytes handed to the worker.
+    pub(crate) payload: Box<[u8]>,
+    /// Cluster time before which the job is not claimable.
+    pub(crate) not_before_ms: u64,
+    /// Cluster time of the enqueue.
+    pub(crate) enqueued_at_ms: u64,
+    /// Higher is claimed first.
+    pub(crate) priority: i32,
+    /// Failed attempts so far.
+    pub(crate) attempts: u32,
+    /// Where the job is in its life.
+    pub(crate) state: JobState,
+    /// Everything else, when any of it differs from [`Rare::default`].
+    rare: Option<Box<Rare>>,
+}
+
+/// The fields of a [`Job`] that most jobs leave at a common value.
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct Rare {
+    max_attempts: u32,
+    backoff: Backoff,
+    lease_ttl_ms: u64,
+    idempotency_key: Option<String>,
+    tags: Vec<String>,
+    last_error: Option<String>,
+    lease: Option<Lease>,
+    finished_at_ms: Option<u64>,
+    result: Option<Vec<u8>>,
+}
+
+impl Default for Rare {
+    fn default() -> Self {
+        Rare {
+            max_attempts: COMMON_MAX_ATTEMPTS,
+            backoff: Backoff::default(),
+            lease_ttl_ms: COMMON_LEASE_TTL_MS,
+            idempotency_key: None,
+            tags: Vec::new(),
+            last_error: None,
+            lease: None,
+            finished_at_ms: None,
+            result: None,
+        }
+    }
+}
+
+/// The [`Rare`] part every job without one has.
+static COMMON: std::sync::LazyLock<Rare> = std::sync::LazyLock::new(Rare::default);
+
+impl StoredJob {
+    /// The stored form of `job`, naming its queue by `queue` (equal to
+    /// `job.queue`; shared so that a queue's name is allocated once).
+    pub(crate) fn from_job(job: Job, queue: Arc<str>) -> StoredJob {
+        let rare = Rare {
+            max_attempts: job.max_attempts,
+            backoff: job.backoff,
+            lease_ttl_ms: job.lease_ttl_ms,
+            idempotency_key: job.idempotency_key,
+            tags: job.tags,
+            last_error: job.last_error,
+            lease: job.lease,
+            finished_at_ms: job.finished_at_ms,
+            result: job.result,
+        };
+        StoredJob {
+            queue,
+            payload: job.payload.into_boxed_slice(),
+            not_before_ms: job.not_before_ms,
+            enqueued_at_ms: job.enqueued_at_ms,
+            priority: job.priority,
+            attempts: job.attempts,
+            state: job.state,
+            rare: (rare != *COMMON).then(|| Box::new(rare)),
+        }
+    }
+
+    /// The job stored under `id`, as [`Job`], consuming the stored form (the
+    /// payload moves, it is not copied).
+    pub(crate) fn into_job(self, id: u64) -> Job {
+        let rare = self.rare.map_or_else(Rare::default, |rare| *rare);
+        Job {
+            id,
+            queue: self.queue.as_ref().to_owned(),
+            payload: self.payload.into_vec(),
+            priority: self.priority,
+            not_before_ms: self.not_before_ms,
+            max_attempts: rare.max_attempts,
+            backoff: rare.backoff,
+            lease_ttl_ms: rare.lease_ttl_ms,
+            idempotency_key: rare.idempotency_key,
+            tags: rare.tags,
+            attempts: self.attempts,
+            last_error: rare.last_error,
+            state: self.state,
+            lease: rare.lease,
+            enqueued_at_ms: self.enqueued_at_ms,
+            finished_at_ms: rare.finished_at_ms,
+            result: rare.result,
+        }
+    }
+
+    /// The job stored under `id`, as [`Job`] (a copy).
+    pub(crate) fn to_job(&self, id: u64) -> Job {
+        self.clone().into_job(id)
+    }
+
+    /// The job stored under `id` as a borrowed view that serializes exactly
+    /// as its [`Job`] would.
+    pub(crate) fn as_written(&self, id: u64) -> JobRef<'_> {
+        let rare = self.rare();
+        JobRef {
+            id,
+            queue: &self.queue,
+            payload: &self.payload,
+            priority: self.priority,
+            not_before_ms: self.not_before_ms,
+            max_attempts: rare.max_attempts,
+            backoff: rare.backoff,
+            lease_ttl_ms: rare.lease_ttl_ms,
+            idempotency_key: rare.idempotency_key.as_deref(),
+            tags: &rare.tags,
+            attempts: self.attempts,
+            last_error: rare.last_error.as_deref(),
+            state: self.state,
+            lease: rare.lease.as_ref(),
+            enqueued_at_ms: self.enqueued_at_ms,
+            finished_at_ms: rare.finished_at_ms,
+            result: rare.result.as_deref(),
+        }
+    }
+
+    /// Whether the job is stored without a side part.
+    #[cfg(test)]
+    pub(crate) fn is_plain(&self) -> bool {
+        self.rare.is_none()
+    }
+
+    fn rare(&self) -> &Rare {
+        self.rare.as_deref().unwrap_or(&COMMON)
+    }
+
+    /// The current (or, on a tombstone, the last) lease.
+    pub(crate) fn lease(&self) -> Option<&Lease> {
+        self.rare().lease.as_ref()
+    }
+
+    /// Dedup key within the queue.
+    pub(crate) fn idempotency_key(&self) -> Option<&str> {
+        self.rare().idempotency_key.as_deref()
+    }
+
+    /// Tags (sorted, deduplicated).
+    pub(crate) fn tags(&self) -> &[String] {
+        &self.rare().tags
+    }
+
+    /// Error text of the last failed attempt.
+    pub(crate) fn last_error(&self) -> Option<&str> {
+        self.rare().last_error.as_deref()
+    }
+
+    /// Cluster time the job became acked or dead.
+    pub(crate) fn finished_at_ms(&self) -> Option<u64> {
+        self.rare().finished_at_ms
+    }
+}
+
+/// A [`Job`] borrowed from its [`StoredJob`]: the same fields in the same
+/// order, so it serializes to the same bytes.
+#[derive(Serialize)]
+pub(crate) struct JobRef<'a> {
+    id: u64,
+    queue: &'a str,
+    payload: &'a [u8],
+    priority: i32,
+    not_before_ms: u64,
+    max_attempts: u32,
+    backoff: Backoff,
+    lease_ttl_ms: u64,
+    idempotency_key: Option<&'a str>,
+    tags: &'a [String],
+    attempts: u32,
+    last_error: Option<&'a str>,
+    state: JobState,
+    lease: Option<&'a Lease>,
+    enqueued_at_ms: u64,
+    finished_at_ms: Option<u64>,
+    result: Option<&'a [u8]>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn job() -> Job {
+        Job {
+            id: 7,
+            queue: "q".into(),
+            payload: b"payload".to_vec(),
+            priority: 2,
+            not_before_ms: 10,
+            max_attempts: COMMON_MAX_ATTEMPTS,
+            backoff: Backoff::default(),
+            lease_ttl_ms: COMMON_LEASE_TTL_MS,
+            idempotency_key: None,
+            tags: Vec::new(),
+            attempts: 1,
+            last_error: None,
+            state: JobState::Ready,
+            lease: None,
+            enqueued_at_ms: 5,
+            finished_at_ms: None,
+            result: None,
+        }
+    }
+
+    #[test]
+    fn a_stored_job_is_small() {
+        // Queue name, payload, two times, priority, attempts, state and
+        // the side part's pointer: what a ready job costs before indexes.
+        assert!(std::mem::size_of::<StoredJob>() <= 72, "{}", std::mem::size_of::<StoredJob>());
+        assert_eq!(std::mem::size_of::<Option<StoredJob>>(), std::mem::size_of::<StoredJob>());
+    }
+
+    #[test]
+    fn every_field_survives_the_compact_form_and_serializes_as_the_job() {
+        let lease = Lease {
+            job_id: 7,
+            holder: "w".into(),
+            token: 3,
+            epoch: 1,
+            granted_at_ms: 11,
+            expires_at_ms: 12,
+        };
+        let variants = [
+            job(),
+            Job { max_attempts: 9, ..job() },
+            Job { backoff: Backoff { base_ms: 1, cap_ms: 2 }, ..job() },
+            Job { lease_ttl_ms: 1_000, ..job() },
+            Job { idempotency_key: Some("k".into()), ..job() },
+            Job { tags: vec!["a".into(), "b".into()], ..job() },
+            Job { last_error: Some("e".into()), ..job() },
+            Job { state: JobState::Acked, lease: Some(lease), finished_at_ms: Some(13), ..job() },
+            Job { result: Some(b"r".to_vec()), ..job() },
+        ];
+        for (i, job) in variants.into_iter().enumerate() {
+            let stored = StoredJob::from_job(job.clone(), Arc::from("q"));
+            assert_eq!(stored.is_plain(), i == 0, "variant {i}: side part only when needed");
+            assert_eq!(stored.to_job(7), job, "variant {i}");
+            assert_eq!(
+                bincode::serialize(&stored.as_written(7)).expect("serializes"),
+                bincode::serialize(&job).expect("serializes"),
+                "variant {i}"
+            );
+            assert_eq!(stored.clone().into_job(7), job, "variant {i}");
+        }
+    }
 }

@@ -9,12 +9,13 @@
 //! snapshots leave them out and rebuild them on load.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
 use crate::command::{Command, Proposal, RedriveTarget};
 use crate::index::Indexes;
-use crate::job::{Job, JobSpec, JobState};
+use crate::job::{Job, JobSpec, JobState, StoredJob};
 use crate::lease::Lease;
 use crate::limits::Limits;
 use crate::node_info::NodeInfo;
@@ -22,6 +23,7 @@ use crate::response::{EnqueueOutcome, Grant, QueueStats, Refusal, Response};
 use crate::schedule::Schedule;
 use crate::validate::{ValidationError, truncate_text, validate_command};
 
+pub use frozen::{FrozenHead, FrozenJob, FrozenTail, FrozenViewLost};
 pub use recent::{ExpiredLease, RECENT_LIMIT, RECENT_SCAN, Redelivery};
 
 /// Error text recorded on a job whose lease lapsed before it was acked.
@@ -95,7 +97,7 @@ impl JobFilter {
 /// Serialization carries the job table and counters only; deserializing
 /// rebuilds the indexes, so a round trip yields an equal state that behaves
 /// identically.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Deserialize)]
 #[serde(from = "Snapshot")]
 pub struct State {
     /// Largest `now_ms` seen; never decreases.
@@ -104,8 +106,9 @@ pub struct State {
     last_token: u64,
     /// Last job id assigned (0 = none yet).
     last_job_id: u64,
-    /// Every retained job by id.
-    jobs: BTreeMap<u64, Job>,
+    /// Every retained job by id, in its compact in-memory form; written
+    /// as [`Job`]s.
+    jobs: BTreeMap<u64, StoredJob>,
     /// Every schedule by name.
     schedules: BTreeMap<String, Schedule>,
     /// Registered nodes by id.
@@ -120,6 +123,38 @@ pub struct State {
     /// Derived from `jobs`; rebuilt on deserialize.
     #[serde(skip)]
     indexes: Indexes,
+    /// A snapshot being read in chunks, if any (see [`State::freeze`]):
+    /// bookkeeping, never serialized or compared.
+    #[serde(skip)]
+    frozen: frozen::FrozenView,
+}
+
+impl Serialize for State {
+    /// The fields in declaration order, jobs in their [`Job`] form: the
+    /// bytes a derived implementation over a table of [`Job`]s wrote.
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeStruct;
+        let mut out = serializer.serialize_struct("State", 9)?;
+        out.serialize_field("cluster_time_ms", &self.cluster_time_ms)?;
+        out.serialize_field("last_token", &self.last_token)?;
+        out.serialize_field("last_job_id", &self.last_job_id)?;
+        out.serialize_field("jobs", &JobsAsWritten(&self.jobs))?;
+        out.serialize_field("schedules", &self.schedules)?;
+        out.serialize_field("nodes", &self.nodes)?;
+        out.serialize_field("epoch", &self.epoch)?;
+        out.serialize_field("grace_end_ms", &self.grace_end_ms)?;
+        out.serialize_field("requests", &self.requests)?;
+        out.end()
+    }
+}
+
+/// The job table as written: a map of id to [`Job`].
+struct JobsAsWritten<'a>(&'a BTreeMap<u64, StoredJob>);
+
+impl Serialize for JobsAsWritten<'_> {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.collect_map(self.0.iter().map(|(&id, job)| (id, job.as_written(id))))
+    }
 }
 
 /// The serialized form of [`State`]: its fields in the same order, without
@@ -174,18 +209,32 @@ impl From<StateBeforeRequests> for State {
 
 impl From<Snapshot> for State {
     fn from(snapshot: Snapshot) -> State {
-        let indexes = Indexes::rebuild(&snapshot.jobs);
+        let mut names = Indexes::default();
+        let jobs: BTreeMap<u64, StoredJob> = snapshot
+            .jobs
+            .into_iter()
+            .map(|(id, job)| {
+                let queue = names.queue_name(&job.queue);
+                let stored = StoredJob::from_job(job, queue);
+                // Only for sharing the queue's name with the jobs after it.
+                names.insert(id, &stored);
+                (id, stored)
+            })
+            .collect();
+        drop(names);
+        let indexes = Indexes::rebuild(&jobs);
         State {
             cluster_time_ms: snapshot.cluster_time_ms,
             last_token: snapshot.last_token,
             last_job_id: snapshot.last_job_id,
-            jobs: snapshot.jobs,
+            jobs,
             schedules: snapshot.schedules,
             nodes: snapshot.nodes,
             epoch: snapshot.epoch,
             grace_end_ms: snapshot.grace_end_ms,
             requests: snapshot.requests,
             indexes,
+            frozen: frozen::FrozenView::default(),
         }
     }
 }
@@ -312,27 +361,43 @@ impl State {
         self.last_job_id
     }
 
-    /// The job with this id, while retained.
-    pub fn job(&self, job_id: u64) -> Option<&Job> {
-        self.jobs.get(&job_id)
+    /// The job with this id, while retained (a copy: the state keeps jobs
+    /// in a compact form of its own).
+    pub fn job(&self, job_id: u64) -> Option<Job> {
+        self.jobs.get(&job_id).map(|job| job.to_job(job_id))
+    }
+
+    /// The queue of the job with this id, while retained (no copy).
+    pub fn job_queue(&self, job_id: u64) -> Option<&str> {
+        self.jobs.get(&job_id).map(|job| &*job.queue)
+    }
+
+    /// How many jobs are retained, tombstones included.
+    pub fn job_count(&self) -> usize {
+        self.jobs.len()
     }
 
     /// Jobs with id greater than `after_id` that match `filter`, ascending by
     /// id, at most `limit`: one page of a listing, resumed from the last id
     /// of the previous page.
-    pub fn jobs(&self, filter: &JobFilter, after_id: u64, limit: usize) -> Vec<&Job> {
+    pub fn jobs(&self, filter: &JobFilter, after_id: u64, limit: usize) -> Vec<Job> {
         let Some(first_id) = after_id.checked_add(1) else {
             return Vec::new();
         };
         let ids: Vec<u64> = match (&filter.queue, filter.state) {
             (None, None) => {
-                return self.jobs.range(first_id..).take(limit).map(|(_, job)| job).collect();
+                return self
+                    .jobs
+                    .range(first_id..)
+                    .take(limit)
+                    .map(|(&id, job)| job.to_job(id))
+                    .collect();
             }
-            (Some(queue), Some(state)) => match self.indexes.queues.get(queue) {
+            (Some(queue), Some(state)) => match self.indexes.queues.get(queue.as_str()) {
                 Some(index) => index.ids(state).range(first_id..).take(limit).copied().collect(),
                 None => Vec::new(),
             },
-            (Some(queue), None) => match self.indexes.queues.get(queue) {
+            (Some(queue), None) => match self.indexes.queues.get(queue.as_str()) {
                 Some(index) => {
                     first_page(ALL_STATES.iter().map(|&s| index.ids(s)), first_id, limit)
                 }
@@ -344,7 +409,7 @@ impl State {
                 limit,
             ),
         };
-        ids.iter().filter_map(|id| self.jobs.get(id)).collect()
+        ids.iter().filter_map(|&id| self.jobs.get(&id).map(|job| job.to_job(id))).collect()
     }
 
     /// Counts per queue, for every queue that holds a job. Whether a ready
@@ -365,7 +430,7 @@ impl State {
                     acked: count(index.acked.len()),
                     dead: count(index.dead.len()),
                 };
-                (queue.clone(), stats)
+                (queue.to_string(), stats)
             })
             .collect()
     }
@@ -410,7 +475,7 @@ impl State {
             let prior = self
                 .jobs
                 .get(&job_id)
-                .and_then(|job| job.lease.as_ref())
+                .and_then(StoredJob::lease)
                 .is_some_and(|lease| lease.epoch < self.epoch);
             let deadline = if prior {
                 expires_at_ms.saturating_add(prior_term_margin_ms)
@@ -446,15 +511,19 @@ impl State {
     pub fn check_invariants(&self) -> Result<(), String> {
         let mut tokens = BTreeMap::new();
         let mut keys = BTreeMap::new();
-        for (&job_id, job) in &self.jobs {
+        for (&job_id, stored) in &self.jobs {
+            let job = &stored.to_job(job_id);
             check_job(job_id, job, self.last_job_id, self.last_token)?;
+            if StoredJob::from_job(job.clone(), stored.queue.clone()) != *stored {
+                return Err(format!("job {job_id}: not stored in its canonical compact form"));
+            }
             if let Some(lease) = &job.lease
                 && let Some(other) = tokens.insert(lease.token, job_id)
             {
                 return Err(format!("jobs {other} and {job_id} both hold token {}", lease.token));
             }
             if let Some(key) = &job.idempotency_key
-                && let Some(other) = keys.insert((job.queue.as_str(), key.as_str()), job_id)
+                && let Some(other) = keys.insert((job.queue.clone(), key.clone()), job_id)
             {
                 return Err(format!(
                     "jobs {other} and {job_id} share idempotency key {key:?} in queue {}",
@@ -496,11 +565,13 @@ impl State {
                 continue;
             }
             self.last_job_id = self.last_job_id.saturating_add(1);
-            let job = new_job(self.last_job_id, spec, now_ms, limits);
-            self.indexes.insert(&job);
-            self.indexes.insert_key(&job);
-            outcomes.push(EnqueueOutcome { job_id: job.id, duplicate: false });
-            self.jobs.insert(job.id, job);
+            let job_id = self.last_job_id;
+            let queue = self.indexes.queue_name(&spec.queue);
+            let job = StoredJob::from_job(new_job(job_id, spec, now_ms, limits), queue);
+            self.indexes.insert(job_id, &job);
+            self.indexes.insert_key(job_id, &job);
+            outcomes.push(EnqueueOutcome { job_id, duplicate: false });
+            self.jobs.insert(job_id, job);
         }
         Response::Enqueued(outcomes)
     }
@@ -601,8 +672,8 @@ impl State {
             });
             return Response::Acked;
         }
-        let acked_with_token = job.state == JobState::Acked
-            && job.lease.as_ref().is_some_and(|lease| lease.token == token);
+        let acked_with_token =
+            job.state == JobState::Acked && job.lease().is_some_and(|lease| lease.token == token);
         if acked_with_token {
             return Response::Acked;
         }
@@ -676,7 +747,7 @@ impl State {
                 let prior = self
                     .jobs
                     .get(&job_id)
-                    .and_then(|job| job.lease.as_ref())
+                    .and_then(StoredJob::lease)
                     .is_some_and(|lease| lease.epoch < self.epoch);
                 !prior || expires_at_ms.saturating_add(prior_term_margin_ms) <= now_ms
             })
@@ -708,7 +779,7 @@ impl State {
             RedriveTarget::Queue(queue) => self
                 .indexes
                 .queues
-                .get(queue)
+                .get(queue.as_str())
                 .map(|index| index.dead.iter().copied().collect())
                 .unwrap_or_default(),
             RedriveTarget::Ids(ids) => ids.clone(),
@@ -748,8 +819,9 @@ impl State {
         let mut purged = 0u64;
         for job_id in expired {
             if let Some(job) = self.jobs.remove(&job_id) {
-                self.indexes.remove(&job);
-                self.indexes.remove_key(&job);
+                self.frozen.before_change(job_id, &job);
+                self.indexes.remove(job_id, &job);
+                self.indexes.remove_key(job_id, &job);
                 purged = purged.saturating_add(1);
             }
         }
@@ -759,11 +831,19 @@ impl State {
     /// Changes one job and keeps the indexes in step: the job's entries are
     /// removed, `change` runs, and the entries for its new state are added.
     /// Every transition goes through here, so no index can miss one.
+    ///
+    /// The job is changed in its [`Job`] form, moved out of the compact one
+    /// (the payload moves, it is not copied) and stored back compact.
     fn change_job<R>(&mut self, job_id: u64, change: impl FnOnce(&mut Job) -> R) -> Option<R> {
-        let job = self.jobs.get_mut(&job_id)?;
-        self.indexes.remove(job);
-        let result = change(job);
-        self.indexes.insert(job);
+        let stored = self.jobs.remove(&job_id)?;
+        self.frozen.before_change(job_id, &stored);
+        self.indexes.remove(job_id, &stored);
+        let queue = Arc::clone(&stored.queue);
+        let mut job = stored.into_job(job_id);
+        let result = change(&mut job);
+        let stored = StoredJob::from_job(job, queue);
+        self.indexes.insert(job_id, &stored);
+        self.jobs.insert(job_id, stored);
         Some(result)
     }
 }
@@ -822,8 +902,8 @@ fn new_job(job_id: u64, spec: &JobSpec, now_ms: u64, limits: &Limits) -> Job {
 
 /// Whether `token` is the current lease of a claimed job. A lapsed lease
 /// counts until a sweep takes it back or it is re-granted.
-fn holds_current_lease(job: &Job, token: u64) -> bool {
-    job.state == JobState::Claimed && job.lease.as_ref().is_some_and(|lease| lease.token == token)
+fn holds_current_lease(job: &StoredJob, token: u64) -> bool {
+    job.state == JobState::Claimed && job.lease().is_some_and(|lease| lease.token == token)
 }
 
 /// The refusal for a token that is not the job's current one.
@@ -895,6 +975,7 @@ fn check_job(job_id: u64, job: &Job, last_job_id: u64, last_token: u64) -> Resul
     }
 }
 
+mod frozen;
 mod queries;
 mod recent;
 mod requests;

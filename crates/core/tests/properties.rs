@@ -219,7 +219,7 @@ fn pick_job(pick: &JobPick, state: &State) -> u64 {
 fn pick_token(pick: &TokenPick, job_id: u64, state: &State, granted: &[u64]) -> u64 {
     match pick {
         TokenPick::Current => {
-            state.job(job_id).and_then(|job| job.lease.as_ref()).map_or(0, |lease| lease.token)
+            state.job(job_id).and_then(|job| job.lease).map_or(0, |lease| lease.token)
         }
         TokenPick::Granted(index) => {
             if granted.is_empty() {
@@ -355,7 +355,7 @@ fn replay(steps: &[Step]) -> Replay {
     Replay { records, replica, reloaded }
 }
 
-fn all_jobs(state: &State) -> Vec<&leasehold_core::Job> {
+fn all_jobs(state: &State) -> Vec<leasehold_core::Job> {
     state.jobs(&JobFilter::default(), 0, usize::MAX)
 }
 

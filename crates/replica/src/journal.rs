@@ -199,6 +199,9 @@ impl Journal {
             metrics.clock_offset_ms.get_or_create(&labels).set(offset.offset_ms);
         }
         metrics.clock_skewed.set(i64::from(self.clock_verdict().is_skewed()));
+        if let Some(build) = self.inner.state.last_snapshot_build() {
+            metrics.snapshot_lock_hold_longest_seconds.set(build.longest_lock_hold.as_secs_f64());
+        }
         let now_ms = self.inner.clock.now_ms();
         let (stats, last_token) =
             self.read_stale(|state| (state.stats(now_ms), state.last_token()));

@@ -299,7 +299,9 @@ impl QueueService {
         }
         let job = self
             .journal
-            .read(request.stale, |state| state.job(request.job_id).map(convert::job_to_wire))
+            .read(request.stale, |state| {
+                state.job(request.job_id).map(|job| convert::job_to_wire(&job))
+            })
             .await
             .map_err(Error::from)?
             .ok_or_else(|| Error::NotFound(format!("job {} not found", request.job_id)))?;
@@ -341,7 +343,7 @@ impl QueueService {
                 let mut jobs = state.jobs(&filter, after_id, page_size as usize + 1);
                 let more = jobs.len() > page_size as usize;
                 jobs.truncate(page_size as usize);
-                (jobs.into_iter().map(convert::job_to_wire).collect::<Vec<_>>(), more)
+                (jobs.iter().map(convert::job_to_wire).collect::<Vec<_>>(), more)
             })
             .await
             .map_err(Error::from)?;
@@ -416,7 +418,7 @@ impl QueueService {
                 request
                     .job_ids
                     .iter()
-                    .find(|id| state.job(**id).is_some_and(|job| is_command_queue(&job.queue)))
+                    .find(|id| state.job_queue(**id).is_some_and(is_command_queue))
                     .copied()
             });
             if let Some(id) = commands {

@@ -34,6 +34,16 @@ pub(crate) fn encoded_len<T: Serialize + ?Sized>(
     options().serialized_size(value).map_err(|source| StorageError::Encode { what, source })
 }
 
+/// Encodes `value` onto `writer` (the bytes [`encode`] would return);
+/// `what` names it in the error.
+pub(crate) fn encode_into<T: Serialize + ?Sized>(
+    what: &'static str,
+    writer: &mut impl io::Write,
+    value: &T,
+) -> Result<(), StorageError> {
+    options().serialize_into(writer, value).map_err(|source| StorageError::Encode { what, source })
+}
+
 /// Decodes the record stored under `key` in `tree`; a failure is
 /// [`StorageError::Corrupt`], never a default value.
 pub(crate) fn decode<T: DeserializeOwned>(

@@ -1,30 +1,40 @@
 //! Bytes an acknowledgement depends on, made to survive a power cut, not
 //! only a process crash, for the files the stores keep beside the raft log
-//! (which syncs its own): [`replace_file`] writes a whole file so that after
-//! a power cut either the old file or the new one is there, complete: a
-//! temporary file, fsynced, renamed over the old one, the directory fsynced.
+//! (which syncs its own): [`replace_file_with`] writes a whole file so that
+//! after a power cut either the old file or the new one is there, complete:
+//! a temporary file, fsynced, renamed over the old one, the directory
+//! fsynced.
 
 use std::fs::File;
-use std::io::Write;
 use std::path::Path;
 
 use crate::StorageError;
 
-/// Replaces `dir/name` with `bytes`, durably: nothing is reported written
-/// before the bytes and the directory entry are on stable storage.
-pub(crate) fn replace_file(dir: &Path, name: &str, bytes: &[u8]) -> Result<(), StorageError> {
+/// Replaces `dir/name` with what `write` writes to it, durably: nothing is
+/// reported written before the bytes and the directory entry are on stable
+/// storage. The file is streamed, never built in memory first. Returns what
+/// `write` returned; an error leaves the old file in place.
+pub(crate) fn replace_file_with<T>(
+    dir: &Path,
+    name: &str,
+    write: impl FnOnce(&mut std::io::BufWriter<File>) -> Result<T, StorageError>,
+) -> Result<T, StorageError> {
     let temp = dir.join(format!("{name}.tmp"));
     let target = dir.join(name);
     let io = |what: &'static str, path: &Path| {
         let path = path.to_path_buf();
         move |source| StorageError::Io { what, path, source }
     };
-    let mut file = File::create(&temp).map_err(io("create", &temp))?;
-    file.write_all(bytes).map_err(io("write", &temp))?;
+    let file = File::create(&temp).map_err(io("create", &temp))?;
+    let mut writer = std::io::BufWriter::with_capacity(1 << 20, file);
+    let written = write(&mut writer)?;
+    let file =
+        writer.into_inner().map_err(|error| error.into_error()).map_err(io("write", &temp))?;
     file.sync_all().map_err(io("fsync", &temp))?;
     drop(file);
     std::fs::rename(&temp, &target).map_err(io("rename", &target))?;
-    sync_dir(dir)
+    sync_dir(dir)?;
+    Ok(written)
 }
 
 /// Fsyncs a directory, so the entries created or renamed in it last.
@@ -50,11 +60,31 @@ pub(crate) fn read_file(dir: &Path, name: &str) -> Result<Option<Vec<u8>>, Stora
 mod tests {
     use super::*;
 
+    use std::io::Write;
+
     #[test]
     fn a_replaced_file_holds_the_new_bytes_and_no_temporary_is_left() -> anyhow::Result<()> {
         let dir = tempfile::tempdir()?;
-        replace_file(dir.path(), "snap", b"one")?;
-        replace_file(dir.path(), "snap", b"two")?;
+        let write = |bytes: &'static [u8]| {
+            move |file: &mut std::io::BufWriter<File>| {
+                file.write_all(bytes).map_err(|source| StorageError::Io {
+                    what: "write",
+                    path: std::path::PathBuf::from("snap"),
+                    source,
+                })
+            }
+        };
+        replace_file_with(dir.path(), "snap", write(b"one"))?;
+        replace_file_with(dir.path(), "snap", write(b"two"))?;
+        let failed =
+            replace_file_with(dir.path(), "snap", |_| Err::<(), _>(StorageError::Poisoned));
+        assert!(failed.is_err());
+        assert_eq!(
+            read_file(dir.path(), "snap")?.as_deref(),
+            Some(&b"two"[..]),
+            "a failed write keeps the old file"
+        );
+        std::fs::remove_file(dir.path().join("snap.tmp"))?;
         assert_eq!(read_file(dir.path(), "snap")?.as_deref(), Some(&b"two"[..]));
         assert_eq!(read_file(dir.path(), "missing")?, None);
         let names: Vec<_> = std::fs::read_dir(dir.path())?

@@ -70,6 +70,11 @@ pub enum StorageError {
         /// The version this build writes and reads.
         supported: u32,
     },
+    /// A snapshot build lost its view of the state half way (a snapshot
+    /// was installed meanwhile, or another build started); nothing was
+    /// replaced, and openraft builds again later.
+    #[error("snapshot build interrupted")]
+    SnapshotInterrupted(#[from] leasehold_core::state::FrozenViewLost),
     /// sled reported an IO or internal error.
     #[error("sled operation failed")]
     Sled(#[from] sled::Error),

@@ -16,9 +16,10 @@
 //! directories from before kept it in sled's [`SNAPSHOT_TREE`]: it is read
 //! from there until the first snapshot file replaces it.
 
-use std::io::Cursor;
+use std::io::{Cursor, Write};
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, PoisonError, RwLock, RwLockReadGuard};
+use std::sync::{Arc, Mutex, PoisonError, RwLock, RwLockReadGuard};
+use std::time::{Duration, Instant};
 
 use leasehold_core::{Response, State};
 use leasehold_raft::{NodeId, TypeConfig};
@@ -27,11 +28,13 @@ use openraft::{
     BasicNode, Entry, EntryPayload, LogId, OptionalSend, RaftSnapshotBuilder, Snapshot,
     SnapshotMeta, StorageError as RaftStorageError, StorageIOError, StoredMembership,
 };
-use serde::{Deserialize, Serialize};
+use serde::Deserialize;
+#[cfg(test)]
+use serde::Serialize;
 use tokio::sync::watch;
 
 use crate::StorageError;
-use crate::codec::{decode, digest, encode};
+use crate::codec::{decode, digest, encode, encode_into};
 use crate::durable;
 use crate::failpoint::Failpoint;
 use crate::layout::{SNAPSHOT_DATA_KEY, SNAPSHOT_FILE, SNAPSHOT_META_KEY, SNAPSHOT_TREE};
@@ -50,9 +53,10 @@ struct Applied {
     state: State,
 }
 
-/// The snapshot body as written: field for field the same bincode as
-/// [`SnapshotBody`], but borrowing, so building a snapshot does not copy the
-/// state first.
+/// The snapshot body as one value: field for field the same bincode as
+/// [`SnapshotBody`], but borrowing. A build streams these bytes piece by
+/// piece instead (a test checks they are the same).
+#[cfg(test)]
 #[derive(Serialize)]
 struct SnapshotBodyRef<'a> {
     last_applied: &'a Option<LogId<NodeId>>,
@@ -115,6 +119,26 @@ impl SnapshotBody {
     }
 }
 
+/// Jobs encoded per hold of the state lock while a snapshot is written: a
+/// chunk of small jobs encodes in well under a millisecond, and apply waits
+/// at most that long for it.
+const SNAPSHOT_CHUNK_JOBS: usize = 1_024;
+
+/// A chunk also ends once its encoding passes this many bytes, so a chunk
+/// of large payloads neither holds the lock long nor grows a large buffer.
+const SNAPSHOT_CHUNK_BYTES: usize = 512 * 1024;
+
+/// How the last snapshot build went.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SnapshotBuildStats {
+    /// The longest single hold of the state lock during the build.
+    pub longest_lock_hold: Duration,
+    /// Jobs written.
+    pub jobs: u64,
+    /// Bytes of the snapshot body (without the file's header and meta).
+    pub bytes: u64,
+}
+
 /// The state machine: live [`State`] in memory, snapshots in a file. Cheap to
 /// clone; clones share the state, so the node can keep one for reads while
 /// openraft owns another.
@@ -132,6 +156,8 @@ pub struct StateMachineStore {
     /// Where the snapshot file lives (the data directory).
     dir: PathBuf,
     failpoint: Failpoint,
+    /// How the last snapshot build (in this process) went.
+    last_build: Arc<Mutex<Option<SnapshotBuildStats>>>,
 }
 
 impl StateMachineStore {
@@ -171,6 +197,7 @@ impl StateMachineStore {
             legacy_snapshots,
             dir: dir.to_path_buf(),
             failpoint,
+            last_build: Arc::new(Mutex::new(None)),
         })
     }
 
@@ -255,78 +282,173 @@ impl StateMachineStore {
         outcome.map(|()| responses)
     }
 
-    /// Encodes the current state as a snapshot body plus its meta.
-    fn encode_snapshot(&self) -> Result<(Meta, Vec<u8>), StorageError> {
-        let applied = self.applied.read().map_err(|_| StorageError::Poisoned)?;
-        let bytes = encode(
-            "snapshot",
-            &SnapshotBodyRef {
-                last_applied: &applied.last_applied,
-                last_membership: &applied.last_membership,
-                state: &applied.state,
-            },
-        )?;
+    /// How the last snapshot build of this process went (`None` before
+    /// the first).
+    pub fn last_snapshot_build(&self) -> Option<SnapshotBuildStats> {
+        *self.last_build.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Builds a snapshot of the current state straight into the snapshot
+    /// file and returns once it is on stable storage. The state is frozen
+    /// under the lock (a copy of the small tables, not of the jobs) and its
+    /// jobs are then encoded [`SNAPSHOT_CHUNK_JOBS`] at a time, the lock
+    /// taken for each chunk and the bytes written outside it, while apply
+    /// goes on; jobs it changes meanwhile are kept in their frozen form
+    /// (see [`State::freeze`]). A persisted snapshot further along the log
+    /// is left in place (a slow build must not undo a faster one).
+    ///
+    /// The snapshot returned carries the meta only: openraft 0.9 keeps
+    /// nothing else of a built snapshot, and sends followers what
+    /// [`RaftStateMachine::get_current_snapshot`] reads from the file.
+    async fn build(&self) -> Result<Snapshot<TypeConfig>, StorageError> {
+        let mut current = self.snapshot_write.lock().await;
+        self.failpoint.check()?;
+        let persisted = current.as_ref().and_then(|meta| meta.last_log_id);
+        let store = self.clone();
+        let (meta, stats) =
+            tokio::task::spawn_blocking(move || store.write_snapshot_file(persisted))
+                .await
+                .map_err(|e| StorageError::Sled(sled::Error::Io(std::io::Error::other(e))))??;
+        match stats {
+            Some(stats) => {
+                *current = Some(meta.clone());
+                *self.last_build.lock().unwrap_or_else(PoisonError::into_inner) = Some(stats);
+                // The file supersedes a snapshot kept in sled by an older
+                // version; dropping that one needs no flush (the file is
+                // read first).
+                if !self.legacy_snapshots.is_empty() {
+                    self.legacy_snapshots.clear()?;
+                }
+                tracing::info!(snapshot_id = %meta.snapshot_id, bytes = stats.bytes,
+                    jobs = stats.jobs,
+                    lock_hold_longest_us = stats.longest_lock_hold.as_micros() as u64,
+                    "snapshot persisted");
+            }
+            None => {
+                let kept = current.as_ref().map(|meta| meta.snapshot_id.as_str()).unwrap_or("");
+                tracing::info!(kept, dropped = %meta.snapshot_id,
+                    "a newer snapshot is already persisted");
+            }
+        }
+        Ok(Snapshot { meta, snapshot: Box::new(Cursor::new(Vec::new())) })
+    }
+
+    /// The blocking half of [`StateMachineStore::build`]: freezes the
+    /// state, and unless `persisted` is further along, streams it into the
+    /// snapshot file. Returns the meta, and the build's figures when the
+    /// file was written.
+    fn write_snapshot_file(
+        &self,
+        persisted: Option<LogId<NodeId>>,
+    ) -> Result<(Meta, Option<SnapshotBuildStats>), StorageError> {
+        let hold = Instant::now();
+        let (last_applied, last_membership, head, tail) = {
+            let mut applied = self.applied.write().map_err(|_| StorageError::Poisoned)?;
+            let (head, tail) = applied.state.freeze();
+            (applied.last_applied, applied.last_membership.clone(), head, tail)
+        };
+        let mut longest = hold.elapsed();
+        // Whatever happens below, the state stops keeping jobs for this view.
+        let _thaw = Thaw { applied: &self.applied, ticket: head.ticket };
         // sled's id generator survives restarts, so a snapshot id is never
         // reused even for the same log position.
         let serial = self.db.generate_id()?;
-        let position = match &applied.last_applied {
+        let position = match &last_applied {
             Some(log_id) => format!("{}-{}", log_id.leader_id.term, log_id.index),
             None => "empty".to_string(),
         };
         let meta = Meta {
-            last_log_id: applied.last_applied,
-            last_membership: applied.last_membership.clone(),
+            last_log_id: last_applied,
+            last_membership: last_membership.clone(),
             snapshot_id: format!("{position}-{serial}"),
         };
-        Ok((meta, bytes))
+        if persisted > meta.last_log_id {
+            return Ok((meta, None));
+        }
+        let meta_bytes = encode("snapshot meta", &meta)?;
+        let (jobs, bytes) = durable::replace_file_with(&self.dir, SNAPSHOT_FILE, |file| {
+            let io = |source| StorageError::Io {
+                what: "write",
+                path: self.dir.join(SNAPSHOT_FILE),
+                source,
+            };
+            file.write_all(SNAPSHOT_MAGIC).map_err(io)?;
+            file.write_all(&(meta_bytes.len() as u64).to_le_bytes()).map_err(io)?;
+            file.write_all(&meta_bytes).map_err(io)?;
+            // The body, field by field: what encoding a `SnapshotBodyRef`
+            // writes (bincode puts a struct's fields, and a map's length
+            // and entries, one after another).
+            let mut body = Vec::with_capacity(2 * SNAPSHOT_CHUNK_BYTES);
+            encode_into(
+                "snapshot",
+                &mut body,
+                &(&last_applied, &last_membership, &head.counters, &head.job_count),
+            )?;
+            let mut bytes = 0u64;
+            let mut jobs = 0u64;
+            loop {
+                file.write_all(&body).map_err(io)?;
+                bytes = bytes.saturating_add(body.len() as u64);
+                body.clear();
+                let hold = Instant::now();
+                let read = {
+                    let mut applied = self.applied.write().map_err(|_| StorageError::Poisoned)?;
+                    applied.state.read_frozen_jobs(head.ticket, SNAPSHOT_CHUNK_JOBS, |job| {
+                        jobs = jobs.saturating_add(1);
+                        encode_into("snapshot", &mut body, &job)
+                            .map(|()| body.len() < SNAPSHOT_CHUNK_BYTES)
+                    })
+                };
+                longest = longest.max(hold.elapsed());
+                if read?? {
+                    break;
+                }
+            }
+            if jobs != head.job_count {
+                return Err(StorageError::Inconsistent {
+                    tree: SNAPSHOT_FILE,
+                    key: SNAPSHOT_DATA_KEY.to_string(),
+                    detail: format!("froze {} jobs but read {jobs}", head.job_count),
+                });
+            }
+            encode_into("snapshot", &mut body, &tail)?;
+            file.write_all(&body).map_err(io)?;
+            bytes = bytes.saturating_add(body.len() as u64);
+            Ok((jobs, bytes))
+        })?;
+        Ok((meta, Some(SnapshotBuildStats { longest_lock_hold: longest, jobs, bytes })))
     }
 
-    /// Writes `meta` and `bytes` as the current snapshot file and returns
-    /// once both are on stable storage. With `keep_newer`, a persisted
-    /// snapshot further along the log is left in place (a slow build must
-    /// not undo a faster one).
-    async fn persist_snapshot(
-        &self,
-        meta: &Meta,
-        bytes: &[u8],
-        keep_newer: bool,
-    ) -> Result<(), StorageError> {
+    /// Writes a received snapshot (`meta` and body `bytes`) as the current
+    /// snapshot file and returns once both are on stable storage.
+    async fn persist_received(&self, meta: &Meta, bytes: Vec<u8>) -> Result<(), StorageError> {
         let mut current = self.snapshot_write.lock().await;
         self.failpoint.check()?;
-        if keep_newer
-            && let Some(current) = current.as_ref()
-            && current.last_log_id > meta.last_log_id
-        {
-            tracing::info!(kept = %current.snapshot_id, dropped = %meta.snapshot_id,
-                "a newer snapshot is already persisted");
-            return Ok(());
-        }
-        let file = encode_snapshot_file(meta, bytes)?;
+        let meta_bytes = encode("snapshot meta", meta)?;
         let dir = self.dir.clone();
-        tokio::task::spawn_blocking(move || durable::replace_file(&dir, SNAPSHOT_FILE, &file))
-            .await
-            .map_err(|e| StorageError::Sled(sled::Error::Io(std::io::Error::other(e))))??;
+        let length = bytes.len();
+        tokio::task::spawn_blocking(move || {
+            durable::replace_file_with(&dir, SNAPSHOT_FILE, |file| {
+                write_snapshot_file_parts(file, &meta_bytes, &bytes).map_err(|source| {
+                    StorageError::Io { what: "write", path: dir.join(SNAPSHOT_FILE), source }
+                })
+            })
+        })
+        .await
+        .map_err(|e| StorageError::Sled(sled::Error::Io(std::io::Error::other(e))))??;
         *current = Some(meta.clone());
-        // The file supersedes a snapshot kept in sled by an older version;
-        // dropping that one needs no flush (the file is read first).
         if !self.legacy_snapshots.is_empty() {
             self.legacy_snapshots.clear()?;
         }
-        tracing::info!(snapshot_id = %meta.snapshot_id, bytes = bytes.len(), "snapshot persisted");
+        tracing::info!(snapshot_id = %meta.snapshot_id, bytes = length, "snapshot persisted");
         Ok(())
-    }
-
-    async fn build(&self) -> Result<Snapshot<TypeConfig>, StorageError> {
-        let (meta, bytes) = self.encode_snapshot()?;
-        self.persist_snapshot(&meta, &bytes, true).await?;
-        Ok(Snapshot { meta, snapshot: Box::new(Cursor::new(bytes)) })
     }
 
     async fn install(&self, meta: &Meta, bytes: Vec<u8>) -> Result<(), StorageError> {
         let body = SnapshotBody::decode_for(meta, &bytes)?;
         // Persist first: once the in-memory state moves, openraft may purge
         // the log the snapshot covers, and a restart must find the snapshot.
-        self.persist_snapshot(meta, &bytes, false).await?;
+        self.persist_received(meta, bytes).await?;
         let index = index_of(&body.last_applied);
         {
             // The whole state is replaced, so a lock poisoned by an earlier
@@ -345,6 +467,18 @@ impl StateMachineStore {
     }
 }
 
+/// Drops a frozen view when the build that made it ends, however it ends.
+struct Thaw<'a> {
+    applied: &'a RwLock<Applied>,
+    ticket: u64,
+}
+
+impl Drop for Thaw<'_> {
+    fn drop(&mut self) {
+        self.applied.write().unwrap_or_else(PoisonError::into_inner).state.thaw(self.ticket);
+    }
+}
+
 /// The log index of `log_id`, `0` for none.
 fn index_of(log_id: &Option<LogId<NodeId>>) -> u64 {
     log_id.as_ref().map_or(0, |log_id| log_id.index)
@@ -353,16 +487,18 @@ fn index_of(log_id: &Option<LogId<NodeId>>) -> u64 {
 /// The first bytes of a snapshot file (and its format's version).
 const SNAPSHOT_MAGIC: &[u8; 8] = b"LHSNAP01";
 
-/// A snapshot file: the magic, the encoded meta's length (little-endian
-/// `u64`), the encoded meta, then the snapshot bytes to the end.
-fn encode_snapshot_file(meta: &Meta, bytes: &[u8]) -> Result<Vec<u8>, StorageError> {
-    let meta = encode("snapshot meta", meta)?;
-    let mut file = Vec::with_capacity(SNAPSHOT_MAGIC.len() + 8 + meta.len() + bytes.len());
-    file.extend_from_slice(SNAPSHOT_MAGIC);
-    file.extend_from_slice(&(meta.len() as u64).to_le_bytes());
-    file.extend_from_slice(&meta);
-    file.extend_from_slice(bytes);
-    Ok(file)
+/// Writes a snapshot file: the magic, the encoded meta's length
+/// (little-endian `u64`), the encoded meta, then the snapshot bytes to the
+/// end.
+fn write_snapshot_file_parts(
+    file: &mut impl Write,
+    meta: &[u8],
+    bytes: &[u8],
+) -> std::io::Result<()> {
+    file.write_all(SNAPSHOT_MAGIC)?;
+    file.write_all(&(meta.len() as u64).to_le_bytes())?;
+    file.write_all(meta)?;
+    file.write_all(bytes)
 }
 
 /// The snapshot file's meta and bytes, if one was ever written.
@@ -386,8 +522,10 @@ fn read_snapshot_file(dir: &Path) -> Result<Option<(Meta, Vec<u8>)>, StorageErro
         .filter(|len| *len <= file.len() - header)
         .ok_or_else(|| damaged("meta length past the end of the file"))?;
     let meta: Meta = decode(SNAPSHOT_FILE, "meta", &file[header..header + meta_len])?;
-    let bytes = file.split_off(header + meta_len);
-    Ok(Some((meta, bytes)))
+    // In place: the body is most of the file, and a copy of it would
+    // double what loading a snapshot costs.
+    file.drain(..header + meta_len);
+    Ok(Some((meta, file)))
 }
 
 /// The snapshot an older version kept in sled, if any.
@@ -590,11 +728,99 @@ mod tests {
         Ok(())
     }
 
+    /// Entry `index` of a test log, carrying `command`.
+    fn entry(index: u64, command: leasehold_core::Command) -> Entry<TypeConfig> {
+        let proposal = leasehold_core::Proposal { now_ms: 1_000 + index, command };
+        Entry {
+            log_id: LogId::new(openraft::CommittedLeaderId::new(1, 1), index),
+            payload: EntryPayload::Normal(proposal),
+        }
+    }
+
+    /// Enqueues, and claims that change jobs already enqueued.
+    fn commands(count: usize) -> Vec<leasehold_core::Command> {
+        use leasehold_core::{Command, JobSpec};
+        (0..count)
+            .map(|i| match i {
+                0..5 => Command::Enqueue {
+                    jobs: (0..1_000)
+                        .map(|n| JobSpec {
+                            queue: format!("q{}", n % 3),
+                            payload: vec![7; 64],
+                            ..JobSpec::default()
+                        })
+                        .collect(),
+                },
+                _ if i % 2 == 0 => Command::Claim {
+                    worker: "w".into(),
+                    queue: format!("q{}", i % 3),
+                    max: 40,
+                    lease_ttl_ms: None,
+                    selector: vec![],
+                },
+                _ => Command::Enqueue {
+                    jobs: vec![JobSpec { queue: "q0".into(), ..JobSpec::default() }],
+                },
+            })
+            .collect()
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_snapshot_built_while_entries_apply_is_the_state_at_its_log_id() -> anyhow::Result<()>
+    {
+        let dir = tempfile::tempdir()?;
+        let (_, store) = crate::open(dir.path())?;
+        let commands = commands(400);
+        let entries: Vec<_> =
+            commands.iter().cloned().enumerate().map(|(i, c)| entry(i as u64 + 1, c)).collect();
+        store.apply_entries(entries[..5].to_vec())?;
+        let applier = store.clone();
+        let rest = entries[5..].to_vec();
+        let applying = std::thread::spawn(move || {
+            for entry in rest {
+                applier.apply_entries([entry])?;
+            }
+            Ok::<_, StorageError>(())
+        });
+        let built = store.build().await?;
+        applying.join().map_err(|_| anyhow::anyhow!("the applier panicked"))??;
+        let stats = store.last_snapshot_build().ok_or_else(|| anyhow::anyhow!("no stats"))?;
+        assert!(stats.jobs >= 5_000, "{stats:?}");
+
+        let (meta, bytes) =
+            read_snapshot_file(dir.path())?.ok_or_else(|| anyhow::anyhow!("file"))?;
+        assert_eq!(meta, built.meta);
+        assert_eq!(stats.bytes, bytes.len() as u64);
+        let body = SnapshotBody::decode_for(&meta, &bytes)?;
+        let at = index_of(&body.last_applied);
+        let mut expected = State::new();
+        for entry in &entries[..at as usize] {
+            if let EntryPayload::Normal(proposal) = &entry.payload {
+                expected.apply(1, proposal);
+            }
+        }
+        assert_eq!(body.state, expected, "the snapshot is the state at index {at}");
+        assert_eq!(body.state.check_invariants(), Ok(()));
+        // And byte for byte what encoding that state whole gives.
+        let whole = encode(
+            "snapshot",
+            &SnapshotBodyRef {
+                last_applied: &body.last_applied,
+                last_membership: &body.last_membership,
+                state: &expected,
+            },
+        )?;
+        assert_eq!(whole, bytes);
+        assert_eq!(store.read(State::frozen_kept), 0, "the view is dropped after the build");
+        Ok(())
+    }
+
     #[test]
     fn a_damaged_snapshot_file_is_an_error_naming_it() -> anyhow::Result<()> {
         let dir = tempfile::tempdir()?;
         let (_, meta, bytes) = one_job_snapshot("file");
-        let file = encode_snapshot_file(&meta, &bytes)?;
+        let mut file = Vec::new();
+        write_snapshot_file_parts(&mut file, &encode("meta", &meta)?, &bytes)?;
         std::fs::write(dir.path().join(SNAPSHOT_FILE), &file)?;
         let read = read_snapshot_file(dir.path())?;
         assert_eq!(read, Some((meta, bytes)));

@@ -13,10 +13,10 @@ impl State {
             .indexes
             .expiries
             .iter()
-            .filter_map(|&(_, job_id)| self.jobs.get(&job_id))
-            .filter(|job| key.is_none_or(|key| job.idempotency_key.as_deref() == Some(key)))
-            .filter_map(|job| {
-                job.lease.as_ref().filter(|lease| lease.holder == holder).map(|l| (job.id, l.token))
+            .filter_map(|&(_, job_id)| Some((job_id, self.jobs.get(&job_id)?)))
+            .filter(|(_, job)| key.is_none_or(|key| job.idempotency_key() == Some(key)))
+            .filter_map(|(job_id, job)| {
+                job.lease().filter(|lease| lease.holder == holder).map(|l| (job_id, l.token))
             })
             .collect();
         held.sort_unstable();

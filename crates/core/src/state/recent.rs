@@ -5,7 +5,7 @@
 //! The Stats call answers these, and the status page reads them there.
 
 use super::{LEASE_EXPIRED_ERROR, State};
-use crate::job::{Job, JobState};
+use crate::job::{JobState, StoredJob};
 
 /// At most this many entries in each recent list.
 pub const RECENT_LIMIT: usize = 20;
@@ -57,7 +57,7 @@ impl State {
             .iter()
             .filter_map(|(queue, index)| {
                 let &(due_ms, _) = index.due_order.first()?;
-                (due_ms <= at_ms).then(|| (queue.clone(), due_ms))
+                (due_ms <= at_ms).then(|| (queue.to_string(), due_ms))
             })
             .collect()
     }
@@ -66,16 +66,16 @@ impl State {
     /// [`RECENT_SCAN`]) whose last failed attempt was a lease expiry.
     pub fn recent_expiries(&self) -> Vec<ExpiredLease> {
         self.newest_jobs()
-            .filter(|job| job.last_error.as_deref() == Some(LEASE_EXPIRED_ERROR))
+            .filter(|(_, job)| job.last_error() == Some(LEASE_EXPIRED_ERROR))
             .take(RECENT_LIMIT)
-            .map(|job| ExpiredLease {
-                job_id: job.id,
-                queue: job.queue.clone(),
+            .map(|(job_id, job)| ExpiredLease {
+                job_id,
+                queue: job.queue.to_string(),
                 attempts: job.attempts,
                 state: job.state,
                 expired_at_ms: match job.state {
                     JobState::Ready => Some(job.not_before_ms),
-                    JobState::Dead => job.finished_at_ms,
+                    JobState::Dead => job.finished_at_ms(),
                     JobState::Claimed | JobState::Acked => None,
                 },
             })
@@ -87,24 +87,24 @@ impl State {
     /// delivery.
     pub fn recent_redeliveries(&self) -> Vec<Redelivery> {
         self.newest_jobs()
-            .filter(|job| job.state == JobState::Claimed && job.attempts > 0)
-            .filter_map(|job| {
-                let lease = job.lease.as_ref()?;
+            .filter(|(_, job)| job.state == JobState::Claimed && job.attempts > 0)
+            .filter_map(|(job_id, job)| {
+                let lease = job.lease()?;
                 Some(Redelivery {
-                    job_id: job.id,
-                    queue: job.queue.clone(),
+                    job_id,
+                    queue: job.queue.to_string(),
                     delivery: job.attempts.saturating_add(1),
                     holder: lease.holder.clone(),
                     granted_at_ms: lease.granted_at_ms,
-                    last_error: job.last_error.clone().unwrap_or_default(),
+                    last_error: job.last_error().unwrap_or_default().to_owned(),
                 })
             })
             .take(RECENT_LIMIT)
             .collect()
     }
 
-    fn newest_jobs(&self) -> impl Iterator<Item = &Job> {
-        self.jobs.values().rev().take(RECENT_SCAN)
+    fn newest_jobs(&self) -> impl Iterator<Item = (u64, &StoredJob)> {
+        self.jobs.iter().rev().take(RECENT_SCAN).map(|(&id, job)| (id, job))
     }
 }
 

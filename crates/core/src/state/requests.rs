@@ -90,8 +90,8 @@ impl State {
                 .iter()
                 .filter_map(|(job_id, token)| {
                     let job = self.jobs.get(job_id).filter(|job| job.state == JobState::Claimed)?;
-                    let lease = job.lease.as_ref().filter(|lease| lease.token == *token)?;
-                    Some(Grant { job: job.clone(), lease: lease.clone() })
+                    let lease = job.lease().filter(|lease| lease.token == *token)?;
+                    Some(Grant { job: job.to_job(*job_id), lease: lease.clone() })
                 })
                 .collect();
             return Response::Claimed(grants);

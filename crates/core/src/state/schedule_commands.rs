@@ -163,7 +163,7 @@ impl State {
                 .copied()
                 .filter(|id| {
                     self.jobs.get(id).is_some_and(|job| {
-                        job.tags.contains(&tag)
+                        job.tags().contains(&tag)
                             && matches!(job.state, JobState::Ready | JobState::Claimed)
                     })
                 })

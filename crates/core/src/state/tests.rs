@@ -6,6 +6,8 @@
 use super::*;
 use crate::command::MAX_CLOCK_OFFSET_MS;
 use crate::job::Backoff;
+use crate::node_info::NodeInfo;
+use crate::schedule::Schedule;
 use crate::validate::ValidationKind;
 
 const EPOCH: u64 = 7;
@@ -66,7 +68,7 @@ fn claimed_ids(grants: &[Grant]) -> Vec<u64> {
     grants.iter().map(|grant| grant.job.id).collect()
 }
 
-fn job(state: &State, job_id: u64) -> &Job {
+fn job(state: &State, job_id: u64) -> Job {
     state.job(job_id).expect("job is retained")
 }
 
@@ -347,7 +349,7 @@ mod claim {
             assert_eq!(grant.lease.expires_at_ms, 2_000 + ttl_ms);
             assert_eq!(grant.job.state, JobState::Claimed);
             assert_eq!(grant.job.lease.as_ref(), Some(&grant.lease));
-            assert_eq!(job(&state, grant.job.id), &grant.job);
+            assert_eq!(job(&state, grant.job.id), grant.job);
         }
         assert_eq!(state.last_token(), 2);
         assert_eq!(state.next_expiry_ms(0), Some(2_000 + 5_000));
@@ -1144,7 +1146,7 @@ mod queries {
         state
     }
 
-    fn ids(jobs: Vec<&Job>) -> Vec<u64> {
+    fn ids(jobs: Vec<Job>) -> Vec<u64> {
         jobs.iter().map(|job| job.id).collect()
     }
 
@@ -1168,7 +1170,7 @@ mod queries {
         assert!(state.jobs(&unknown, 0, 100).is_empty());
         for filter in [all, queue_a, ready, ready_b] {
             for job in state.jobs(&filter, 0, 100) {
-                assert!(filter.matches(job));
+                assert!(filter.matches(&job));
             }
         }
     }
@@ -1226,6 +1228,86 @@ mod snapshot {
             let proposal = Proposal { now_ms: 100_000, command };
             assert_eq!(restored.apply(3, &proposal), state.apply(3, &proposal));
             assert_eq!(restored, state);
+        }
+    }
+
+    /// The state as versions before the compact job form wrote it: derived
+    /// serde over a table of whole [`Job`]s.
+    #[derive(Serialize, Deserialize)]
+    struct WrittenBefore {
+        cluster_time_ms: u64,
+        last_token: u64,
+        last_job_id: u64,
+        jobs: BTreeMap<u64, Job>,
+        schedules: BTreeMap<String, Schedule>,
+        nodes: BTreeMap<u64, NodeInfo>,
+        epoch: u64,
+        grace_end_ms: u64,
+        requests: requests::RequestLog,
+    }
+
+    /// A state whose jobs use every field the compact form keeps apart:
+    /// tags, keys, a result, a last error, leases, odd settings.
+    fn varied_state() -> State {
+        let mut state = State::new();
+        let odd = JobSpec {
+            payload: b"payload".to_vec(),
+            priority: -3,
+            max_attempts: Some(2),
+            backoff: Some(Backoff { base_ms: 10, cap_ms: 20 }),
+            lease_ttl_ms: Some(5_000),
+            tags: vec!["gpu".into(), "eu".into()],
+            ..keyed("q", "k")
+        };
+        enqueue(&mut state, 1_000, vec![odd, spec("q"), spec("r"), keyed("q", "k2"), spec("q")]);
+        let grants = claim(&mut state, 1_000, "q", 3);
+        let result = Some(b"out".to_vec());
+        let (first, second) = (&grants[0], &grants[1]);
+        apply(
+            &mut state,
+            1_100,
+            Command::Ack { job_id: first.job.id, token: first.lease.token, result },
+        );
+        let nack = Command::Nack {
+            job_id: second.job.id,
+            token: second.lease.token,
+            error: "boom".into(),
+            retry_after_ms: None,
+        };
+        apply(&mut state, 1_200, nack);
+        state
+    }
+
+    #[test]
+    fn the_compact_form_writes_the_bytes_the_whole_jobs_wrote_and_reads_them() {
+        let state = varied_state();
+        let bytes = bincode::serialize(&state).expect("serializes");
+        let before: WrittenBefore = bincode::deserialize(&bytes).expect("the old layout reads it");
+        assert_eq!(before.jobs.len(), 5);
+        for (id, job) in &before.jobs {
+            assert_eq!(Some(job), state.job(*id).as_ref(), "job {id} as written");
+        }
+        let old_bytes = bincode::serialize(&before).expect("serializes");
+        assert_eq!(old_bytes, bytes, "byte for byte the old layout");
+        let loaded: State = bincode::deserialize(&old_bytes).expect("an old snapshot loads");
+        assert_eq!(loaded, state);
+        assert_eq!(loaded.check_invariants(), Ok(()));
+    }
+
+    #[test]
+    fn jobs_of_one_queue_share_the_name_and_common_settings_take_no_side_part() {
+        let state = varied_state();
+        let bytes = bincode::serialize(&state).expect("serializes");
+        let loaded: State = bincode::deserialize(&bytes).expect("deserializes");
+        for state in [&state, &loaded] {
+            let names: Vec<_> =
+                [1, 2, 5].iter().map(|id| Arc::clone(&state.jobs[id].queue)).collect();
+            assert!(
+                names.windows(2).all(|w| Arc::ptr_eq(&w[0], &w[1])),
+                "one allocation per queue"
+            );
+            assert!(state.jobs[&3].is_plain(), "a ready job with defaults is stored plain");
+            assert!(!state.jobs[&2].is_plain(), "a tombstone keeps its lease apart");
         }
     }
 }

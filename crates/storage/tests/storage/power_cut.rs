@@ -100,7 +100,12 @@ async fn an_acknowledged_snapshot_survives_a_power_cut() -> anyhow::Result<()> {
         state_machine.apply(written.clone()).await?;
         let snapshot = state_machine.get_snapshot_builder().await.build_snapshot().await?;
         assert_eq!(snapshot.meta.last_log_id, Some(log_id(1, 5)));
-        assert!(snapshot.snapshot.get_ref().len() > 2 * LARGE, "a snapshot over 128 KiB");
+        // A build writes the file and reports the meta; the bytes are what
+        // openraft reads back to send.
+        let current = state_machine.get_current_snapshot().await?;
+        let current = current.ok_or_else(|| anyhow::anyhow!("no current snapshot"))?;
+        assert_eq!(current.meta, snapshot.meta);
+        assert!(current.snapshot.get_ref().len() > 2 * LARGE, "a snapshot over 128 KiB");
         // With the snapshot reported built, openraft may purge what it covers.
         log_store.purge(log_id(1, 5)).await?;
         fs.cut()?
