@@ -13,4 +13,4 @@ pub mod network;
 pub mod types;
 
 pub use network::{NetworkFactory, PeerChannel, PeerSecurity, PeerTls};
-pub use types::{NodeId, Raft, TypeConfig};
+pub use types::{NodeId, Raft, TypeConfig, apply_entry};

@@ -4,8 +4,9 @@
 //!
 //! It follows the sled store's state machine: the live
 //! [`State`](leasehold_core::State) is in memory and changes only through
-//! [`State::apply`], with the lease epoch taken from the term of the leader
-//! that committed the entry; exactly one response per entry; only snapshots
+//! [`leasehold_raft::apply_entry`], the node's own apply rule
+//! ([`State::apply`] with the lease epoch taken from the term of the leader
+//! that committed the entry); exactly one response per entry; only snapshots
 //! reach the disk, synced before they are reported built or installed, and
 //! a slower build never replaces a newer persisted snapshot.
 
@@ -16,8 +17,8 @@ use leasehold_core::{Response, State};
 use leasehold_raft::{NodeId, TypeConfig};
 use openraft::storage::RaftStateMachine;
 use openraft::{
-    BasicNode, Entry, EntryPayload, LogId, OptionalSend, RaftSnapshotBuilder, Snapshot,
-    StorageError, StorageIOError, StoredMembership,
+    BasicNode, Entry, LogId, OptionalSend, RaftSnapshotBuilder, Snapshot, StorageError,
+    StorageIOError, StoredMembership,
 };
 use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
@@ -153,17 +154,13 @@ impl SimStateMachine {
                 });
                 break;
             }
-            let response = match &entry.payload {
-                EntryPayload::Normal(proposal) => {
-                    applied.state.apply(entry.log_id.leader_id.term, proposal)
-                }
-                EntryPayload::Blank => Response::Empty,
-                EntryPayload::Membership(membership) => {
-                    applied.last_membership =
-                        StoredMembership::new(Some(entry.log_id), membership.clone());
-                    Response::Empty
-                }
-            };
+            // Exactly one response per entry, Raft-internal ones included.
+            let applied = &mut *applied;
+            let response = leasehold_raft::apply_entry(
+                &mut applied.state,
+                &mut applied.last_membership,
+                &entry,
+            );
             applied.last_applied = Some(entry.log_id);
             responses.push(response);
         }

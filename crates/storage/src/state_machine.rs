@@ -25,8 +25,8 @@ use leasehold_core::{Response, State};
 use leasehold_raft::{NodeId, TypeConfig};
 use openraft::storage::RaftStateMachine;
 use openraft::{
-    BasicNode, Entry, EntryPayload, LogId, OptionalSend, RaftSnapshotBuilder, Snapshot,
-    SnapshotMeta, StorageError as RaftStorageError, StorageIOError, StoredMembership,
+    BasicNode, Entry, LogId, OptionalSend, RaftSnapshotBuilder, Snapshot, SnapshotMeta,
+    StorageError as RaftStorageError, StorageIOError, StoredMembership,
 };
 use serde::Deserialize;
 #[cfg(test)]
@@ -260,19 +260,12 @@ impl StateMachineStore {
                 break;
             }
             // Exactly one response per entry, Raft-internal ones included.
-            let response = match &entry.payload {
-                EntryPayload::Normal(proposal) => {
-                    // The epoch of a lease is the term of the leader that
-                    // committed the entry carrying the claim.
-                    applied.state.apply(entry.log_id.leader_id.term, proposal)
-                }
-                EntryPayload::Blank => Response::Empty,
-                EntryPayload::Membership(membership) => {
-                    applied.last_membership =
-                        StoredMembership::new(Some(entry.log_id), membership.clone());
-                    Response::Empty
-                }
-            };
+            let applied = &mut *applied;
+            let response = leasehold_raft::apply_entry(
+                &mut applied.state,
+                &mut applied.last_membership,
+                &entry,
+            );
             applied.last_applied = Some(entry.log_id);
             responses.push(response);
         }
@@ -733,7 +726,7 @@ mod tests {
         let proposal = leasehold_core::Proposal { now_ms: 1_000 + index, command };
         Entry {
             log_id: LogId::new(openraft::CommittedLeaderId::new(1, 1), index),
-            payload: EntryPayload::Normal(proposal),
+            payload: openraft::EntryPayload::Normal(proposal),
         }
     }
 
@@ -795,7 +788,7 @@ mod tests {
         let at = index_of(&body.last_applied);
         let mut expected = State::new();
         for entry in &entries[..at as usize] {
-            if let EntryPayload::Normal(proposal) = &entry.payload {
+            if let openraft::EntryPayload::Normal(proposal) = &entry.payload {
                 expected.apply(1, proposal);
             }
         }
