@@ -196,6 +196,45 @@ pub struct Nemesis {
 }
 
 const PROCESS: &str = "nemesis";
+/// The process name of a disk-full round's own writer.
+const DISK_WRITER: &str = "disk-writer";
+
+/// Enqueues a job every 200 ms until aborted at heal, each recorded as a
+/// producer's enqueue (its value names the round and its number).
+async fn disk_full_writer(
+    history: History,
+    client: leasehold_client::Client,
+    queue: String,
+    round: usize,
+) {
+    for n in 0_u64.. {
+        let value = format!("job-disk{round}-{n}");
+        let spec = v1::JobSpec {
+            queue: queue.clone(),
+            payload: value.as_bytes().to_vec(),
+            idempotency_key: Some(value.clone()),
+            ..v1::JobSpec::default()
+        };
+        let base = OpValue { value: Some(value), poison: Some(false), ..OpValue::default() };
+        history.invoke(DISK_WRITER, OpFunction::Enqueue, base.clone());
+        let answer = tokio::time::timeout(Duration::from_secs(5), client.enqueue(vec![spec])).await;
+        let (kind, value) = match answer {
+            Ok(Ok(results)) => {
+                let first = results.first();
+                let value = OpValue {
+                    job_id: first.map(|r| r.job_id),
+                    duplicate: first.map(|r| r.duplicate),
+                    ..base
+                };
+                (OpType::Ok, value)
+            }
+            Ok(Err(error)) => (OpType::Info, OpValue { message: Some(error.to_string()), ..base }),
+            Err(_) => (OpType::Info, OpValue { message: Some("timed out".into()), ..base }),
+        };
+        history.record(DISK_WRITER, kind, OpFunction::Enqueue, value);
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
 const DRAINER: &str = "drainer";
 /// Gate flips are their own process: the nemesis's fault operation is
 /// still open while it flips (one operation at a time per process).
@@ -1057,6 +1096,19 @@ impl Nemesis {
                     ));
                 }
                 active.note = Some(filled.join(", "));
+                // The window must see writes: a fast cluster may have enqueued
+                // the workload's whole share before this round, and a node
+                // whose log fails stops at once. A writer of the round's own
+                // enqueues through every node until heal, each recorded like
+                // a producer's, so the checker has acknowledged writes to
+                // hold the full disk's window to.
+                if let Some(extras) = self.extras.as_ref() {
+                    let client = extras.security.client(&extras.addrs.join(","), Role::Producer)?;
+                    let (history, queue, round) =
+                        (self.history.clone(), extras.queue.clone(), active.round);
+                    active.claimer =
+                        Some(tokio::spawn(disk_full_writer(history, client, queue, round)));
+                }
                 Ok(nodes)
             }
         }

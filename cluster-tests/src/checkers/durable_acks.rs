@@ -4,6 +4,10 @@
 //! During a `disk-full` round one node's data dir (a size-limited tmpfs) is
 //! filled with a ballast file until a write fails with ENOSPC; at heal the
 //! ballast goes, and the node is restarted if it did not recover by itself.
+//! Beside the workload, the round runs a writer of its own (`disk-writer`,
+//! an enqueue every 200 ms through every node until heal), so the window
+//! has writes even when the workload's share was all enqueued before it or
+//! the full node stopped at once (the raft log stops on a failed write).
 //! Every write the workload saw acknowledged between the injection and the
 //! end of the heal is checked against the final state read after heal:
 //! an enqueue answered ok names a job that exists and holds the enqueued
