@@ -11,7 +11,7 @@
 //! fault times. The run's history is plain text lines; its digest is what
 //! the determinism test compares.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
@@ -25,8 +25,9 @@ use openraft::{BasicNode, Config};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
+use crate::clock::{Clocks, HostClock};
 use crate::net::{SimNetwork, host_name, serve};
-use crate::{Crash, SimDisk, SimStateMachine};
+use crate::{Bug, Crash, SimDisk, SimStateMachine};
 
 /// How long the driver waits for one write before recording its outcome
 /// as unknown.
@@ -46,18 +47,69 @@ pub struct Plan {
     /// Crash the last node (losing its unsynced writes, or tearing them) and
     /// restart it later.
     pub crash_follower: bool,
+    /// Late in the run, right after a write is acknowledged, every node
+    /// loses power at once (unsynced writes lost), then all restart.
+    pub power_cut: bool,
+    /// Node 2's clock is set this far ahead, twice during the run: beyond
+    /// the clock bound, so (as a real node's clock watch does) it never
+    /// stands for election, but it keeps taking clients' commands.
+    pub clock_jump_ms: Option<u64>,
+    /// Bug classes planted for this run (none in a normal run).
+    pub bugs: BTreeSet<Bug>,
 }
 
 impl Plan {
-    /// A short plan with both faults.
+    /// A short plan whose faults the seed picks: each of a leader
+    /// partition, a follower crash, a power cut and a clock jump happens
+    /// on some seeds and not others, so a sweep covers them alone and
+    /// together.
     pub fn short(seed: u64) -> Plan {
-        Plan { seed, nodes: 3, operations: 40, partition_leader: true, crash_follower: true }
+        let mut rng = StdRng::seed_from_u64(seed ^ 0x5eed_91a2_c0ff_ee00);
+        Plan {
+            seed,
+            nodes: 3,
+            operations: 40,
+            partition_leader: rng.gen_bool(0.5),
+            crash_follower: rng.gen_bool(0.5),
+            power_cut: rng.gen_bool(0.4),
+            clock_jump_ms: rng.gen_bool(0.5).then(|| rng.gen_range(10_000..=60_000)),
+            bugs: BTreeSet::new(),
+        }
+    }
+
+    /// A short plan with every fault.
+    pub fn every_fault(seed: u64) -> Plan {
+        Plan {
+            partition_leader: true,
+            crash_follower: true,
+            power_cut: true,
+            clock_jump_ms: Some(30_000),
+            ..Plan::short(seed)
+        }
+    }
+
+    /// This plan with `bug` planted.
+    pub fn with_bug(mut self, bug: Bug) -> Plan {
+        self.bugs.insert(bug);
+        self
     }
 }
 
-/// The clock bound the checkers judge lease timing by (every simulated
-/// host shares turmoil's one clock, so any bound holds).
+/// The clock bound the checkers judge lease timing by: a real node's
+/// default `max_clock_offset_ms`, which the leader's sweep honours too.
 const CLOCK_BOUND_MS: u64 = 500;
+
+/// The simulation's step: every host runs once per tick of simulated time.
+/// Two milliseconds halves the steps of one (the default) and is still
+/// finer than every latency, sync and timer in a plan.
+const TICK_MS: u64 = 2;
+
+/// How far any host's clock is set off real time, at most: two leaders then
+/// disagree by at most twice this, under the bound.
+const MAX_SKEW_MS: i64 = 200;
+
+/// How far any host's clock runs fast or slow, at most (parts per million).
+const MAX_DRIFT_PPM: i64 = 500;
 
 /// The queue the workload uses.
 const QUEUE: &str = "q";
@@ -210,32 +262,28 @@ impl Registry {
     }
 }
 
-/// Where the crash fault stands, shared by the driver and the step loop.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Stage {
-    None,
-    CrashAsked,
-    Crashed,
-    RestartAsked,
-    Restarted,
+/// A fault the driver asks for and the step loop carries out between
+/// steps (a host can only be crashed or restarted from outside).
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum Fault {
+    /// These nodes' processes die, and their disks lose (or tear) what
+    /// was not synced.
+    Crash(Vec<NodeId>),
+    /// These nodes start again on what their disks hold.
+    Restart(Vec<NodeId>),
 }
 
-#[derive(Clone)]
-struct Faults(Arc<Mutex<Stage>>);
-
-impl Default for Faults {
-    fn default() -> Faults {
-        Faults(Arc::new(Mutex::new(Stage::None)))
-    }
-}
+/// The faults asked for and not yet carried out.
+#[derive(Clone, Default)]
+struct Faults(Arc<Mutex<Vec<Fault>>>);
 
 impl Faults {
-    fn stage(&self) -> Stage {
-        *self.0.lock().unwrap_or_else(PoisonError::into_inner)
+    fn ask(&self, fault: Fault) {
+        self.0.lock().unwrap_or_else(PoisonError::into_inner).push(fault);
     }
 
-    fn set(&self, stage: Stage) {
-        *self.0.lock().unwrap_or_else(PoisonError::into_inner) = stage;
+    fn take(&self) -> Vec<Fault> {
+        std::mem::take(&mut *self.0.lock().unwrap_or_else(PoisonError::into_inner))
     }
 }
 
@@ -316,20 +364,44 @@ fn leader(registry: &Registry, nodes: u64) -> Option<NodeId> {
         .map(|(_, leader)| leader)
 }
 
+/// The node whose clock a clock-jump plan sets ahead (never node 1, which
+/// forms the group and leads first).
+const JUMPED_NODE: NodeId = 2;
+
 /// Runs `plan` to the end and returns its record.
 pub fn run(plan: &Plan) -> Result<Run, ClusterError> {
     let mut rng = StdRng::seed_from_u64(plan.seed);
     let mut sim = turmoil::Builder::new()
         .rng_seed(plan.seed)
         .min_message_latency(Duration::from_millis(1))
-        .max_message_latency(Duration::from_millis(rng.gen_range(2..=20)))
+        .max_message_latency(Duration::from_millis(rng.gen_range(2..=10)))
         .simulation_duration(Duration::from_secs(300))
+        .tick_duration(Duration::from_millis(TICK_MS))
         .build();
     let registry = Registry::default();
     let history = History::default();
     let disks: BTreeMap<NodeId, SimDisk> = (1..=plan.nodes)
-        .map(|id| (id, SimDisk::with_sync_delay(Duration::from_millis(rng.gen_range(1..=5)))))
+        .map(|id| (id, SimDisk::with_sync_delay(Duration::from_millis(rng.gen_range(1..=12)))))
         .collect();
+    for bug in &plan.bugs {
+        for disk in disks.values() {
+            disk.plant(*bug);
+        }
+    }
+    // Every host's clock a little off real time and rate, within the
+    // bound of any two leaders' disagreement the checkers allow.
+    let clocks = Clocks::new(
+        (1..=plan.nodes)
+            .map(|id| {
+                let clock = HostClock {
+                    skew_ms: rng.gen_range(-MAX_SKEW_MS..=MAX_SKEW_MS),
+                    drift_ppm: rng.gen_range(-MAX_DRIFT_PPM..=MAX_DRIFT_PPM),
+                    jumped_ms: 0,
+                };
+                (id, clock)
+            })
+            .collect(),
+    );
 
     for (id, disk) in &disks {
         let id = *id;
@@ -341,6 +413,9 @@ pub fn run(plan: &Plan) -> Result<Run, ClusterError> {
             election_timeout_min: election_min,
             election_timeout_max: election_min + 1,
             install_snapshot_timeout: 2_000,
+            // A node whose clock is beyond the bound does not stand for
+            // election (the real node's clock watch makes the same call).
+            enable_elect: !(plan.clock_jump_ms.is_some() && id == JUMPED_NODE),
             ..Config::default()
         }
         .validate()
@@ -364,45 +439,50 @@ pub fn run(plan: &Plan) -> Result<Run, ClusterError> {
 
     let faults = Faults::default();
     let ops = Ops::default();
-    let driver = drive(
-        plan.clone(),
-        StdRng::seed_from_u64(rng.r#gen()),
-        registry.clone(),
-        history.clone(),
-        faults.clone(),
-        ops.clone(),
-    );
-    sim.client("driver", driver);
+    let driver = Driver {
+        plan: plan.clone(),
+        rng: StdRng::seed_from_u64(rng.r#gen()),
+        registry: registry.clone(),
+        history: history.clone(),
+        faults: faults.clone(),
+        ops: ops.clone(),
+        clocks,
+        held: Vec::new(),
+        released: Vec::new(),
+        next_value: 0,
+    };
+    sim.client("driver", driver.drive());
 
-    // Faults the driver cannot inject from inside (a crash and a restart):
+    // Faults the driver cannot inject from inside (crashes and restarts):
     // it asks, the step loop does them between steps.
-    let torn = rng.gen_bool(0.5);
-    let victim = plan.nodes;
     loop {
         let finished = sim.step().map_err(|e| ClusterError::Simulation(e.to_string()))?;
         if finished {
             break;
         }
         let elapsed = sim.elapsed().as_millis();
-        match faults.stage() {
-            Stage::CrashAsked => {
-                sim.crash(host_name(victim));
-                registry.lock().remove(&victim);
-                let crash = if torn {
-                    Crash::Torn { whole_writes: 0, torn_entries: 1 }
-                } else {
-                    Crash::LoseUnsynced
-                };
-                disks[&victim].crash(crash);
-                history.record(format!("{elapsed} node {victim} crashed ({crash:?})"));
-                faults.set(Stage::Crashed);
+        for fault in faults.take() {
+            match fault {
+                Fault::Crash(nodes) => {
+                    for node in nodes {
+                        sim.crash(host_name(node));
+                        registry.lock().remove(&node);
+                        let crash = if rng.gen_bool(0.5) {
+                            Crash::Torn { whole_writes: 0, torn_entries: 1 }
+                        } else {
+                            Crash::LoseUnsynced
+                        };
+                        disks[&node].crash(crash);
+                        history.record(format!("{elapsed} node {node} crashed ({crash:?})"));
+                    }
+                }
+                Fault::Restart(nodes) => {
+                    for node in nodes {
+                        sim.bounce(host_name(node));
+                        history.record(format!("{elapsed} node {node} restarted"));
+                    }
+                }
             }
-            Stage::RestartAsked => {
-                sim.bounce(host_name(victim));
-                history.record(format!("{elapsed} node {victim} restarted"));
-                faults.set(Stage::Restarted);
-            }
-            _ => {}
         }
     }
     let finals = registry
@@ -453,102 +533,227 @@ fn completion(response: &Response, invoke: OpValue) -> (OpType, OpValue) {
     }
 }
 
-/// The driver: forms the group, runs the workload, heals, and waits for
-/// every node to apply the leader's log.
-async fn drive(
+/// A write the workload makes next: its name in the history, the command,
+/// and how the checkers see it (`None`: not a checker operation).
+struct Planned(&'static str, Command, Option<(OpFunction, OpValue)>);
+
+/// The workload's client: forms the group, runs the plan's operations and
+/// faults, heals, and waits for every node to apply the leader's log.
+struct Driver {
     plan: Plan,
-    mut rng: StdRng,
+    rng: StdRng,
     registry: Registry,
     history: History,
     faults: Faults,
     ops: Ops,
-) -> turmoil::Result {
-    // --- every node up, node 1 forms the group
-    while registry.lock().len() < plan.nodes as usize {
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    let members: BTreeMap<NodeId, BasicNode> =
-        (1..=plan.nodes).map(|id| (id, BasicNode::new(host_name(id)))).collect();
-    if let Some(raft) = registry.raft(1) {
-        raft.initialize(members).await?;
-    }
+    clocks: Clocks,
+    /// Leases granted and not yet acked or released.
+    held: Vec<(u64, u64)>,
+    /// Leases released: a zombie worker may still ack with them.
+    released: Vec<(u64, u64)>,
+    next_value: u64,
+}
 
-    let mut held: Vec<(u64, u64)> = Vec::new();
-    let mut next_value = 0u64;
-    let mut partitioned: Option<NodeId> = None;
-    for op in 0..plan.operations {
-        tokio::time::sleep(Duration::from_millis(rng.gen_range(5..60))).await;
-        if plan.partition_leader
-            && op == plan.operations / 3
-            && let Some(cut) = leader(&registry, plan.nodes)
-        {
-            for other in (1..=plan.nodes).filter(|id| *id != cut) {
-                turmoil::partition(host_name(cut), host_name(other));
+impl Driver {
+    async fn drive(mut self) -> turmoil::Result {
+        // --- every node up, node 1 forms the group
+        while self.registry.lock().len() < self.plan.nodes as usize {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        let members: BTreeMap<NodeId, BasicNode> =
+            (1..=self.plan.nodes).map(|id| (id, BasicNode::new(host_name(id)))).collect();
+        if let Some(raft) = self.registry.raft(1) {
+            raft.initialize(members).await?;
+        }
+
+        let operations = self.plan.operations;
+        let mut partitioned: Option<NodeId> = None;
+        let mut power_cut_done = false;
+        for op in 0..operations {
+            tokio::time::sleep(Duration::from_millis(self.rng.gen_range(5..60))).await;
+            if self.plan.partition_leader
+                && op == operations / 3
+                && let Some(cut) = leader(&self.registry, self.plan.nodes)
+            {
+                self.partition(cut, true);
+                partitioned = Some(cut);
             }
-            history.record(format!("{} partition leader {cut}", now_ms()));
-            partitioned = Some(cut);
-        }
-        if let Some(cut) = partitioned
-            && op == 2 * plan.operations / 3
-        {
-            for other in (1..=plan.nodes).filter(|id| *id != cut) {
-                turmoil::repair(host_name(cut), host_name(other));
+            if let Some(cut) = partitioned
+                && op == 2 * operations / 3
+            {
+                self.partition(cut, false);
+                partitioned = None;
             }
-            history.record(format!("{} repair leader {cut}", now_ms()));
-            partitioned = None;
-        }
+            if self.plan.crash_follower && op == operations / 2 {
+                self.faults.ask(Fault::Crash(vec![self.plan.nodes]));
+            }
+            if self.plan.crash_follower && op == 3 * operations / 4 {
+                self.faults.ask(Fault::Restart(vec![self.plan.nodes]));
+            }
+            if let Some(step_ms) = self.plan.clock_jump_ms
+                && (op == operations / 8 || op == operations / 2)
+            {
+                self.clocks.jump(JUMPED_NODE, step_ms);
+                self.history.record(format!(
+                    "{} clock of node {JUMPED_NODE} jumps {step_ms} ms ahead",
+                    now_ms()
+                ));
+            }
 
-        if plan.crash_follower && op == plan.operations / 2 {
-            faults.set(Stage::CrashAsked);
-        }
-        if plan.crash_follower && op == 3 * plan.operations / 4 {
-            faults.set(Stage::RestartAsked);
-        }
-
-        let roll = rng.gen_range(0..10);
-        let (name, command) = if roll < 4 {
-            next_value += 1;
-            let spec = JobSpec {
-                queue: QUEUE.into(),
-                payload: format!("v{next_value}").into_bytes(),
-                ..Default::default()
+            let acknowledged = match self.next_step() {
+                Some(Planned(name, command, op)) => self.write(name, command, op).await,
+                None => false,
             };
-            ("enqueue", Command::Enqueue { jobs: vec![spec] })
-        } else if roll < 7 || held.is_empty() {
+            // The power cut comes right after an acknowledged write, while
+            // the write's own syncs may still be under way.
+            if self.plan.power_cut && !power_cut_done && acknowledged && op >= 5 * operations / 6 {
+                power_cut_done = true;
+                let all: Vec<NodeId> = (1..=self.plan.nodes).collect();
+                self.history.record(format!("{} power cut", now_ms()));
+                self.faults.ask(Fault::Crash(all.clone()));
+                let dark_ms = self.rng.gen_range(50..300);
+                tokio::time::sleep(Duration::from_millis(dark_ms)).await;
+                self.faults.ask(Fault::Restart(all));
+            }
+        }
+        if let Some(cut) = partitioned {
+            self.partition(cut, false);
+        }
+        self.settle().await;
+        self.heal().await;
+        Ok(())
+    }
+
+    /// After the faults: the workers finish what they hold and take a few
+    /// more jobs to the end, so every run has acks for the checkers to
+    /// judge, whatever its faults left undone.
+    async fn settle(&mut self) {
+        for _ in 0..1_000 {
+            let running = self.registry.lock().len() as u64;
+            if running == self.plan.nodes && leader(&self.registry, self.plan.nodes).is_some() {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        self.history.record(format!("{} settle", now_ms()));
+        for _ in 0..3 {
+            for (job_id, token) in std::mem::take(&mut self.held) {
+                let ack = Command::Ack { job_id, token, result: None };
+                let op = OpValue { job_id: Some(job_id), token: Some(token), ..OpValue::default() };
+                self.write("ack", ack, Some((OpFunction::Ack, op))).await;
+            }
             let claim = Command::Claim {
                 worker: "w".into(),
                 queue: QUEUE.into(),
                 max: 2,
-                lease_ttl_ms: Some(30_000),
+                lease_ttl_ms: Some(3_000),
                 selector: Vec::new(),
             };
-            ("claim", claim)
-        } else {
-            let Some((job_id, token)) = held.pop() else { continue };
-            ("ack", Command::Ack { job_id, token, result: None })
-        };
-        let Some(target) =
-            leader(&registry, plan.nodes).and_then(|id| registry.raft(id).map(|r| (id, r)))
-        else {
-            history.record(format!("{} {name} fail no-leader", now_ms()));
-            continue;
-        };
-        let (f, invoke) = match &command {
-            Command::Enqueue { jobs } => {
-                let value = jobs.first().map(|j| String::from_utf8_lossy(&j.payload).into_owned());
-                (OpFunction::Enqueue, OpValue { value, poison: Some(false), ..OpValue::default() })
+            self.write("claim", claim, Some((OpFunction::Claim, OpValue::default()))).await;
+        }
+    }
+
+    /// Cuts `node` off from every other node, or repairs that.
+    fn partition(&self, node: NodeId, cut: bool) {
+        for other in (1..=self.plan.nodes).filter(|id| *id != node) {
+            if cut {
+                turmoil::partition(host_name(node), host_name(other));
+            } else {
+                turmoil::repair(host_name(node), host_name(other));
             }
-            Command::Ack { job_id, token, .. } => (
-                OpFunction::Ack,
-                OpValue { job_id: Some(*job_id), token: Some(*token), ..OpValue::default() },
-            ),
-            _ => (OpFunction::Claim, OpValue::default()),
+        }
+        let what = if cut { "partition" } else { "repair" };
+        self.history.record(format!("{} {what} leader {node}", now_ms()));
+    }
+
+    /// Picks the next operation: enqueue, claim, ack of a held lease,
+    /// release of one, a zombie ack with a released lease's token, or the
+    /// leader's sweep.
+    fn next_step(&mut self) -> Option<Planned> {
+        let roll = self.rng.gen_range(0..100);
+        if roll < 30 {
+            self.next_value += 1;
+            let value = format!("v{}", self.next_value);
+            let spec = JobSpec {
+                queue: QUEUE.into(),
+                payload: value.clone().into_bytes(),
+                ..Default::default()
+            };
+            let op = OpValue { value: Some(value), poison: Some(false), ..OpValue::default() };
+            let enqueue = Command::Enqueue { jobs: vec![spec] };
+            return Some(Planned("enqueue", enqueue, Some((OpFunction::Enqueue, op))));
+        }
+        if roll >= 90 {
+            let sweep = Command::SweepBounded { max_clock_offset_ms: CLOCK_BOUND_MS };
+            return Some(Planned("sweep", sweep, None));
+        }
+        let lease_op = |f: OpFunction, job_id: u64, token: u64| {
+            let value = OpValue { job_id: Some(job_id), token: Some(token), ..OpValue::default() };
+            Some((f, value))
         };
-        ops.record(OpType::Invoke, f, invoke.clone());
-        let proposal = Proposal { now_ms: 1_000_000 + now_ms(), command };
+        if (55..72).contains(&roll) && !self.held.is_empty() {
+            let (job_id, token) = self.held.swap_remove(self.rng.gen_range(0..self.held.len()));
+            let ack = Command::Ack { job_id, token, result: None };
+            return Some(Planned("ack", ack, lease_op(OpFunction::Ack, job_id, token)));
+        }
+        if (72..80).contains(&roll) && !self.held.is_empty() {
+            let (job_id, token) = self.held.swap_remove(self.rng.gen_range(0..self.held.len()));
+            self.released.push((job_id, token));
+            let release = Command::Release { job_id, token };
+            return Some(Planned("release", release, lease_op(OpFunction::Release, job_id, token)));
+        }
+        if (80..90).contains(&roll) && !self.released.is_empty() {
+            // A worker that let its lease go and acks anyway: the token is
+            // stale, and must be refused.
+            let (job_id, token) = self.released[self.rng.gen_range(0..self.released.len())];
+            let ack = Command::Ack { job_id, token, result: None };
+            return Some(Planned("zombie-ack", ack, lease_op(OpFunction::Ack, job_id, token)));
+        }
+        if roll >= 55 && self.held.is_empty() && self.released.is_empty() {
+            return None;
+        }
+        let claim = Command::Claim {
+            worker: "w".into(),
+            queue: QUEUE.into(),
+            max: 2,
+            lease_ttl_ms: Some(self.rng.gen_range(1_000..=3_000)),
+            selector: Vec::new(),
+        };
+        Some(Planned("claim", claim, Some((OpFunction::Claim, OpValue::default()))))
+    }
+
+    /// Sends `command` as a client would: to a running node the seed picks,
+    /// which hands it to the leader; the leader stamps the time (with
+    /// [`Bug::FollowerStampsTime`] planted, the node that took it does).
+    /// Returns whether the write was acknowledged.
+    async fn write(
+        &mut self,
+        name: &'static str,
+        command: Command,
+        op: Option<(OpFunction, OpValue)>,
+    ) -> bool {
+        let running: Vec<NodeId> = self.registry.lock().keys().copied().collect();
+        let Some(entry) = running.get(self.rng.gen_range(0..running.len().max(1))).copied() else {
+            self.history.record(format!("{} {name} fail no-node", now_ms()));
+            return false;
+        };
+        let Some(target) = leader(&self.registry, self.plan.nodes)
+            .and_then(|id| self.registry.raft(id).map(|r| (id, r)))
+        else {
+            self.history.record(format!("{} {name} via={entry} fail no-leader", now_ms()));
+            return false;
+        };
+        let stamper =
+            if self.plan.bugs.contains(&Bug::FollowerStampsTime) { entry } else { target.0 };
+        let proposal = Proposal { now_ms: self.clocks.now_ms(stamper, now_ms()), command };
+        if let Some((f, invoke)) = &op {
+            self.ops.record(OpType::Invoke, *f, invoke.clone());
+        }
         let answer = tokio::time::timeout(CLIENT_TIMEOUT, target.1.client_write(proposal)).await;
+        let mut acknowledged = false;
         let outcome = match answer {
             Ok(Ok(written)) => {
+                acknowledged = true;
                 let detail = match &written.data {
                     Response::Enqueued(outcomes) => outcomes
                         .iter()
@@ -558,7 +763,7 @@ async fn drive(
                     Response::Claimed(grants) if grants.is_empty() => "none".to_string(),
                     Response::Claimed(grants) => {
                         for grant in grants {
-                            held.push((grant.lease.job_id, grant.lease.token));
+                            self.held.push((grant.lease.job_id, grant.lease.token));
                         }
                         grants
                             .iter()
@@ -568,55 +773,64 @@ async fn drive(
                     }
                     other => format!("{other:?}"),
                 };
-                let (kind, value) = completion(&written.data, invoke);
-                ops.record(kind, f, value);
+                if let Some((f, invoke)) = op {
+                    let (kind, value) = completion(&written.data, invoke);
+                    self.ops.record(kind, f, value);
+                }
                 format!("ok node={} index={} {detail}", target.0, written.log_id.index)
             }
             // Refused before it was proposed: certainly not written.
             Ok(Err(error)) if error.forward_to_leader().is_some() => {
-                ops.record(OpType::Fail, f, invoke);
+                if let Some((f, invoke)) = op {
+                    self.ops.record(OpType::Fail, f, invoke);
+                }
                 format!("fail node={} not the leader", target.0)
             }
             // Unknown outcome: it may still commit.
             Ok(Err(error)) => {
-                ops.record(OpType::Info, f, invoke);
+                if let Some((f, invoke)) = op {
+                    self.ops.record(OpType::Info, f, invoke);
+                }
                 format!("info node={} {}", target.0, error.to_string().replace('\n', " "))
             }
             Err(_) => {
-                ops.record(OpType::Info, f, invoke);
+                if let Some((f, invoke)) = op {
+                    self.ops.record(OpType::Info, f, invoke);
+                }
                 format!("info node={} timeout", target.0)
             }
         };
-        history.record(format!("{} {name} {outcome}", now_ms()));
-    }
-    if let Some(cut) = partitioned {
-        for other in (1..=plan.nodes).filter(|id| *id != cut) {
-            turmoil::repair(host_name(cut), host_name(other));
-        }
+        self.history.record(format!("{} {name} via={entry} {outcome}", now_ms()));
+        acknowledged
     }
 
-    // --- heal: every node reaches the leader's last log index
-    for _ in 0..3_000 {
-        tokio::time::sleep(Duration::from_millis(10)).await;
-        let Some(raft) = leader(&registry, plan.nodes).and_then(|id| registry.raft(id)) else {
-            continue;
-        };
-        let Some(last) = raft.metrics().borrow().last_log_index else { continue };
-        let nodes = registry.lock();
-        if nodes.len() == plan.nodes as usize
-            && nodes.values().all(|(_, sm)| sm.last_applied_index() >= last)
-        {
-            break;
+    /// Waits, bounded, until every node runs and has applied the leader's
+    /// last log index; records each node's applied index and digest.
+    async fn heal(&self) {
+        for _ in 0..3_000 {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+            let Some(raft) =
+                leader(&self.registry, self.plan.nodes).and_then(|id| self.registry.raft(id))
+            else {
+                continue;
+            };
+            let Some(last) = raft.metrics().borrow().last_log_index else { continue };
+            let nodes = self.registry.lock();
+            if nodes.len() == self.plan.nodes as usize
+                && nodes.values().all(|(_, sm)| sm.last_applied_index() >= last)
+            {
+                break;
+            }
+        }
+        self.history.record(format!("{} healed", now_ms()));
+        let nodes: Vec<(NodeId, u64, u64)> = self
+            .registry
+            .lock()
+            .iter()
+            .map(|(id, (_, sm))| (*id, sm.last_applied_index(), sm.read(state_digest)))
+            .collect();
+        for (id, applied, digest) in nodes {
+            self.history.record(format!("final node={id} applied={applied} digest={digest:#x}"));
         }
     }
-    history.record(format!("{} healed", now_ms()));
-    let nodes: Vec<(NodeId, u64, u64)> = registry
-        .lock()
-        .iter()
-        .map(|(id, (_, sm))| (*id, sm.last_applied_index(), sm.read(state_digest)))
-        .collect();
-    for (id, applied, digest) in nodes {
-        history.record(format!("final node={id} applied={applied} digest={digest:#x}"));
-    }
-    Ok(())
 }

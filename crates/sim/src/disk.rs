@@ -7,7 +7,7 @@
 //! crash replaces the volatile image by the durable one, after optionally
 //! letting an in-order prefix of the queue through, its last write torn.
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
@@ -16,6 +16,7 @@ use openraft::{BasicNode, Entry, LogId, SnapshotMeta, Vote};
 use tokio::sync::watch;
 
 use crate::SimDiskError;
+use crate::bugs::Bug;
 use crate::log_store::SimLogStore;
 use crate::state_machine::SimStateMachine;
 
@@ -106,6 +107,8 @@ struct Inner {
     next_serial: u64,
     sync_delay: Duration,
     syncs: u64,
+    /// Bug classes planted in the stores of this disk (see [`Bug`]).
+    planted: BTreeSet<Bug>,
 }
 
 /// One node's simulated disk. Cheap to clone; clones are the same disk.
@@ -171,6 +174,18 @@ impl SimDisk {
         }
         inner.volatile = inner.durable.clone();
         tracing::debug!(life = inner.life, ?crash, "simulated disk crashed");
+    }
+
+    /// Plants `bug` in the stores of every life of this disk from their
+    /// next call on; only the store-level bugs ([`Bug::FlushBeforeSync`],
+    /// [`Bug::AckWithoutTokenCheck`]) act here.
+    pub fn plant(&self, bug: Bug) {
+        self.lock().planted.insert(bug);
+    }
+
+    /// Whether `bug` is planted.
+    pub(crate) fn planted(&self, bug: Bug) -> bool {
+        self.lock().planted.contains(&bug)
     }
 
     /// How many writes are not yet synced.

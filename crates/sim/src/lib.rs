@@ -41,6 +41,8 @@
 //! # }
 //! ```
 
+pub mod bugs;
+pub mod clock;
 pub mod cluster;
 mod disk;
 mod error;
@@ -48,6 +50,7 @@ mod log_store;
 pub mod net;
 mod state_machine;
 
+pub use bugs::Bug;
 pub use disk::{Crash, SimDisk};
 pub use error::SimDiskError;
 pub use log_store::SimLogStore;

@@ -20,6 +20,7 @@ use openraft::{
 use tokio::sync::mpsc;
 
 use crate::SimDiskError;
+use crate::bugs::Bug;
 use crate::disk::{SimDisk, Write};
 
 /// Appends whose sync is pending, at most: openraft keeps few in flight,
@@ -29,7 +30,8 @@ const FLUSH_QUEUE: usize = 256;
 /// One append waiting for its sync.
 struct Flush {
     sequence: u64,
-    callback: LogFlushed<TypeConfig>,
+    /// `None` when the append was already reported (a planted bug).
+    callback: Option<LogFlushed<TypeConfig>>,
 }
 
 /// The simulated log store of one life of a node. Cheap to clone.
@@ -60,7 +62,9 @@ impl SimLogStore {
         tokio::spawn(async move {
             while let Some(flush) = pending.recv().await {
                 let synced = flusher_disk.sync_through(life, flush.sequence).await;
-                flush.callback.log_io_completed(synced.map_err(to_io));
+                if let Some(callback) = flush.callback {
+                    callback.log_io_completed(synced.map_err(to_io));
+                }
             }
         });
         SimLogStore { disk, life, flushes }
@@ -87,6 +91,13 @@ impl SimLogStore {
         callback: LogFlushed<TypeConfig>,
     ) -> Result<(), SimDiskError> {
         let sequence = self.disk.write(self.life, Write::Append(entries))?;
+        let callback = if self.disk.planted(Bug::FlushBeforeSync) {
+            // The planted bug: persisted, says the store, before any sync.
+            callback.log_io_completed(Ok(()));
+            None
+        } else {
+            Some(callback)
+        };
         self.flushes
             .send(Flush { sequence, callback })
             .await

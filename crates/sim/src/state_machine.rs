@@ -13,17 +13,18 @@
 use std::io::Cursor;
 use std::sync::{Arc, PoisonError, RwLock, RwLockReadGuard};
 
-use leasehold_core::{Response, State};
+use leasehold_core::{Command, Proposal, Response, State};
 use leasehold_raft::{NodeId, TypeConfig};
 use openraft::storage::RaftStateMachine;
 use openraft::{
-    BasicNode, Entry, LogId, OptionalSend, RaftSnapshotBuilder, Snapshot, StorageError,
-    StorageIOError, StoredMembership,
+    BasicNode, Entry, EntryPayload, LogId, OptionalSend, RaftSnapshotBuilder, Snapshot,
+    StorageError, StorageIOError, StoredMembership,
 };
 use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
 
 use crate::SimDiskError;
+use crate::bugs::Bug;
 use crate::disk::{Meta, SimDisk, StoredSnapshot, Write};
 
 /// Membership as the state machine records it.
@@ -80,6 +81,19 @@ pub struct SimStateMachine {
     applied_index: Arc<watch::Sender<u64>>,
     /// Serializes snapshot writes, so an older one never overwrites a newer.
     snapshot_write: Arc<tokio::sync::Mutex<()>>,
+}
+
+/// The planted [`Bug::AckWithoutTokenCheck`]: an ack of a job that holds a
+/// lease is given that lease's token, so the token check in apply always
+/// passes. Deterministic in the state, so every replica agrees.
+fn ack_with_current_token(state: &State, mut entry: Entry<TypeConfig>) -> Entry<TypeConfig> {
+    if let EntryPayload::Normal(Proposal { command: Command::Ack { job_id, token, .. }, .. }) =
+        &mut entry.payload
+        && let Some(current) = state.job(*job_id).and_then(|job| job.lease.map(|l| l.token))
+    {
+        *token = current;
+    }
+    entry
 }
 
 fn index_of(log_id: &Option<LogId<NodeId>>) -> u64 {
@@ -154,6 +168,11 @@ impl SimStateMachine {
                 });
                 break;
             }
+            let entry = if self.disk.planted(Bug::AckWithoutTokenCheck) {
+                ack_with_current_token(&applied.state, entry)
+            } else {
+                entry
+            };
             // Exactly one response per entry, Raft-internal ones included.
             let applied = &mut *applied;
             let response = leasehold_raft::apply_entry(

@@ -10,5 +10,6 @@
 mod cluster;
 mod conformance;
 mod crash;
+mod planted;
 mod raft;
 mod sweep;

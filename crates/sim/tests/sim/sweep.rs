@@ -5,7 +5,7 @@
 //! history and failures under the test's temporary directory and print the
 //! command that replays it.
 //!
-//! `LEASEHOLD_SIM_SEEDS` sets how many seeds (default 16), starting at
+//! `LEASEHOLD_SIM_SEEDS` sets how many seeds (default 1,000), starting at
 //! `LEASEHOLD_SIM_FIRST_SEED` (default 0); `LEASEHOLD_SIM_SEED` runs that
 //! one seed only. `scripts/sim.sh` sets them.
 
@@ -14,6 +14,10 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use leasehold_sim::cluster::{Plan, Run, run};
+
+/// Seeds the test command runs: about a minute on two cores with the
+/// simulation's hot crates optimised (the workspace's dev profile).
+const DEFAULT_SEEDS: u64 = 1_000;
 
 fn env_u64(name: &str) -> anyhow::Result<Option<u64>> {
     match std::env::var(name) {
@@ -48,7 +52,7 @@ fn a_sweep_of_short_seeds_finds_no_safety_anomaly() -> anyhow::Result<()> {
         Some(seed) => vec![seed],
         None => {
             let first = env_u64("LEASEHOLD_SIM_FIRST_SEED")?.unwrap_or(0);
-            let count = env_u64("LEASEHOLD_SIM_SEEDS")?.unwrap_or(16);
+            let count = env_u64("LEASEHOLD_SIM_SEEDS")?.unwrap_or(DEFAULT_SEEDS);
             (first..first + count).collect()
         }
     };
