@@ -3,11 +3,15 @@
 # seeded plans of a three-node cluster on a simulated network and disk,
 # each judged by the chaos harness's checkers.
 #
-#   scripts/sim.sh                    the default sweep (16 seeds from 0)
+#   scripts/sim.sh                    the default sweep (1,000 seeds from 0)
 #   scripts/sim.sh --seeds N [--first S]
 #                                     N seeds starting at S (default 0),
 #                                     on up to two threads
 #   scripts/sim.sh --seed S           replay seed S alone
+#   ... --bug NAME                    plant a known bug class in every seed
+#                                     (ack-without-token-check,
+#                                     follower-stamps-time, flush-before-sync)
+#                                     and watch the sweep find it
 #
 # A failing seed prints the command that replays it and keeps its plan,
 # history (history.txt, history.jsonl for the checkers) and failures under
@@ -16,7 +20,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 usage() {
-  echo "usage: scripts/sim.sh [--seeds N [--first S] | --seed S]" >&2
+  echo "usage: scripts/sim.sh [--seeds N [--first S] | --seed S] [--bug NAME]" >&2
   exit 2
 }
 
@@ -29,6 +33,7 @@ while [ $# -gt 0 ]; do
     --seeds) is_number "${2:-}" || usage; export LEASEHOLD_SIM_SEEDS="$2"; shift 2 ;;
     --first) is_number "${2:-}" || usage; export LEASEHOLD_SIM_FIRST_SEED="$2"; shift 2 ;;
     --seed) is_number "${2:-}" || usage; export LEASEHOLD_SIM_SEED="$2"; shift 2 ;;
+    --bug) [ -n "${2:-}" ] || usage; export LEASEHOLD_SIM_BUG="$2"; shift 2 ;;
     *) usage ;;
   esac
 done

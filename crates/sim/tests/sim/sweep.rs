@@ -7,12 +7,15 @@
 //!
 //! `LEASEHOLD_SIM_SEEDS` sets how many seeds (default 1,000), starting at
 //! `LEASEHOLD_SIM_FIRST_SEED` (default 0); `LEASEHOLD_SIM_SEED` runs that
-//! one seed only. `scripts/sim.sh` sets them.
+//! one seed only; `LEASEHOLD_SIM_BUG` plants a known bug class in every
+//! seed (`leasehold_sim::Bug`), to watch the sweep find it. `scripts/sim.sh`
+//! sets them.
 
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use leasehold_sim::Bug;
 use leasehold_sim::cluster::{Plan, Run, run};
 
 /// Seeds the test command runs: about a minute on two cores with the
@@ -56,6 +59,11 @@ fn a_sweep_of_short_seeds_finds_no_safety_anomaly() -> anyhow::Result<()> {
             (first..first + count).collect()
         }
     };
+    let bug: Option<Bug> = match std::env::var("LEASEHOLD_SIM_BUG") {
+        Ok(name) if !name.is_empty() => Some(name.parse()?),
+        _ => None,
+    };
+    let replay_flag = bug.map_or_else(String::new, |bug| format!(" --bug {bug}"));
     let keep_dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("sim-failures");
     let threads = std::thread::available_parallelism().map_or(1, |n| n.get()).min(2);
     let next = AtomicU64::new(0);
@@ -66,7 +74,10 @@ fn a_sweep_of_short_seeds_finds_no_safety_anomaly() -> anyhow::Result<()> {
                 loop {
                     let at = next.fetch_add(1, Ordering::Relaxed) as usize;
                     let Some(seed) = seeds.get(at).copied() else { break };
-                    let plan = Plan::short(seed);
+                    let mut plan = Plan::short(seed);
+                    if let Some(bug) = bug {
+                        plan = plan.with_bug(bug);
+                    }
                     let (record, failures) = match run(&plan) {
                         Ok(record) => {
                             let failures = record.failures();
@@ -80,7 +91,7 @@ fn a_sweep_of_short_seeds_finds_no_safety_anomaly() -> anyhow::Result<()> {
                     let kept = keep(&keep_dir, &plan, record.as_ref(), &failures)
                         .map_or_else(|e| format!("(not kept: {e})"), |d| d.display().to_string());
                     let report = format!(
-                        "seed {seed} failed: {}\n  kept in {kept}\n  replay: scripts/sim.sh --seed {seed}",
+                        "seed {seed} failed: {}\n  kept in {kept}\n  replay: scripts/sim.sh --seed {seed}{replay_flag}",
                         failures.join("; ")
                     );
                     eprintln!("{report}");
