@@ -10,7 +10,8 @@
 #   scripts/sim.sh --seed S           replay seed S alone
 #   ... --bug NAME                    plant a known bug class in every seed
 #                                     (ack-without-token-check,
-#                                     follower-stamps-time, flush-before-sync)
+#                                     follower-stamps-time, flush-before-sync,
+#                                     sweep-ignores-bound)
 #                                     and watch the sweep find it
 #
 # A failing seed prints the command that replays it and keeps its plan,

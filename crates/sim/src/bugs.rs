@@ -22,12 +22,20 @@ pub enum Bug {
     /// The log store tells openraft an append is persisted as soon as it is
     /// written, before the sync that makes it durable.
     FlushBeforeSync,
+    /// A new leader sweeps an earlier term's leases at their expiry, without
+    /// the grace of the clock bound it owes them (another leader's clock
+    /// stamped that expiry).
+    SweepIgnoresBound,
 }
 
 impl Bug {
     /// Every bug class the simulation can plant.
-    pub const ALL: [Bug; 3] =
-        [Bug::AckWithoutTokenCheck, Bug::FollowerStampsTime, Bug::FlushBeforeSync];
+    pub const ALL: [Bug; 4] = [
+        Bug::AckWithoutTokenCheck,
+        Bug::FollowerStampsTime,
+        Bug::FlushBeforeSync,
+        Bug::SweepIgnoresBound,
+    ];
 
     /// The bug's name in `scripts/sim.sh --bug NAME` and in reports.
     pub fn name(self) -> &'static str {
@@ -35,6 +43,7 @@ impl Bug {
             Bug::AckWithoutTokenCheck => "ack-without-token-check",
             Bug::FollowerStampsTime => "follower-stamps-time",
             Bug::FlushBeforeSync => "flush-before-sync",
+            Bug::SweepIgnoresBound => "sweep-ignores-bound",
         }
     }
 }

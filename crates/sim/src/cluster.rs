@@ -54,6 +54,14 @@ pub struct Plan {
     /// the clock bound, so (as a real node's clock watch does) it never
     /// stands for election, but it keeps taking clients' commands.
     pub clock_jump_ms: Option<u64>,
+    /// A clock hand-over: node 1, which leads first, runs its clock
+    /// [`HANDOVER_SKEW_MS`] behind real time and the others as far ahead;
+    /// just before the leader partition it grants a long lease, and after
+    /// the operations the driver keeps sweeping and claiming for longer
+    /// than that lease, so the new leader (whose clock is the bound and
+    /// more ahead of the one that stamped the lease) is the one to take it
+    /// back. Implies `partition_leader`.
+    pub handover: bool,
     /// Bug classes planted for this run (none in a normal run).
     pub bugs: BTreeSet<Bug>,
 }
@@ -65,7 +73,7 @@ impl Plan {
     /// together.
     pub fn short(seed: u64) -> Plan {
         let mut rng = StdRng::seed_from_u64(seed ^ 0x5eed_91a2_c0ff_ee00);
-        Plan {
+        let plan = Plan {
             seed,
             nodes: 3,
             operations: 40,
@@ -73,8 +81,22 @@ impl Plan {
             crash_follower: rng.gen_bool(0.5),
             power_cut: rng.gen_bool(0.4),
             clock_jump_ms: rng.gen_bool(0.5).then(|| rng.gen_range(10_000..=60_000)),
+            handover: false,
             bugs: BTreeSet::new(),
+        };
+        // A quarter of the seeds are a clock hand-over alone: its long
+        // lease must outlive the other faults' restarts to be judged.
+        if rng.gen_bool(0.25) {
+            return Plan {
+                partition_leader: true,
+                crash_follower: false,
+                power_cut: false,
+                clock_jump_ms: None,
+                handover: true,
+                ..plan
+            };
         }
+        plan
     }
 
     /// A short plan with every fault.
@@ -84,6 +106,7 @@ impl Plan {
             crash_follower: true,
             power_cut: true,
             clock_jump_ms: Some(30_000),
+            handover: false,
             ..Plan::short(seed)
         }
     }
@@ -107,6 +130,17 @@ const TICK_MS: u64 = 2;
 /// How far any host's clock is set off real time, at most: two leaders then
 /// disagree by at most twice this, under the bound.
 const MAX_SKEW_MS: i64 = 200;
+
+/// A hand-over plan's skews: node 1 this far behind real time, the others
+/// this far ahead. Every node is within the 500 ms bound of a majority
+/// (itself and the node in between), yet the two leaders are 900 ms apart,
+/// so a sweep that does not give an earlier term's leases the bound cuts
+/// them short by more than the bound.
+const HANDOVER_SKEW_MS: i64 = 450;
+
+/// The hand-over's long lease, milliseconds: longer than the new term's
+/// 5 s start grace, so the new leader's sweep is what ends it.
+const HANDOVER_TTL_MS: u64 = 7_000;
 
 /// How far any host's clock runs fast or slow, at most (parts per million).
 const MAX_DRIFT_PPM: i64 = 500;
@@ -393,8 +427,15 @@ pub fn run(plan: &Plan) -> Result<Run, ClusterError> {
     let clocks = Clocks::new(
         (1..=plan.nodes)
             .map(|id| {
+                let mut skew_ms = rng.gen_range(-MAX_SKEW_MS..=MAX_SKEW_MS);
+                if plan.handover {
+                    // Each within the bound of the middle of the others,
+                    // but the first leader and its successor further apart
+                    // than the bound.
+                    skew_ms = if id == 1 { -HANDOVER_SKEW_MS } else { HANDOVER_SKEW_MS };
+                }
                 let clock = HostClock {
-                    skew_ms: rng.gen_range(-MAX_SKEW_MS..=MAX_SKEW_MS),
+                    skew_ms,
                     drift_ppm: rng.gen_range(-MAX_DRIFT_PPM..=MAX_DRIFT_PPM),
                     jumped_ms: 0,
                 };
@@ -571,6 +612,9 @@ impl Driver {
         let mut power_cut_done = false;
         for op in 0..operations {
             tokio::time::sleep(Duration::from_millis(self.rng.gen_range(5..60))).await;
+            if self.plan.handover && op == operations / 3 {
+                self.grant_handover_lease().await;
+            }
             if self.plan.partition_leader
                 && op == operations / 3
                 && let Some(cut) = leader(&self.registry, self.plan.nodes)
@@ -619,9 +663,63 @@ impl Driver {
         if let Some(cut) = partitioned {
             self.partition(cut, false);
         }
+        if self.plan.handover {
+            self.outlast_handover_lease().await;
+        }
         self.settle().await;
         self.heal().await;
         Ok(())
+    }
+
+    /// The hand-over's long lease, granted by the first leader to a worker
+    /// that never acks: a job enqueued for it, claimed at once.
+    async fn grant_handover_lease(&mut self) {
+        self.next_value += 1;
+        let value = format!("v{}", self.next_value);
+        let spec = JobSpec {
+            queue: QUEUE.into(),
+            payload: value.clone().into_bytes(),
+            ..Default::default()
+        };
+        let op = OpValue { value: Some(value), poison: Some(false), ..OpValue::default() };
+        let enqueue = Command::Enqueue { jobs: vec![spec] };
+        self.write("enqueue", enqueue, Some((OpFunction::Enqueue, op))).await;
+        let claim = Command::Claim {
+            worker: "handover".into(),
+            queue: QUEUE.into(),
+            max: 1,
+            lease_ttl_ms: Some(HANDOVER_TTL_MS),
+            selector: Vec::new(),
+        };
+        self.write("handover-claim", claim, Some((OpFunction::Claim, OpValue::default()))).await;
+    }
+
+    /// Sweeps and claims, a few times a second, for longer than the
+    /// hand-over's lease, so the job is taken back by the new leader and
+    /// granted again as soon as its sweep allows.
+    async fn outlast_handover_lease(&mut self) {
+        let until_ms = now_ms() + HANDOVER_TTL_MS + 2_000;
+        while now_ms() < until_ms {
+            tokio::time::sleep(Duration::from_millis(self.rng.gen_range(50..150))).await;
+            let sweep = self.sweep();
+            self.write("sweep", sweep, None).await;
+            let claim = Command::Claim {
+                worker: "w".into(),
+                queue: QUEUE.into(),
+                max: 2,
+                lease_ttl_ms: Some(3_000),
+                selector: Vec::new(),
+            };
+            self.write("claim", claim, Some((OpFunction::Claim, OpValue::default()))).await;
+        }
+    }
+
+    /// The leader's sweep: earlier terms' leases get the clock bound on top
+    /// of their expiry ([`Bug::SweepIgnoresBound`] planted: they do not).
+    fn sweep(&self) -> Command {
+        let max_clock_offset_ms =
+            if self.plan.bugs.contains(&Bug::SweepIgnoresBound) { 0 } else { CLOCK_BOUND_MS };
+        Command::SweepBounded { max_clock_offset_ms }
     }
 
     /// After the faults: the workers finish what they hold and take a few
@@ -684,8 +782,7 @@ impl Driver {
             return Some(Planned("enqueue", enqueue, Some((OpFunction::Enqueue, op))));
         }
         if roll >= 90 {
-            let sweep = Command::SweepBounded { max_clock_offset_ms: CLOCK_BOUND_MS };
-            return Some(Planned("sweep", sweep, None));
+            return Some(Planned("sweep", self.sweep(), None));
         }
         let lease_op = |f: OpFunction, job_id: u64, token: u64| {
             let value = OpValue { job_id: Some(job_id), token: Some(token), ..OpValue::default() };

@@ -88,3 +88,19 @@ fn a_short_plan_draws_its_faults_from_the_seed() {
     }
     assert_eq!(Plan::short(3), Plan::short(3), "a plan is a function of its seed");
 }
+
+#[test]
+fn a_clock_handover_plan_grants_a_long_lease_and_outlasts_it() -> anyhow::Result<()> {
+    // The hand-over: node 1 (clock behind) grants a long lease, is cut
+    // off, and the run lasts until the new leader (clock ahead) has swept
+    // it and granted the job again, within the bound it owes the lease.
+    let seed = (0..200)
+        .find(|seed| Plan::short(*seed).handover)
+        .ok_or_else(|| anyhow::anyhow!("no hand-over plan among 200 seeds"))?;
+    let plan = Plan::short(seed);
+    let record = run(&plan)?;
+    assert_healthy(&plan, &record);
+    let text = record.history.join("\n");
+    assert!(text.contains("handover-claim via="), "seed {seed}: no hand-over claim in\n{text}");
+    Ok(())
+}
