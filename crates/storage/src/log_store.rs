@@ -68,10 +68,13 @@ pub const CACHE_MAX_BYTES: usize = 16 * 1024 * 1024;
 /// Entries the cache keeps at most, whatever their size.
 pub const CACHE_MAX_ENTRIES: usize = 16_384;
 /// How long the flush worker waits for more writes after the first one
-/// before it syncs. Writes that arrive during a sync (about 3 ms here) are
-/// batched into the next one anyway; this only gathers those arriving just
-/// after, and is all the latency it adds to a lone append.
-pub const FLUSH_BATCH_WAIT: Duration = Duration::from_micros(100);
+/// before it syncs: not at all. openraft 0.9's core waits for each append's
+/// sync before it appends again, so no second append can arrive during the
+/// wait, and any wait was pure latency on every commit round (100 µs on the
+/// leader and again on the follower; a timed wait this short costs the
+/// kernel's timer slack on top). A write queued behind another (a committed
+/// mark, a probe) is taken right after it.
+pub const FLUSH_BATCH_WAIT: Duration = Duration::ZERO;
 /// Bytes of writes queued for the flush worker before a writer waits for it
 /// (one larger write is still taken alone).
 pub const FLUSH_QUEUE_MAX_BYTES: usize = 32 * 1024 * 1024;
