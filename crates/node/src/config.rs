@@ -56,6 +56,10 @@ pub struct Config {
     /// Most batched log entries this node's journal keeps in flight at once
     /// (see docs/architecture.md, "A write, end to end").
     pub batches_in_flight: usize,
+    /// A leader sends each batch to its followers as its own log sync
+    /// starts, so their syncs overlap (see `leasehold_raft::ahead`); off,
+    /// only openraft's replication sends it, after the leader's sync.
+    pub replicate_ahead: bool,
     /// Expose the Faults service (clock skew, store faults). Tests only.
     pub fault_injection: bool,
     /// Start with the clock skewed by this much (fault injection only; a
@@ -132,6 +136,7 @@ impl Default for Config {
             election_timeout_max_ms: 600,
             snapshot_every_entries: 10_000,
             batches_in_flight: leasehold_replica::journal::DEFAULT_BATCHES_IN_FLIGHT,
+            replicate_ahead: true,
             fault_injection: false,
             clock_offset_ms: 0,
             tags: Vec::new(),

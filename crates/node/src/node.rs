@@ -273,6 +273,13 @@ impl Node {
             Raft::new(config.id, raft_config(&config)?, peers.clone(), log.clone(), state.clone())
                 .await
                 .map_err(raft_error)?;
+        // The leader sends each batch to its followers as its own sync
+        // starts, rather than after it (leasehold_raft::ahead).
+        let ahead = config.replicate_ahead.then(|| {
+            let (observer, batches) = leasehold_raft::ahead::AheadObserver::new(raft.clone());
+            log.observe_appends(Arc::new(observer));
+            batches
+        });
         if config.join.is_none() && !raft.is_initialized().await.map_err(raft_error)? {
             let members = BTreeMap::from([(config.id, BasicNode { addr: advertise.clone() })]);
             raft.initialize(members).await.map_err(raft_error)?;
@@ -322,6 +329,14 @@ impl Node {
 
         let mut tasks =
             serve(&config, transport, &journal, &gate, &credentials, &readiness, &shutdown_rx)?;
+        if let Some(batches) = ahead {
+            let sender =
+                leasehold_raft::ahead::run(journal.peers().clone(), batches, shutdown_rx.clone());
+            tasks.push(tokio::spawn(async move {
+                sender.await;
+                Ok(())
+            }));
+        }
         if config.insecure && !config.grpc_is_loopback() {
             tasks.push(tokio::spawn(warn_insecure(config.grpc.clone(), shutdown_rx.clone())));
         }

@@ -255,6 +255,19 @@ impl PeerClient {
     }
 }
 
+impl PeerClient {
+    /// Sends an AppendEntries that openraft's replication stream did not
+    /// ask for (see [`crate::ahead`]): its round trip is not a replication
+    /// stage, so no observer hears it.
+    pub(crate) async fn append_ahead(
+        &mut self,
+        rpc: &AppendEntriesRequest<TypeConfig>,
+        option: &RPCOption,
+    ) -> RpcResult<AppendEntriesResponse<NodeId>, RaftError<NodeId>> {
+        self.call(Method::Append, rpc, option).await
+    }
+}
+
 #[derive(Clone, Copy)]
 enum Method {
     Append,

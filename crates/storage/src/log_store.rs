@@ -25,9 +25,10 @@ use std::fmt::Debug;
 use std::io;
 use std::ops::{Bound, RangeBounds};
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
+use std::sync::{Arc, OnceLock, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use std::time::Duration;
 
+use leasehold_raft::ahead::AppendObserver;
 use leasehold_raft::{NodeId, TypeConfig};
 use openraft::storage::{LogFlushed, RaftLogStorage};
 use openraft::{
@@ -68,10 +69,13 @@ pub const CACHE_MAX_BYTES: usize = 16 * 1024 * 1024;
 /// Entries the cache keeps at most, whatever their size.
 pub const CACHE_MAX_ENTRIES: usize = 16_384;
 /// How long the flush worker waits for more writes after the first one
-/// before it syncs. Writes that arrive during a sync (about 3 ms here) are
-/// batched into the next one anyway; this only gathers those arriving just
-/// after, and is all the latency it adds to a lone append.
-pub const FLUSH_BATCH_WAIT: Duration = Duration::from_micros(100);
+/// before it syncs: not at all. openraft 0.9's core waits for each append's
+/// sync before it appends again, so no second append can arrive during the
+/// wait, and any wait was pure latency on every commit round (100 µs on the
+/// leader and again on the follower; a timed wait this short costs the
+/// kernel's timer slack on top). A write queued behind another (a committed
+/// mark, a probe) is taken right after it.
+pub const FLUSH_BATCH_WAIT: Duration = Duration::ZERO;
 /// Bytes of writes queued for the flush worker before a writer waits for it
 /// (one larger write is still taken alone).
 pub const FLUSH_QUEUE_MAX_BYTES: usize = 32 * 1024 * 1024;
@@ -98,6 +102,9 @@ pub struct LogStore {
     /// polling the node) do not trip over each other's probe file.
     probe_turn: Arc<tokio::sync::Mutex<()>>,
     failpoint: Failpoint,
+    /// Told of every batch appended, before its sync (see
+    /// [`LogStore::observe_appends`]); set once, shared by clones.
+    appends: Arc<OnceLock<Arc<dyn AppendObserver>>>,
 }
 
 impl Debug for LogStore {
@@ -148,6 +155,7 @@ impl LogStore {
             db,
             probe_turn: Arc::default(),
             failpoint,
+            appends: Arc::default(),
         })
     }
 
@@ -156,6 +164,15 @@ impl LogStore {
     /// first call wins.
     pub fn observe_syncs(&self, observer: crate::wal::SyncObserver) {
         self.health.syncs.set(observer);
+    }
+
+    /// Sets who hears of every batch of entries this store (and every
+    /// clone of it) accepts, as soon as it is handed to the flush worker and
+    /// before it is synced: a leader sends the batch to its followers from
+    /// there, so their syncs overlap its own (`leasehold_raft::ahead`).
+    /// The first call wins.
+    pub fn observe_appends(&self, observer: Arc<dyn AppendObserver>) {
+        let _ = self.appends.set(observer);
     }
 
     /// The bus's claim table, in the sled database (local, unreplicated).
@@ -190,6 +207,15 @@ impl LogStore {
     /// which shares the flag.
     pub fn set_fault(&self, on: bool) {
         self.failpoint.set(on);
+    }
+
+    /// Test-only: from now on every append is reported synced `delay`
+    /// after its sync, as on a disk whose syncs take that much longer
+    /// (zero: as soon as synced). Durability is unchanged: the report only
+    /// comes later. Shared by every clone of this store.
+    pub fn set_sync_delay(&self, delay: Duration) {
+        let delay_us = u64::try_from(delay.as_micros()).unwrap_or(u64::MAX);
+        self.health.sync_delay_us.store(delay_us, std::sync::atomic::Ordering::Relaxed);
     }
 
     /// An error of the log in this store's directory; an I/O failure (not
@@ -314,6 +340,13 @@ impl LogStore {
             batch.retain(|(log_id, _)| log_id.0.index > purged);
         }
         let count = batch.len();
+        let prev = log.log_state().last().map(|last| last.0);
+        // Shared handles, taken only when someone listens (a leader sends
+        // the batch ahead to its followers; see `observe_appends`).
+        let appended: Option<Vec<Arc<Entry<TypeConfig>>>> = self
+            .appends
+            .get()
+            .map(|_| batch.iter().map(|(_, stored)| stored.entry.clone()).collect());
         log.append(batch).map_err(|source| self.log_error("append", source))?;
         // One fdatasync for this batch and whatever else is queued, never one
         // per entry: this is where the throughput of the whole cluster is
@@ -321,6 +354,15 @@ impl LogStore {
         // the worker calls back, after the sync.
         log.flush(true, Some(Flushed::append(callback, self.health.clone())))
             .map_err(|source| self.log_error("append", source))?;
+        drop(log);
+        // After the hand-over to the flush worker, so the leader's sync is
+        // under way while the followers are sent the batch. It does not
+        // change when openraft hears of this store's own sync.
+        if let (Some(observer), Some(entries)) = (self.appends.get(), appended)
+            && !entries.is_empty()
+        {
+            observer.appended(prev, &entries);
+        }
         tracing::trace!(count, last_index = ?previous, "log entries appended");
         Ok(())
     }

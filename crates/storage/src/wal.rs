@@ -161,6 +161,9 @@ pub(crate) struct Health {
     failure: Mutex<Option<String>>,
     /// Who hears how long each append took to be synced (set once).
     pub(crate) syncs: SyncTimer,
+    /// Test-only: how much later than its sync an append is reported
+    /// synced, in microseconds (0: at once). See `LogStore::set_sync_delay`.
+    pub(crate) sync_delay_us: std::sync::atomic::AtomicU64,
 }
 
 /// Told how long an append took from its hand-over to the flush worker
@@ -263,6 +266,12 @@ impl raft_log::Callback for Flushed {
         }
         match self.waiter {
             Waiter::Append(callback, handed_over) => {
+                let delay_us = self.health.sync_delay_us.load(std::sync::atomic::Ordering::Relaxed);
+                if delay_us > 0 {
+                    // A slow disk, as a test asks for: the flush worker
+                    // stalls with it, as it would on the device.
+                    std::thread::sleep(std::time::Duration::from_micros(delay_us));
+                }
                 if result.is_ok() {
                     self.health.syncs.observe(handed_over.elapsed());
                 }

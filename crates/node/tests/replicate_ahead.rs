@@ -1,0 +1,128 @@
+//! Goal: a leader's followers receive and store a batch while the leader's
+//! own log sync is still running, not after it (replication ahead,
+//! `leasehold_raft::ahead`), and the write still commits only once synced.
+//!
+//! Method: three nodes in this process. The leader's log store is made to
+//! report every append synced 600 ms late (a slow disk, as openraft sees
+//! it). One write is proposed on the leader; the followers' last log index
+//! is watched. Left to openraft 0.9 alone, the leader's core waits out its
+//! sync before it replicates, so the followers would see the entry only
+//! after 600 ms; with replication ahead they hold it within a fraction of
+//! that, while the write has not yet returned. The write must still wait
+//! for the leader's (delayed) sync before it answers.
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, anyhow, bail};
+use leasehold_core::{Command, Proposal};
+use leasehold_node::config::{Config, SecretText};
+use leasehold_node::{Node, NodeHandle, Transport};
+use tokio::net::TcpListener;
+
+/// How late the leader's appends are reported synced.
+const SYNC_DELAY: Duration = Duration::from_millis(600);
+/// The followers must hold the entry well before the leader's sync ends.
+const AHEAD_WITHIN: Duration = Duration::from_millis(300);
+
+fn phase(name: &str) {
+    eprintln!("--- {name}");
+}
+
+async fn start(id: u64, dir: &std::path::Path, join: Option<String>) -> Result<NodeHandle> {
+    let grpc = TcpListener::bind("127.0.0.1:0").await?;
+    let http = TcpListener::bind("127.0.0.1:0").await?;
+    let config = Config {
+        id,
+        grpc: grpc.local_addr()?.to_string(),
+        http: http.local_addr()?.to_string(),
+        data: dir.join(format!("node-{id}")),
+        join,
+        // The leader's core stalls for the delayed sync; no follower may
+        // take that for a dead leader.
+        heartbeat_ms: 100,
+        election_timeout_min_ms: 3_000,
+        election_timeout_max_ms: 4_000,
+        executor: false,
+        cluster_secret: Some(SecretText("replicate-ahead-test-secret-0123456789".into())),
+        ..Config::default()
+    };
+    Node::start(config, Transport { grpc, http }).await.map_err(|e| anyhow!("node {id}: {e}"))
+}
+
+/// Waits until `check` holds, polling, or fails naming `what`.
+async fn wait_for(what: &str, within: Duration, mut check: impl FnMut() -> bool) -> Result<()> {
+    let deadline = Instant::now() + within;
+    while !check() {
+        if Instant::now() > deadline {
+            bail!("{what}: not within {within:?}");
+        }
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    Ok(())
+}
+
+fn last_index(node: &NodeHandle) -> u64 {
+    node.raft().metrics().borrow().last_log_index.unwrap_or(0)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn followers_store_a_batch_while_the_leader_still_syncs_it() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+
+    phase("start node 1, then nodes 2 and 3 joining it");
+    let first = start(1, dir.path(), None).await?;
+    let member = first.grpc_addr().to_string();
+    let nodes = BTreeMap::from([
+        (1, first),
+        (2, start(2, dir.path(), Some(member.clone())).await?),
+        (3, start(3, dir.path(), Some(member)).await?),
+    ]);
+    let leader = &nodes[&1];
+    wait_for("three voters, both followers caught up", Duration::from_secs(30), || {
+        let metrics = leader.raft().metrics().borrow().clone();
+        let voters = metrics.membership_config.membership().voter_ids().count();
+        let last = metrics.last_log_index;
+        voters == 3
+            && metrics.replication.as_ref().is_some_and(|replication| {
+                replication.len() == 3
+                    && replication.values().all(|matched| matched.map(|m| m.index) == last)
+            })
+    })
+    .await?;
+
+    phase("the leader's syncs now report 600 ms late; propose one write on it");
+    let target = last_index(leader) + 1;
+    leader.journal().log_store().set_sync_delay(SYNC_DELAY);
+    let raft = leader.raft().clone();
+    let started = Instant::now();
+    let write = tokio::spawn(async move {
+        let proposal = Proposal { now_ms: 0, command: Command::Sweep };
+        let written = raft.client_write(proposal).await;
+        (written.map(|w| w.log_id.index), started.elapsed())
+    });
+
+    phase("both followers hold the entry before the leader's sync is reported");
+    wait_for("followers hold the new entry", AHEAD_WITHIN, || {
+        last_index(&nodes[&2]) >= target && last_index(&nodes[&3]) >= target
+    })
+    .await
+    .with_context(|| format!("leader's sync is delayed {SYNC_DELAY:?}"))?;
+    let followers_had_it = started.elapsed();
+    assert!(!write.is_finished(), "the write answered before the leader's sync was reported");
+
+    phase("the write commits, and only after the leader's own sync");
+    let (written, write_took) = write.await?;
+    assert_eq!(written.map_err(|e| anyhow!("write: {e}"))?, target);
+    assert!(
+        write_took >= SYNC_DELAY,
+        "the write answered in {write_took:?}, before the leader's {SYNC_DELAY:?} sync"
+    );
+    eprintln!("followers held it after {followers_had_it:?}; the write took {write_took:?}");
+
+    leader.journal().log_store().set_sync_delay(Duration::ZERO);
+    for (_, node) in nodes {
+        node.shutdown(Duration::from_secs(5)).await.map_err(|e| anyhow!("shutdown: {e}"))?;
+    }
+    Ok(())
+}
