@@ -18,7 +18,16 @@ use std::time::Duration;
 use leasehold_cluster_tests::checkers::{
     self, Checker, FinalJob, RunRecord, Severity, StatusSample, Verdict,
 };
-use leasehold_cluster_tests::history::{LeaseRecord, Op, OpFunction, OpType, OpValue};
+use leasehold_cluster_tests::execlog::{ExecEvent, RunPhase};
+use leasehold_cluster_tests::history::{
+    LeaseRecord, Op, OpFunction, OpType, OpValue, TickRecord as ReadTick,
+};
+use leasehold_cluster_tests::plan::CronSchedulePlan;
+use leasehold_core::cron::{self, CronSchedule};
+use leasehold_core::schedule::{
+    Catchup, DEFAULT_COMMAND_QUEUE, JobTemplate, Overlap, ScheduleSpec, TickOutcome, TickPlan,
+    plan_ticks,
+};
 use leasehold_core::{Command, JobFilter, JobSpec, Proposal, Response, State};
 use leasehold_raft::{NodeId, Raft};
 use openraft::{BasicNode, Config};
@@ -148,6 +157,16 @@ const MAX_DRIFT_PPM: i64 = 500;
 /// The queue the workload uses.
 const QUEUE: &str = "q";
 
+/// The cron schedule's name.
+const SCHEDULE: &str = "tick";
+
+/// The lease TTL of the cron schedule's jobs.
+const CRON_LEASE_TTL_MS: u64 = 3_000;
+
+/// How late a tick may still fire rather than be coalesced: the node
+/// driver's `TICK_TOLERANCE_MS`.
+const TICK_TOLERANCE_MS: u64 = 5_000;
+
 /// The record of a run.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Run {
@@ -158,6 +177,11 @@ pub struct Run {
     pub ops: Vec<Op>,
     /// The workload queue's jobs after heal, read from the leader.
     pub final_jobs: Option<Vec<FinalJob>>,
+    /// The cron schedule's runs, as the execution log of the chaos
+    /// harness records them.
+    pub runs: Vec<ExecEvent>,
+    /// The command queue's jobs after heal, read from the leader.
+    pub final_exec_jobs: Option<Vec<FinalJob>>,
     /// Per node at the end: (applied index, state digest).
     pub finals: BTreeMap<NodeId, (u64, u64)>,
 }
@@ -200,6 +224,9 @@ impl Run {
         RunRecord {
             history: self.ops.clone(),
             final_jobs: self.final_jobs.clone(),
+            runs: self.runs.clone(),
+            final_exec_jobs: self.final_exec_jobs.clone(),
+            cron: vec![cron_plan()],
             samples,
             nodes: self.finals.len() as u64,
             clock_bound_ms: CLOCK_BOUND_MS,
@@ -207,17 +234,20 @@ impl Run {
         }
     }
 
-    /// The verdicts of the checkers that apply to a queue workload: lease
-    /// exclusivity (in simulated real time too), fencing, no redelivery
-    /// after ack, none lost, convergence.
+    /// The verdicts of the checkers that apply to a queue and cron
+    /// workload on the journal path: lease exclusivity (in simulated real
+    /// time too), fencing, no redelivery after ack, none lost, convergence,
+    /// cron once per bucket, and no journal-path claim run twice.
     pub fn check(&self) -> Vec<Verdict> {
         let record = self.record();
-        let applicable: [&dyn Checker; 5] = [
+        let applicable: [&dyn Checker; 7] = [
             &checkers::lease_exclusivity::LeaseExclusivity,
             &checkers::fencing::Fencing,
             &checkers::no_redelivery::NoRedelivery,
             &checkers::none_lost::NoneLost,
             &checkers::convergence::Convergence,
+            &checkers::cron_once::CronOnce,
+            &checkers::journal_once::JournalOnce,
         ];
         applicable.iter().map(|checker| checker.check(&record)).collect()
     }
@@ -294,6 +324,10 @@ impl Registry {
     fn raft(&self, id: NodeId) -> Option<Raft> {
         self.lock().get(&id).map(|(raft, _)| raft.clone())
     }
+
+    fn state_machine(&self, id: NodeId) -> Option<SimStateMachine> {
+        self.lock().get(&id).map(|(_, sm)| sm.clone())
+    }
 }
 
 /// A fault the driver asks for and the step loop carries out between
@@ -352,9 +386,59 @@ impl Ops {
     }
 }
 
+/// The cron schedule's runs, shared by the driver and the run.
+#[derive(Clone, Default)]
+struct Runs(Arc<Mutex<Vec<ExecEvent>>>);
+
+impl Runs {
+    fn record(&self, event: ExecEvent) {
+        self.0.lock().unwrap_or_else(PoisonError::into_inner).push(event);
+    }
+
+    fn take(&self) -> Vec<ExecEvent> {
+        std::mem::take(&mut *self.0.lock().unwrap_or_else(PoisonError::into_inner))
+    }
+}
+
+/// The cron schedule every plan runs: every second, catch-up coalesced,
+/// overlap allowed, its command jobs on the node's command queue.
+fn cron_plan() -> CronSchedulePlan {
+    CronSchedulePlan {
+        name: SCHEDULE.to_string(),
+        period_s: 1,
+        catchup: "coalesce".to_string(),
+        overlap: "allow".to_string(),
+        run_ms: 0,
+        lease_ttl_ms: CRON_LEASE_TTL_MS,
+    }
+}
+
+/// The spec of [`cron_plan`]'s schedule as a `PutSchedule` carries it.
+fn cron_spec() -> ScheduleSpec {
+    let plan = cron_plan();
+    ScheduleSpec {
+        name: plan.name.clone(),
+        cron: plan.cron(),
+        template: JobTemplate {
+            lease_ttl_ms: Some(plan.lease_ttl_ms),
+            max_attempts: Some(20),
+            command: Some("true".to_string()),
+            ..JobTemplate::default()
+        },
+        overlap: Overlap::Allow,
+        catchup: Catchup::Coalesce,
+        ..ScheduleSpec::default()
+    }
+}
+
 /// The workload queue's jobs as the final read reports them.
 fn final_jobs(state: &State) -> Vec<FinalJob> {
-    let filter = JobFilter { queue: Some(QUEUE.to_string()), ..JobFilter::default() };
+    final_jobs_of(state, QUEUE)
+}
+
+/// `queue`'s jobs as the final read reports them.
+fn final_jobs_of(state: &State, queue: &str) -> Vec<FinalJob> {
+    let filter = JobFilter { queue: Some(queue.to_string()), ..JobFilter::default() };
     state
         .jobs(&filter, 0, usize::MAX)
         .into_iter()
@@ -367,6 +451,30 @@ fn final_jobs(state: &State) -> Vec<FinalJob> {
             key: job.idempotency_key.clone(),
         })
         .collect()
+}
+
+/// A tick record as the Schedules service reports it.
+fn read_tick(record: &leasehold_core::schedule::TickRecord) -> ReadTick {
+    match &record.outcome {
+        TickOutcome::Fired { job_ids, .. } => ReadTick {
+            bucket: record.bucket,
+            outcome: "fired".to_string(),
+            job_ids: job_ids.clone(),
+            reason: String::new(),
+            ticks: 0,
+        },
+        TickOutcome::Skipped { reason, ticks } => ReadTick {
+            bucket: record.bucket,
+            outcome: "skipped".to_string(),
+            job_ids: Vec::new(),
+            reason: reason.as_str().to_string(),
+            ticks: *ticks,
+        },
+    }
+}
+
+fn now_ns() -> u64 {
+    u64::try_from(turmoil::elapsed().as_nanos()).unwrap_or(u64::MAX)
 }
 
 fn now_ms() -> u64 {
@@ -480,6 +588,7 @@ pub fn run(plan: &Plan) -> Result<Run, ClusterError> {
 
     let faults = Faults::default();
     let ops = Ops::default();
+    let runs = Runs::default();
     let driver = Driver {
         plan: plan.clone(),
         rng: StdRng::seed_from_u64(rng.r#gen()),
@@ -487,6 +596,8 @@ pub fn run(plan: &Plan) -> Result<Run, ClusterError> {
         history: history.clone(),
         faults: faults.clone(),
         ops: ops.clone(),
+        runs: runs.clone(),
+        cron: cron::parse(&cron_spec().cron, "").ok(),
         clocks,
         held: Vec::new(),
         released: Vec::new(),
@@ -531,12 +642,22 @@ pub fn run(plan: &Plan) -> Result<Run, ClusterError> {
         .iter()
         .map(|(id, (_, sm))| (*id, (sm.last_applied_index(), sm.read(state_digest))))
         .collect();
-    let final_jobs = {
+    let (final_jobs, final_exec_jobs) = {
         let nodes = registry.lock();
-        let leader = leader_of(&nodes);
-        leader.and_then(|id| nodes.get(&id)).map(|(_, sm)| sm.read(final_jobs))
+        let leader = leader_of(&nodes).and_then(|id| nodes.get(&id));
+        (
+            leader.map(|(_, sm)| sm.read(final_jobs)),
+            leader.map(|(_, sm)| sm.read(|state| final_jobs_of(state, DEFAULT_COMMAND_QUEUE))),
+        )
     };
-    Ok(Run { history: history.take(), ops: ops.take(), final_jobs, finals })
+    Ok(Run {
+        history: history.take(),
+        ops: ops.take(),
+        final_jobs,
+        runs: runs.take(),
+        final_exec_jobs,
+        finals,
+    })
 }
 
 /// The completion of an operation whose write was applied with `response`.
@@ -587,6 +708,10 @@ struct Driver {
     history: History,
     faults: Faults,
     ops: Ops,
+    runs: Runs,
+    /// The cron schedule's expression, parsed once (as the node's ticker
+    /// caches it).
+    cron: Option<CronSchedule>,
     clocks: Clocks,
     /// Leases granted and not yet acked or released.
     held: Vec<(u64, u64)>,
@@ -606,12 +731,17 @@ impl Driver {
         if let Some(raft) = self.registry.raft(1) {
             raft.initialize(members).await?;
         }
+        self.put_schedule().await;
 
         let operations = self.plan.operations;
         let mut partitioned: Option<NodeId> = None;
         let mut power_cut_done = false;
         for op in 0..operations {
             tokio::time::sleep(Duration::from_millis(self.rng.gen_range(5..60))).await;
+            self.tick().await;
+            if op % 4 == 0 {
+                self.read_schedule();
+            }
             if self.plan.handover && op == operations / 3 {
                 self.grant_handover_lease().await;
             }
@@ -645,7 +775,7 @@ impl Driver {
             }
 
             let acknowledged = match self.next_step() {
-                Some(Planned(name, command, op)) => self.write(name, command, op).await,
+                Some(Planned(name, command, op)) => self.write(name, command, op).await.is_some(),
                 None => false,
             };
             // The power cut comes right after an acknowledged write, while
@@ -669,6 +799,121 @@ impl Driver {
         self.settle().await;
         self.heal().await;
         Ok(())
+    }
+
+    /// Puts the cron schedule, retrying while the group forms (bounded).
+    async fn put_schedule(&mut self) {
+        for _ in 0..50 {
+            let put = Command::PutSchedule { spec: cron_spec() };
+            if self.write("put-schedule", put, None).await.is_some() {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    /// The leader's ticker, as the node's driver runs it: plans the
+    /// schedule's due ticks (`plan_ticks`, the core's rule) from the
+    /// leader's applied state and its cluster time, proposes each fire or
+    /// skip in order, stops at the first that does not commit (the next
+    /// round plans again from the journal), and runs what fired.
+    async fn tick(&mut self) {
+        let Some(cron) = self.cron.clone() else { return };
+        let Some(id) = leader(&self.registry, self.plan.nodes) else { return };
+        let Some(state_machine) = self.registry.state_machine(id) else { return };
+        let clock_ms = self.clocks.now_ms(id, now_ms());
+        let steps = state_machine.read(|state| {
+            let now_ms = state.cluster_time_ms().max(clock_ms);
+            let schedule = state.schedules().get(SCHEDULE)?;
+            Some(plan_ticks(schedule, &cron, now_ms, TICK_TOLERANCE_MS))
+        });
+        let mut fired = false;
+        for step in steps.unwrap_or_default() {
+            let schedule = SCHEDULE.to_string();
+            let command = match step {
+                TickPlan::Fire(bucket) => Command::Fire { schedule, bucket, targets: Vec::new() },
+                TickPlan::Skip { bucket, reason, ticks } => {
+                    Command::Skip { schedule, bucket, reason, ticks }
+                }
+            };
+            match self.write("tick", command, None).await {
+                Some(Response::Tick(Some(TickOutcome::Fired { .. }))) => fired = true,
+                Some(_) => {}
+                None => break,
+            }
+        }
+        if fired {
+            self.run_cron_jobs().await;
+        }
+    }
+
+    /// The built-in executor: claims the command queue's jobs, runs each
+    /// (a start and an end line in the execution log, under the lease's
+    /// token) and acks it.
+    async fn run_cron_jobs(&mut self) {
+        for _ in 0..3 {
+            let node = leader(&self.registry, self.plan.nodes).unwrap_or(0);
+            let claim = Command::Claim {
+                worker: format!("executor-{node}"),
+                queue: DEFAULT_COMMAND_QUEUE.into(),
+                max: 4,
+                lease_ttl_ms: None,
+                selector: Vec::new(),
+            };
+            let Some(Response::Claimed(grants)) = self.write("exec-claim", claim, None).await
+            else {
+                return;
+            };
+            if grants.is_empty() {
+                return;
+            }
+            for grant in grants {
+                let bucket = grant
+                    .job
+                    .idempotency_key
+                    .as_deref()
+                    .and_then(|key| key.rsplit(':').next())
+                    .and_then(|bucket| bucket.parse().ok())
+                    .unwrap_or(0);
+                let (job_id, token) = (grant.lease.job_id, grant.lease.token);
+                let event = |phase| ExecEvent {
+                    phase,
+                    wall_ns: now_ns(),
+                    schedule: SCHEDULE.to_string(),
+                    bucket,
+                    node,
+                    token,
+                    job_id,
+                    attempt: grant.job.attempts.saturating_add(1),
+                    path: "journal".to_string(),
+                };
+                self.runs.record(event(RunPhase::Start));
+                self.runs.record(event(RunPhase::End));
+                let ack = Command::Ack { job_id, token, result: None };
+                self.write("exec-ack", ack, None).await;
+            }
+        }
+    }
+
+    /// Reads the schedule's tick records from the leader's applied state,
+    /// as the chaos harness's poller reads them over gRPC.
+    fn read_schedule(&self) {
+        let base = OpValue { schedule: Some(SCHEDULE.to_string()), ..OpValue::default() };
+        self.ops.record(OpType::Invoke, OpFunction::ScheduleRead, base.clone());
+        let ticks = leader(&self.registry, self.plan.nodes)
+            .and_then(|id| self.registry.state_machine(id))
+            .and_then(|state_machine| {
+                state_machine.read(|state| {
+                    let schedule = state.schedules().get(SCHEDULE)?;
+                    Some(schedule.history.iter().map(read_tick).collect::<Vec<_>>())
+                })
+            });
+        match ticks {
+            Some(ticks) => {
+                self.ops.record(OpType::Ok, OpFunction::ScheduleRead, OpValue { ticks, ..base })
+            }
+            None => self.ops.record(OpType::Info, OpFunction::ScheduleRead, base),
+        }
     }
 
     /// The hand-over's long lease, granted by the first leader to a worker
@@ -701,6 +946,7 @@ impl Driver {
         let until_ms = now_ms() + HANDOVER_TTL_MS + 2_000;
         while now_ms() < until_ms {
             tokio::time::sleep(Duration::from_millis(self.rng.gen_range(50..150))).await;
+            self.tick().await;
             let sweep = self.sweep();
             self.write("sweep", sweep, None).await;
             let claim = Command::Claim {
@@ -734,6 +980,9 @@ impl Driver {
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
         self.history.record(format!("{} settle", now_ms()));
+        self.tick().await;
+        self.run_cron_jobs().await;
+        self.read_schedule();
         for _ in 0..3 {
             for (job_id, token) in std::mem::take(&mut self.held) {
                 let ack = Command::Ack { job_id, token, result: None };
@@ -822,23 +1071,23 @@ impl Driver {
     /// Sends `command` as a client would: to a running node the seed picks,
     /// which hands it to the leader; the leader stamps the time (with
     /// [`Bug::FollowerStampsTime`] planted, the node that took it does).
-    /// Returns whether the write was acknowledged.
+    /// Returns the response of an acknowledged write.
     async fn write(
         &mut self,
         name: &'static str,
         command: Command,
         op: Option<(OpFunction, OpValue)>,
-    ) -> bool {
+    ) -> Option<Response> {
         let running: Vec<NodeId> = self.registry.lock().keys().copied().collect();
         let Some(entry) = running.get(self.rng.gen_range(0..running.len().max(1))).copied() else {
             self.history.record(format!("{} {name} fail no-node", now_ms()));
-            return false;
+            return None;
         };
         let Some(target) = leader(&self.registry, self.plan.nodes)
             .and_then(|id| self.registry.raft(id).map(|r| (id, r)))
         else {
             self.history.record(format!("{} {name} via={entry} fail no-leader", now_ms()));
-            return false;
+            return None;
         };
         let stamper =
             if self.plan.bugs.contains(&Bug::FollowerStampsTime) { entry } else { target.0 };
@@ -847,10 +1096,10 @@ impl Driver {
             self.ops.record(OpType::Invoke, *f, invoke.clone());
         }
         let answer = tokio::time::timeout(CLIENT_TIMEOUT, target.1.client_write(proposal)).await;
-        let mut acknowledged = false;
+        let mut acknowledged = None;
         let outcome = match answer {
             Ok(Ok(written)) => {
-                acknowledged = true;
+                acknowledged = Some(written.data.clone());
                 let detail = match &written.data {
                     Response::Enqueued(outcomes) => outcomes
                         .iter()

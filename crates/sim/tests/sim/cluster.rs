@@ -8,6 +8,8 @@
 //! applied index with the same state, and the chaos harness's checkers
 //! find no safety anomaly in the simulated history.
 
+use leasehold_cluster_tests::execlog::{ExecEvent, RunPhase};
+use leasehold_cluster_tests::history::OpFunction;
 use leasehold_sim::cluster::{Plan, Run, run};
 
 fn assert_healthy(plan: &Plan, record: &Run) {
@@ -102,5 +104,35 @@ fn a_clock_handover_plan_grants_a_long_lease_and_outlasts_it() -> anyhow::Result
     assert_healthy(&plan, &record);
     let text = record.history.join("\n");
     assert!(text.contains("handover-claim via="), "seed {seed}: no hand-over claim in\n{text}");
+    Ok(())
+}
+
+#[test]
+fn the_cron_checkers_judge_the_simulated_schedule() -> anyhow::Result<()> {
+    // The leader's ticker fires the every-second schedule, the executor
+    // runs and acks what fired, and the schedule's records are read: the
+    // cron checkers have ticks and runs to judge. A second run of a fired
+    // bucket as another job — what a lost bucket guard would do — must be
+    // reported as safety.
+    let mut record = run(&Plan::every_fault(7))?;
+    assert!(record.failures().is_empty(), "{:?}", record.failures());
+    let reads = record
+        .ops
+        .iter()
+        .filter(|op| op.f == OpFunction::ScheduleRead && !op.value.ticks.is_empty())
+        .count();
+    assert!(reads > 0, "no schedule read listed a tick");
+    let first = record.runs.first().cloned().ok_or_else(|| anyhow::anyhow!("no cron run"))?;
+    assert!(first.bucket > 0, "a run without its bucket: {first:?}");
+    for phase in [RunPhase::Start, RunPhase::End] {
+        record.runs.push(ExecEvent {
+            phase,
+            job_id: first.job_id + 1_000,
+            token: first.token + 1_000,
+            ..first.clone()
+        });
+    }
+    let failures = record.failures();
+    assert!(failures.iter().any(|f| f.starts_with("cron_once")), "{failures:?}");
     Ok(())
 }
