@@ -54,3 +54,16 @@ fn every_planted_bug_is_found_within_the_seed_budget() {
     }
     assert!(missed.is_empty(), "not found within {SEED_BUDGET} seeds: {missed:?}");
 }
+
+#[test]
+fn a_failing_seed_replays_to_the_same_failure() -> anyhow::Result<()> {
+    // What `scripts/sim.sh --seed S --bug NAME` relies on: the planted
+    // run that fails fails again, with the same history and findings.
+    let plan = Plan::short(1).with_bug(Bug::AckWithoutTokenCheck);
+    let first = run(&plan)?;
+    let again = run(&plan)?;
+    assert!(!first.failures().is_empty(), "seed 1 no longer fails with the bug planted");
+    assert_eq!(first.digest(), again.digest());
+    assert_eq!(first.failures(), again.failures());
+    Ok(())
+}
