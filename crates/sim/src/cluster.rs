@@ -71,6 +71,10 @@ pub struct Plan {
     /// more ahead of the one that stamped the lease) is the one to take it
     /// back. Implies `partition_leader`.
     pub handover: bool,
+    /// Links that fail now and then for a few steps (each link, each
+    /// step, with this chance in a million), breaking the connections on
+    /// them: lost messages, as turmoil's TCP does not resend.
+    pub link_failures_per_million: u32,
     /// Bug classes planted for this run (none in a normal run).
     pub bugs: BTreeSet<Bug>,
 }
@@ -91,11 +95,18 @@ impl Plan {
             power_cut: rng.gen_bool(0.4),
             clock_jump_ms: rng.gen_bool(0.5).then(|| rng.gen_range(10_000..=60_000)),
             handover: false,
+            link_failures_per_million: 0,
             bugs: BTreeSet::new(),
         };
         // A quarter of the seeds are a clock hand-over alone: its long
         // lease must outlive the other faults' restarts to be judged.
-        if rng.gen_bool(0.25) {
+        let handover = rng.gen_bool(0.25);
+        // Drawn after the rest, so the other faults of a seed stay as they
+        // were before links could fail.
+        let link_failures_per_million =
+            if rng.gen_bool(0.3) { rng.gen_range(200..=2_000) } else { 0 };
+        let plan = Plan { link_failures_per_million, ..plan };
+        if handover {
             return Plan {
                 partition_leader: true,
                 crash_follower: false,
@@ -116,6 +127,7 @@ impl Plan {
             power_cut: true,
             clock_jump_ms: Some(30_000),
             handover: false,
+            link_failures_per_million: 1_000,
             ..Plan::short(seed)
         }
     }
@@ -135,6 +147,10 @@ const CLOCK_BOUND_MS: u64 = 500;
 /// Two milliseconds halves the steps of one (the default) and is still
 /// finer than every latency, sync and timer in a plan.
 const TICK_MS: u64 = 2;
+
+/// The chance, each step, that a failed link is repaired: a failure lasts
+/// a few steps.
+const LINK_REPAIR_RATE: f64 = 0.3;
 
 /// How far any host's clock is set off real time, at most: two leaders then
 /// disagree by at most twice this, under the bound.
@@ -519,6 +535,8 @@ pub fn run(plan: &Plan) -> Result<Run, ClusterError> {
         .max_message_latency(Duration::from_millis(rng.gen_range(2..=10)))
         .simulation_duration(Duration::from_secs(300))
         .tick_duration(Duration::from_millis(TICK_MS))
+        .fail_rate(f64::from(plan.link_failures_per_million) / 1_000_000.0)
+        .repair_rate(LINK_REPAIR_RATE)
         .build();
     let registry = Registry::default();
     let history = History::default();
