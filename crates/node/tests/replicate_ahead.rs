@@ -44,6 +44,9 @@ async fn start(id: u64, dir: &std::path::Path, join: Option<String>) -> Result<N
         election_timeout_min_ms: 3_000,
         election_timeout_max_ms: 4_000,
         executor: false,
+        // No sweeps from the leader's driver: the story's write is the
+        // only one in flight.
+        sweep_interval_ms: 3_600_000,
         cluster_secret: Some(SecretText("replicate-ahead-test-secret-0123456789".into())),
         ..Config::default()
     };
@@ -113,7 +116,8 @@ async fn followers_store_a_batch_while_the_leader_still_syncs_it() -> Result<()>
 
     phase("the write commits, and only after the leader's own sync");
     let (written, write_took) = write.await?;
-    assert_eq!(written.map_err(|e| anyhow!("write: {e}"))?, target);
+    let written = written.map_err(|e| anyhow!("write: {e}"))?;
+    assert!(written >= target, "the write landed at {written}, before {target}");
     assert!(
         write_took >= SYNC_DELAY,
         "the write answered in {write_took:?}, before the leader's {SYNC_DELAY:?} sync"
