@@ -357,62 +357,51 @@ enum Fault {
     Restart(Vec<NodeId>),
 }
 
+/// A list the driver, the hosts and the step loop append to, and the run
+/// takes at the end. Cheap to clone; clones share the list.
+struct Shared<T>(Arc<Mutex<Vec<T>>>);
+
+impl<T> Clone for Shared<T> {
+    fn clone(&self) -> Shared<T> {
+        Shared(self.0.clone())
+    }
+}
+
+impl<T> Default for Shared<T> {
+    fn default() -> Shared<T> {
+        Shared(Arc::default())
+    }
+}
+
+impl<T> Shared<T> {
+    fn record(&self, item: T) {
+        self.0.lock().unwrap_or_else(PoisonError::into_inner).push(item);
+    }
+
+    fn take(&self) -> Vec<T> {
+        std::mem::take(&mut *self.0.lock().unwrap_or_else(PoisonError::into_inner))
+    }
+}
+
 /// The faults asked for and not yet carried out.
-#[derive(Clone, Default)]
-struct Faults(Arc<Mutex<Vec<Fault>>>);
+type Faults = Shared<Fault>;
 
-impl Faults {
-    fn ask(&self, fault: Fault) {
-        self.0.lock().unwrap_or_else(PoisonError::into_inner).push(fault);
-    }
-
-    fn take(&self) -> Vec<Fault> {
-        std::mem::take(&mut *self.0.lock().unwrap_or_else(PoisonError::into_inner))
-    }
-}
-
-/// The history, shared by the driver and the fault loop.
-#[derive(Clone, Default)]
-struct History(Arc<Mutex<Vec<String>>>);
-
-impl History {
-    fn record(&self, line: String) {
-        self.0.lock().unwrap_or_else(PoisonError::into_inner).push(line);
-    }
-
-    fn take(&self) -> Vec<String> {
-        std::mem::take(&mut *self.0.lock().unwrap_or_else(PoisonError::into_inner))
-    }
-}
-
-/// The workload's operations, shared by the driver and the run.
-#[derive(Clone, Default)]
-struct Ops(Arc<Mutex<Vec<Op>>>);
-
-impl Ops {
-    fn record(&self, kind: OpType, f: OpFunction, value: OpValue) {
-        let mut ops = self.0.lock().unwrap_or_else(PoisonError::into_inner);
-        let index = ops.len() as u64;
-        let time_ns = u64::try_from(turmoil::elapsed().as_nanos()).unwrap_or(u64::MAX);
-        ops.push(Op { index, time_ns, process: "driver".to_string(), kind, f, value });
-    }
-
-    fn take(&self) -> Vec<Op> {
-        std::mem::take(&mut *self.0.lock().unwrap_or_else(PoisonError::into_inner))
-    }
-}
+/// The history's text lines, shared by the driver, the hosts and the
+/// fault loop.
+type History = Shared<String>;
 
 /// The cron schedule's runs, shared by the driver and the run.
-#[derive(Clone, Default)]
-struct Runs(Arc<Mutex<Vec<ExecEvent>>>);
+type Runs = Shared<ExecEvent>;
 
-impl Runs {
-    fn record(&self, event: ExecEvent) {
-        self.0.lock().unwrap_or_else(PoisonError::into_inner).push(event);
-    }
+/// The workload's operations, shared by the driver and the run.
+type Ops = Shared<Op>;
 
-    fn take(&self) -> Vec<ExecEvent> {
-        std::mem::take(&mut *self.0.lock().unwrap_or_else(PoisonError::into_inner))
+impl Shared<Op> {
+    /// Records one operation of the driver, numbered and timed.
+    fn op(&self, kind: OpType, f: OpFunction, value: OpValue) {
+        let mut ops = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        let index = ops.len() as u64;
+        ops.push(Op { index, time_ns: now_ns(), process: "driver".to_string(), kind, f, value });
     }
 }
 
@@ -777,10 +766,10 @@ impl Driver {
                 partitioned = None;
             }
             if self.plan.crash_follower && op == operations / 2 {
-                self.faults.ask(Fault::Crash(vec![self.plan.nodes]));
+                self.faults.record(Fault::Crash(vec![self.plan.nodes]));
             }
             if self.plan.crash_follower && op == 3 * operations / 4 {
-                self.faults.ask(Fault::Restart(vec![self.plan.nodes]));
+                self.faults.record(Fault::Restart(vec![self.plan.nodes]));
             }
             if let Some(step_ms) = self.plan.clock_jump_ms
                 && (op == operations / 8 || op == operations / 2)
@@ -802,10 +791,10 @@ impl Driver {
                 power_cut_done = true;
                 let all: Vec<NodeId> = (1..=self.plan.nodes).collect();
                 self.history.record(format!("{} power cut", now_ms()));
-                self.faults.ask(Fault::Crash(all.clone()));
+                self.faults.record(Fault::Crash(all.clone()));
                 let dark_ms = self.rng.gen_range(50..300);
                 tokio::time::sleep(Duration::from_millis(dark_ms)).await;
-                self.faults.ask(Fault::Restart(all));
+                self.faults.record(Fault::Restart(all));
             }
         }
         if let Some(cut) = partitioned {
@@ -917,7 +906,7 @@ impl Driver {
     /// as the chaos harness's poller reads them over gRPC.
     fn read_schedule(&self) {
         let base = OpValue { schedule: Some(SCHEDULE.to_string()), ..OpValue::default() };
-        self.ops.record(OpType::Invoke, OpFunction::ScheduleRead, base.clone());
+        self.ops.op(OpType::Invoke, OpFunction::ScheduleRead, base.clone());
         let ticks = leader(&self.registry, self.plan.nodes)
             .and_then(|id| self.registry.state_machine(id))
             .and_then(|state_machine| {
@@ -928,25 +917,17 @@ impl Driver {
             });
         match ticks {
             Some(ticks) => {
-                self.ops.record(OpType::Ok, OpFunction::ScheduleRead, OpValue { ticks, ..base })
+                self.ops.op(OpType::Ok, OpFunction::ScheduleRead, OpValue { ticks, ..base })
             }
-            None => self.ops.record(OpType::Info, OpFunction::ScheduleRead, base),
+            None => self.ops.op(OpType::Info, OpFunction::ScheduleRead, base),
         }
     }
 
     /// The hand-over's long lease, granted by the first leader to a worker
     /// that never acks: a job enqueued for it, claimed at once.
     async fn grant_handover_lease(&mut self) {
-        self.next_value += 1;
-        let value = format!("v{}", self.next_value);
-        let spec = JobSpec {
-            queue: QUEUE.into(),
-            payload: value.clone().into_bytes(),
-            ..Default::default()
-        };
-        let op = OpValue { value: Some(value), poison: Some(false), ..OpValue::default() };
-        let enqueue = Command::Enqueue { jobs: vec![spec] };
-        self.write("enqueue", enqueue, Some((OpFunction::Enqueue, op))).await;
+        let Planned(name, enqueue, op) = self.next_enqueue();
+        self.write(name, enqueue, op).await;
         let claim = Command::Claim {
             worker: "handover".into(),
             queue: QUEUE.into(),
@@ -1031,22 +1012,26 @@ impl Driver {
         self.history.record(format!("{} {what} leader {node}", now_ms()));
     }
 
+    /// An enqueue of the workload's next unique value.
+    fn next_enqueue(&mut self) -> Planned {
+        self.next_value += 1;
+        let value = format!("v{}", self.next_value);
+        let spec = JobSpec {
+            queue: QUEUE.into(),
+            payload: value.clone().into_bytes(),
+            ..Default::default()
+        };
+        let op = OpValue { value: Some(value), poison: Some(false), ..OpValue::default() };
+        Planned("enqueue", Command::Enqueue { jobs: vec![spec] }, Some((OpFunction::Enqueue, op)))
+    }
+
     /// Picks the next operation: enqueue, claim, ack of a held lease,
     /// release of one, a zombie ack with a released lease's token, or the
     /// leader's sweep.
     fn next_step(&mut self) -> Option<Planned> {
         let roll = self.rng.gen_range(0..100);
         if roll < 30 {
-            self.next_value += 1;
-            let value = format!("v{}", self.next_value);
-            let spec = JobSpec {
-                queue: QUEUE.into(),
-                payload: value.clone().into_bytes(),
-                ..Default::default()
-            };
-            let op = OpValue { value: Some(value), poison: Some(false), ..OpValue::default() };
-            let enqueue = Command::Enqueue { jobs: vec![spec] };
-            return Some(Planned("enqueue", enqueue, Some((OpFunction::Enqueue, op))));
+            return Some(self.next_enqueue());
         }
         if roll >= 90 {
             return Some(Planned("sweep", self.sweep(), None));
@@ -1111,7 +1096,7 @@ impl Driver {
             if self.plan.bugs.contains(&Bug::FollowerStampsTime) { entry } else { target.0 };
         let proposal = Proposal { now_ms: self.clocks.now_ms(stamper, now_ms()), command };
         if let Some((f, invoke)) = &op {
-            self.ops.record(OpType::Invoke, *f, invoke.clone());
+            self.ops.op(OpType::Invoke, *f, invoke.clone());
         }
         let answer = tokio::time::timeout(CLIENT_TIMEOUT, target.1.client_write(proposal)).await;
         let mut acknowledged = None;
@@ -1139,27 +1124,27 @@ impl Driver {
                 };
                 if let Some((f, invoke)) = op {
                     let (kind, value) = completion(&written.data, invoke);
-                    self.ops.record(kind, f, value);
+                    self.ops.op(kind, f, value);
                 }
                 format!("ok node={} index={} {detail}", target.0, written.log_id.index)
             }
             // Refused before it was proposed: certainly not written.
             Ok(Err(error)) if error.forward_to_leader().is_some() => {
                 if let Some((f, invoke)) = op {
-                    self.ops.record(OpType::Fail, f, invoke);
+                    self.ops.op(OpType::Fail, f, invoke);
                 }
                 format!("fail node={} not the leader", target.0)
             }
             // Unknown outcome: it may still commit.
             Ok(Err(error)) => {
                 if let Some((f, invoke)) = op {
-                    self.ops.record(OpType::Info, f, invoke);
+                    self.ops.op(OpType::Info, f, invoke);
                 }
                 format!("info node={} {}", target.0, error.to_string().replace('\n', " "))
             }
             Err(_) => {
                 if let Some((f, invoke)) = op {
-                    self.ops.record(OpType::Info, f, invoke);
+                    self.ops.op(OpType::Info, f, invoke);
                 }
                 format!("info node={} timeout", target.0)
             }
