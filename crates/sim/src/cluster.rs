@@ -63,13 +63,13 @@ pub struct Plan {
     /// the clock bound, so (as a real node's clock watch does) it never
     /// stands for election, but it keeps taking clients' commands.
     pub clock_jump_ms: Option<u64>,
-    /// A clock hand-over: node 1, which leads first, runs its clock
-    /// [`HANDOVER_SKEW_MS`] behind real time and the others as far ahead;
-    /// just before the leader partition it grants a long lease, and after
-    /// the operations the driver keeps sweeping and claiming for longer
-    /// than that lease, so the new leader (whose clock is the bound and
-    /// more ahead of the one that stamped the lease) is the one to take it
-    /// back. Implies `partition_leader`.
+    /// A clock hand-over: node 1, which leads first, runs its clock 450 ms
+    /// behind real time and the others as far ahead; just before the
+    /// leader partition it grants a long lease, and after the operations
+    /// the driver keeps sweeping and claiming for longer than that lease,
+    /// so the new leader (whose clock is the bound and more ahead of the
+    /// one that stamped the lease) is the one to take it back. Implies
+    /// `partition_leader`.
     pub handover: bool,
     /// Links that fail now and then for a few steps (each link, each
     /// step, with this chance in a million), breaking the connections on
