@@ -48,6 +48,8 @@ async fn start(id: u64, dir: &std::path::Path, join: Option<String>) -> Result<N
         // only one in flight.
         sweep_interval_ms: 3_600_000,
         cluster_secret: Some(SecretText("replicate-ahead-test-secret-0123456789".into())),
+        // Off by default for now; this story is about the feature on.
+        replicate_ahead: true,
         ..Config::default()
     };
     Node::start(config, Transport { grpc, http }).await.map_err(|e| anyhow!("node {id}: {e}"))
