@@ -30,6 +30,15 @@
 //! entries before the leader's own sync is allowed by Raft (the leader's
 //! copy counts towards the quorum only once durable, like any other).
 //!
+//! One assumption of openraft's does not survive it: a node whose stored
+//! vote is its own committed one starts as that term's leader again, with
+//! its log as synced. A leader that sent an entry ahead and then lost it
+//! (its sync failed, it restarted) would make a different entry under the
+//! same log id, and followers holding the first would take the two for
+//! one. The log store therefore reports the vote uncommitted at start
+//! (`leasehold_storage`'s `read_vote`), so a restarted node never leads a
+//! term it led before (docs/decisions.md, "Replication ahead").
+//!
 //! Everything is bounded: the queue of batches, and one message in flight
 //! per follower (a follower still answering the last one is skipped, and
 //! openraft's stream brings it the entries as before).

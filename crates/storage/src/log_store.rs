@@ -137,6 +137,28 @@ pub(crate) fn log_config(dir: &Path) -> Result<raft_log::Config, StorageError> {
     Ok(config)
 }
 
+/// The vote a node starts with, given the one it stored: the same term and
+/// candidate, never committed.
+///
+/// openraft reads the vote only when a node starts (`get_initial_state`),
+/// and a node whose stored vote is its own committed one starts as the
+/// leader of that term again, with its log as it was synced. That is safe
+/// only if no peer holds an entry of that term which this node's log lost.
+/// A leader that replicates ahead of its own sync (`crate` docs of
+/// `leasehold_raft::ahead`) breaks that: the entry reaches the followers,
+/// the leader's sync fails (a full disk) and it restarts without it; as
+/// the same term's leader it then makes a different entry under the same
+/// log id, which the followers take for the one they hold, and the
+/// replicas diverge. Started with the vote uncommitted, a node never leads
+/// again in a term it led before it stopped: it starts as a follower and
+/// leads again only by winning a later term. For a follower nothing
+/// changes: its leader's next message carries the committed vote (equal
+/// to the stored one, so storing it again is allowed), and a candidate of
+/// the same term is refused as before.
+fn restarted_vote(stored: Vote<NodeId>) -> Vote<NodeId> {
+    Vote { committed: false, ..stored }
+}
+
 impl LogStore {
     /// Opens (creating, or migrating from an older version's sled trees)
     /// the raft log in `data_dir`, beside the sled database `db`.
@@ -531,9 +553,10 @@ impl RaftLogStorage<TypeConfig> for LogStore {
             .map_err(|error| StorageIOError::write_vote(&error).into())
     }
 
+    /// The vote as stored, but never committed: see [`restarted_vote`].
     async fn read_vote(&mut self) -> Result<Option<Vote<NodeId>>, RaftStorageError<NodeId>> {
         let log = self.reader().map_err(|error| StorageIOError::read_vote(&error))?;
-        Ok(log.log_state().vote().map(|vote| vote.0))
+        Ok(log.log_state().vote().map(|vote| restarted_vote(vote.0)))
     }
 
     async fn save_committed(

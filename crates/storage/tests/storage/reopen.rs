@@ -174,3 +174,50 @@ const _: fn() = || {
     shareable::<LogStore>();
     shareable::<StateMachineStore>();
 };
+
+/// A leader's stored vote is its own, committed. openraft starts a node
+/// with such a vote as that term's leader again, with its log as synced;
+/// if a follower holds an entry of that term the leader's log lost (sent
+/// ahead of a sync that then failed), the leader would make another entry
+/// under the same log id and the replicas would diverge. So the store
+/// reports the vote uncommitted, and a restarted node leads only after
+/// winning a later term.
+#[tokio::test]
+async fn a_restarted_leader_does_not_lead_its_old_term_again() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    {
+        let (mut log_store, _state_machine) = leasehold_storage::open(dir.path())?;
+        log_store.blocking_append([membership(1, 0, &[1, 2, 3]), blank(1, 1)]).await?;
+        log_store.save_vote(&Vote::new_committed(1, LEADER)).await?;
+        log_store.save_committed(Some(log_id(1, 1))).await?;
+    }
+
+    // --- the store reads back the term and candidate, uncommitted, and
+    //     takes the committed vote again when the leader's message brings it
+    {
+        let (mut log_store, _state_machine) = reopen(dir.path())?;
+        assert_eq!(log_store.read_vote().await?, Some(Vote::new(1, LEADER)));
+        log_store.save_vote(&Vote::new_committed(1, LEADER)).await?;
+    }
+
+    // --- a Raft node started on it (its peers unreachable) is no leader
+    let (log_store, state_machine) = reopen(dir.path())?;
+    let config = std::sync::Arc::new(openraft::Config::default().validate()?);
+    let raft = leasehold_raft::Raft::new(
+        LEADER,
+        config,
+        leasehold_raft::network::NetworkFactory::new(),
+        log_store,
+        state_machine,
+    )
+    .await?;
+    let led = raft
+        .wait(Some(std::time::Duration::from_millis(500)))
+        .state(openraft::ServerState::Leader, "a restarted leader")
+        .await;
+    let metrics = raft.metrics().borrow().clone();
+    raft.shutdown().await?;
+    assert!(led.is_err(), "the restarted node led again: {metrics:?}");
+    assert!(!metrics.vote.is_committed(), "it leads no term: {metrics:?}");
+    Ok(())
+}
