@@ -35,7 +35,7 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
 use crate::clock::{Clocks, HostClock};
-use crate::net::{SimNetwork, host_name, serve};
+use crate::net::{Lost, OneWayCuts, SimNetwork, host_name, serve};
 use crate::{Bug, Crash, SimDisk, SimStateMachine};
 
 /// How long the driver waits for one write before recording its outcome
@@ -75,8 +75,26 @@ pub struct Plan {
     /// step, with this chance in a million), breaking the connections on
     /// them: lost messages, as turmoil's TCP does not resend.
     pub link_failures_per_million: u32,
+    /// A link cut in one direction early in the run, between the leader
+    /// and a follower, and repaired before the leader partition.
+    pub one_way: Option<OneWay>,
     /// Bug classes planted for this run (none in a normal run).
     pub bugs: BTreeSet<Bug>,
+}
+
+/// How long a one-way cut lasts at least, in simulated milliseconds: a few
+/// election timeouts.
+const ONE_WAY_HOLD_MS: u64 = 1_500;
+
+/// Which way a one-way cut loses messages (see [`crate::net::OneWayCuts`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum OneWay {
+    /// The leader's requests and answers to a follower are lost; the
+    /// follower's reach it (so its elections disturb the leader).
+    LeaderToFollower,
+    /// A follower's requests and answers to the leader are lost; the
+    /// leader's reach it and take effect, but it hears no acknowledgement.
+    FollowerToLeader,
 }
 
 impl Plan {
@@ -96,6 +114,7 @@ impl Plan {
             clock_jump_ms: rng.gen_bool(0.5).then(|| rng.gen_range(10_000..=60_000)),
             handover: false,
             link_failures_per_million: 0,
+            one_way: None,
             bugs: BTreeSet::new(),
         };
         // A quarter of the seeds are a clock hand-over alone: its long
@@ -105,7 +124,11 @@ impl Plan {
         // were before links could fail.
         let link_failures_per_million =
             if rng.gen_bool(0.3) { rng.gen_range(200..=2_000) } else { 0 };
-        let plan = Plan { link_failures_per_million, ..plan };
+        // Drawn last, for the same reason.
+        let one_way = rng.gen_bool(0.3).then(|| {
+            if rng.gen_bool(0.5) { OneWay::LeaderToFollower } else { OneWay::FollowerToLeader }
+        });
+        let plan = Plan { link_failures_per_million, one_way, ..plan };
         if handover {
             return Plan {
                 partition_leader: true,
@@ -113,6 +136,7 @@ impl Plan {
                 power_cut: false,
                 clock_jump_ms: None,
                 handover: true,
+                one_way: None,
                 ..plan
             };
         }
@@ -128,6 +152,7 @@ impl Plan {
             clock_jump_ms: Some(30_000),
             handover: false,
             link_failures_per_million: 1_000,
+            one_way: Some(OneWay::LeaderToFollower),
             ..Plan::short(seed)
         }
     }
@@ -200,6 +225,33 @@ pub struct Run {
     pub final_exec_jobs: Option<Vec<FinalJob>>,
     /// Per node at the end: (applied index, state digest).
     pub finals: BTreeMap<NodeId, (u64, u64)>,
+    /// The link between the leader and the follower of a one-way cut, as
+    /// each side saw it when the cut was made and when it was repaired.
+    pub one_way_views: Vec<LinkView>,
+}
+
+/// The two ends of a one-way cut, as Raft's metrics show them at one
+/// instant (see [`Plan::one_way`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LinkView {
+    /// Whether this is the cut (or the repair).
+    pub cut: bool,
+    /// The leader when the cut was made.
+    pub leader: NodeId,
+    /// The follower at the other end.
+    pub follower: NodeId,
+    /// The leader's term (`None`: that node is down).
+    pub leader_term: Option<u64>,
+    /// What the leader knows the follower holds, while it still leads.
+    pub leader_matched: Option<u64>,
+    /// The follower's term.
+    pub follower_term: Option<u64>,
+    /// The follower's last log index.
+    pub follower_last_log: Option<u64>,
+    /// What the cut lost so far from the leader to the follower.
+    pub lost_to_follower: Lost,
+    /// What the cut lost so far from the follower to the leader.
+    pub lost_to_leader: Lost,
 }
 
 impl Run {
@@ -396,6 +448,9 @@ type Runs = Shared<ExecEvent>;
 /// The workload's operations, shared by the driver and the run.
 type Ops = Shared<Op>;
 
+/// The one-way cut's views, shared by the driver and the run.
+type LinkViews = Shared<LinkView>;
+
 impl Shared<Op> {
     /// Records one operation of the driver, numbered and timed.
     fn op(&self, kind: OpType, f: OpFunction, value: OpValue) {
@@ -511,6 +566,20 @@ fn leader(registry: &Registry, nodes: u64) -> Option<NodeId> {
         .map(|(_, leader)| leader)
 }
 
+/// Whether some running node leads in the highest term any running node
+/// has seen (a deposed leader, or a follower that heard of one, is not
+/// enough: a candidate may have moved the term on).
+fn undisputed_leader(registry: &Registry, nodes: u64) -> bool {
+    let metrics: Vec<_> =
+        (1..=nodes).filter_map(|id| Some(registry.raft(id)?.metrics().borrow().clone())).collect();
+    let Some(term) = metrics.iter().map(|metrics| metrics.current_term).max() else {
+        return false;
+    };
+    metrics.iter().any(|metrics| {
+        metrics.current_term == term && metrics.state == openraft::ServerState::Leader
+    })
+}
+
 /// The node whose clock a clock-jump plan sets ahead (never node 1, which
 /// forms the group and leads first).
 const JUMPED_NODE: NodeId = 2;
@@ -529,6 +598,7 @@ pub fn run(plan: &Plan) -> Result<Run, ClusterError> {
         .build();
     let registry = Registry::default();
     let history = History::default();
+    let cuts = OneWayCuts::default();
     let disks: BTreeMap<NodeId, SimDisk> = (1..=plan.nodes)
         .map(|id| (id, SimDisk::with_sync_delay(Duration::from_millis(rng.gen_range(1..=12)))))
         .collect();
@@ -577,17 +647,18 @@ pub fn run(plan: &Plan) -> Result<Run, ClusterError> {
         .validate()
         .map_err(|e| ClusterError::Simulation(e.to_string()))?;
         let config = Arc::new(config);
-        let (disk, registry, history) = (disk.clone(), registry.clone(), history.clone());
+        let (disk, registry, history, cuts) =
+            (disk.clone(), registry.clone(), history.clone(), cuts.clone());
         sim.host(host_name(id), move || {
-            let (disk, registry, history, config) =
-                (disk.clone(), registry.clone(), history.clone(), config.clone());
+            let (disk, registry, history, config, cuts) =
+                (disk.clone(), registry.clone(), history.clone(), config.clone(), cuts.clone());
             async move {
                 let (log_store, state_machine) = disk.open();
-                let raft =
-                    Raft::new(id, config, SimNetwork, log_store, state_machine.clone()).await?;
+                let network = SimNetwork::new(id, cuts.clone());
+                let raft = Raft::new(id, config, network, log_store, state_machine.clone()).await?;
                 history.record(format!("{} node {id} started", now_ms()));
                 registry.lock().insert(id, (raft.clone(), state_machine));
-                serve(raft).await?;
+                serve(id, raft, cuts).await?;
                 Ok(())
             }
         });
@@ -596,6 +667,7 @@ pub fn run(plan: &Plan) -> Result<Run, ClusterError> {
     let faults = Faults::default();
     let ops = Ops::default();
     let runs = Runs::default();
+    let one_way_views = LinkViews::default();
     let driver = Driver {
         plan: plan.clone(),
         rng: StdRng::seed_from_u64(rng.r#gen()),
@@ -606,6 +678,8 @@ pub fn run(plan: &Plan) -> Result<Run, ClusterError> {
         runs: runs.clone(),
         cron: cron::parse(&cron_spec().cron, "").ok(),
         clocks,
+        cuts,
+        one_way_views: one_way_views.clone(),
         held: Vec::new(),
         released: Vec::new(),
         next_value: 0,
@@ -664,6 +738,7 @@ pub fn run(plan: &Plan) -> Result<Run, ClusterError> {
         runs: runs.take(),
         final_exec_jobs,
         finals,
+        one_way_views: one_way_views.take(),
     })
 }
 
@@ -720,6 +795,10 @@ struct Driver {
     /// caches it).
     cron: Option<CronSchedule>,
     clocks: Clocks,
+    /// The one-way cuts the hosts' networks obey.
+    cuts: OneWayCuts,
+    /// The cut link as its ends saw it, at the cut and at the repair.
+    one_way_views: LinkViews,
     /// Leases granted and not yet acked or released.
     held: Vec<(u64, u64)>,
     /// Leases released: a zombie worker may still ack with them.
@@ -742,6 +821,8 @@ impl Driver {
 
         let operations = self.plan.operations;
         let mut partitioned: Option<NodeId> = None;
+        let mut one_way_cut: Option<(NodeId, NodeId)> = None;
+        let mut one_way_since_ms = 0;
         let mut power_cut_done = false;
         for op in 0..operations {
             tokio::time::sleep(Duration::from_millis(self.rng.gen_range(5..60))).await;
@@ -751,6 +832,23 @@ impl Driver {
             }
             if self.plan.handover && op == operations / 3 {
                 self.grant_handover_lease().await;
+            }
+            if let Some(way) = self.plan.one_way
+                && op == operations / 6
+            {
+                one_way_cut = self.cut_one_way(way);
+                one_way_since_ms = now_ms();
+            }
+            if let Some(cut) = one_way_cut
+                && op == operations / 3
+            {
+                // Held long enough for a follower that hears nothing to
+                // campaign, whatever the operations took.
+                let held_ms = now_ms().saturating_sub(one_way_since_ms);
+                let hold_ms = ONE_WAY_HOLD_MS.saturating_sub(held_ms);
+                tokio::time::sleep(Duration::from_millis(hold_ms)).await;
+                self.repair_one_way(cut);
+                one_way_cut = None;
             }
             if self.plan.partition_leader
                 && op == operations / 3
@@ -799,6 +897,9 @@ impl Driver {
         }
         if let Some(cut) = partitioned {
             self.partition(cut, false);
+        }
+        if let Some(cut) = one_way_cut {
+            self.repair_one_way(cut);
         }
         if self.plan.handover {
             self.outlast_handover_lease().await;
@@ -973,7 +1074,7 @@ impl Driver {
     async fn settle(&mut self) {
         for _ in 0..1_000 {
             let running = self.registry.lock().len() as u64;
-            if running == self.plan.nodes && leader(&self.registry, self.plan.nodes).is_some() {
+            if running == self.plan.nodes && undisputed_leader(&self.registry, self.plan.nodes) {
                 break;
             }
             tokio::time::sleep(Duration::from_millis(10)).await;
@@ -997,6 +1098,61 @@ impl Driver {
             };
             self.write("claim", claim, Some((OpFunction::Claim, OpValue::default()))).await;
         }
+    }
+
+    /// Cuts the link between the leader and a follower the seed picks in
+    /// the direction `way` names; answers the cut (from, to), if there was
+    /// a leader to cut.
+    fn cut_one_way(&mut self, way: OneWay) -> Option<(NodeId, NodeId)> {
+        let leader = leader(&self.registry, self.plan.nodes)?;
+        let followers: Vec<NodeId> = (1..=self.plan.nodes).filter(|id| *id != leader).collect();
+        let follower = *followers.get(self.rng.gen_range(0..followers.len()))?;
+        let (from, to) = match way {
+            OneWay::LeaderToFollower => (leader, follower),
+            OneWay::FollowerToLeader => (follower, leader),
+        };
+        self.set_one_way(from, to, true);
+        self.view_link(true, leader, follower);
+        Some((from, to))
+    }
+
+    /// Repairs the one-way cut `from` → `to`, made when `leader` led.
+    fn repair_one_way(&self, (from, to): (NodeId, NodeId)) {
+        let (leader, follower) = match self.plan.one_way {
+            Some(OneWay::FollowerToLeader) => (to, from),
+            _ => (from, to),
+        };
+        self.view_link(false, leader, follower);
+        self.set_one_way(from, to, false);
+    }
+
+    /// Cuts (`cut`) or repairs the direction `from` → `to`.
+    fn set_one_way(&self, from: NodeId, to: NodeId, cut: bool) {
+        self.cuts.set(from, to, cut);
+        let what = if cut { "cut" } else { "repair" };
+        self.history.record(format!("{} {what} one way {from} -> {to}", now_ms()));
+    }
+
+    /// Records how `leader` and `follower` see their link now.
+    fn view_link(&self, cut: bool, leader: NodeId, follower: NodeId) {
+        let leader_metrics = self.registry.raft(leader).map(|raft| raft.metrics().borrow().clone());
+        let follower_metrics =
+            self.registry.raft(follower).map(|raft| raft.metrics().borrow().clone());
+        let leader_matched = leader_metrics.as_ref().and_then(|metrics| {
+            let matched = metrics.replication.as_ref()?.get(&follower)?;
+            Some(matched.map_or(0, |log_id| log_id.index))
+        });
+        self.one_way_views.record(LinkView {
+            cut,
+            leader,
+            follower,
+            leader_term: leader_metrics.as_ref().map(|metrics| metrics.current_term),
+            leader_matched,
+            follower_term: follower_metrics.as_ref().map(|metrics| metrics.current_term),
+            follower_last_log: follower_metrics.and_then(|metrics| metrics.last_log_index),
+            lost_to_follower: self.cuts.lost(leader, follower),
+            lost_to_leader: self.cuts.lost(follower, leader),
+        });
     }
 
     /// Cuts `node` off from every other node, or repairs that.

@@ -27,6 +27,9 @@ fn assert_healthy(plan: &Plan, record: &Run) {
     if plan.clock_jump_ms.is_some() {
         needles.push("jumps");
     }
+    if plan.one_way.is_some() {
+        needles.extend(["cut one way", "repair one way"]);
+    }
     for needle in needles {
         assert!(text.contains(needle), "seed {}: no {needle:?} in\n{text}", plan.seed);
     }
