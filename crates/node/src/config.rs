@@ -136,9 +136,9 @@ impl Default for Config {
             election_timeout_max_ms: 600,
             snapshot_every_entries: 10_000,
             batches_in_flight: leasehold_replica::journal::DEFAULT_BATCHES_IN_FLIGHT,
-            // Off until a divergence seen once in a chaos disk-full run
-            // with it on is explained (docs/decisions.md).
-            replicate_ahead: false,
+            // Safe since a restarted node no longer leads its old term
+            // (docs/decisions.md, "Replication ahead").
+            replicate_ahead: true,
             fault_injection: false,
             clock_offset_ms: 0,
             tags: Vec::new(),
