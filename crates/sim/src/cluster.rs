@@ -28,6 +28,7 @@ use leasehold_core::schedule::{
     Catchup, DEFAULT_COMMAND_QUEUE, JobTemplate, Overlap, ScheduleSpec, TickOutcome, TickPlan,
     plan_ticks,
 };
+use leasehold_core::state::TERM_START_GRACE_MS;
 use leasehold_core::{Command, JobFilter, JobSpec, Proposal, Response, State};
 use leasehold_raft::{NodeId, Raft};
 use openraft::{BasicNode, Config};
@@ -78,9 +79,20 @@ pub struct Plan {
     /// A link cut in one direction early in the run, between the leader
     /// and a follower, and repaired before the leader partition.
     pub one_way: Option<OneWay>,
+    /// A follower drains mid-run: its executor's leases are read, it is
+    /// marked draining, releases them (or, on an unclean drain, some of
+    /// them) and stops; its leases are read again at the stop and a lease
+    /// TTL later, for the `drained_leases` checker; it restarts after.
+    pub drain: bool,
     /// Bug classes planted for this run (none in a normal run).
     pub bugs: BTreeSet<Bug>,
 }
+
+/// The queue a drained node's executor holds its leases in.
+const DRAIN_QUEUE: &str = "drain";
+
+/// The TTL of a drained node's leases.
+const DRAIN_TTL_MS: u64 = 2_000;
 
 /// How long a one-way cut lasts at least, in simulated milliseconds: a few
 /// election timeouts.
@@ -115,6 +127,7 @@ impl Plan {
             handover: false,
             link_failures_per_million: 0,
             one_way: None,
+            drain: false,
             bugs: BTreeSet::new(),
         };
         // A quarter of the seeds are a clock hand-over alone: its long
@@ -128,7 +141,9 @@ impl Plan {
         let one_way = rng.gen_bool(0.3).then(|| {
             if rng.gen_bool(0.5) { OneWay::LeaderToFollower } else { OneWay::FollowerToLeader }
         });
-        let plan = Plan { link_failures_per_million, one_way, ..plan };
+        // Drawn last, for the same reason.
+        let drain = rng.gen_bool(0.3);
+        let plan = Plan { link_failures_per_million, one_way, drain, ..plan };
         if handover {
             return Plan {
                 partition_leader: true,
@@ -137,6 +152,7 @@ impl Plan {
                 clock_jump_ms: None,
                 handover: true,
                 one_way: None,
+                drain: false,
                 ..plan
             };
         }
@@ -153,6 +169,7 @@ impl Plan {
             handover: false,
             link_failures_per_million: 1_000,
             one_way: Some(OneWay::LeaderToFollower),
+            drain: true,
             ..Plan::short(seed)
         }
     }
@@ -228,6 +245,10 @@ pub struct Run {
     /// The link between the leader and the follower of a one-way cut, as
     /// each side saw it when the cut was made and when it was repaired.
     pub one_way_views: Vec<LinkView>,
+    /// Whether a node was drained (then `drained_leases` must have
+    /// something to check); a plan's drain waits for a leader, and may
+    /// find none before the operations end.
+    pub drained: bool,
 }
 
 /// The two ends of a one-way cut, as Raft's metrics show them at one
@@ -308,7 +329,7 @@ impl Run {
     /// cron once per bucket, and no journal-path claim run twice.
     pub fn check(&self) -> Vec<Verdict> {
         let record = self.record();
-        let applicable: [&dyn Checker; 7] = [
+        let applicable: [&dyn Checker; 8] = [
             &checkers::lease_exclusivity::LeaseExclusivity,
             &checkers::fencing::Fencing,
             &checkers::no_redelivery::NoRedelivery,
@@ -316,8 +337,15 @@ impl Run {
             &checkers::convergence::Convergence,
             &checkers::cron_once::CronOnce,
             &checkers::journal_once::JournalOnce,
+            &checkers::drained_leases::DrainedLeases,
         ];
-        applicable.iter().map(|checker| checker.check(&record)).collect()
+        applicable
+            .iter()
+            // Without a drain, the drained-leases checker has nothing to
+            // judge, which is no finding.
+            .filter(|checker| self.drained || checker.name() != "drained_leases")
+            .map(|checker| checker.check(&record))
+            .collect()
     }
 
     /// Why this run fails, empty when it passes: every safety anomaly of
@@ -513,6 +541,28 @@ fn final_jobs_of(state: &State, queue: &str) -> Vec<FinalJob> {
         .collect()
 }
 
+/// The leases `holder` holds in the drain queue, as lease records.
+fn leases_of(state: &State, holder: &str) -> Vec<LeaseRecord> {
+    let filter = JobFilter { queue: Some(DRAIN_QUEUE.to_string()), ..JobFilter::default() };
+    state
+        .jobs(&filter, 0, usize::MAX)
+        .into_iter()
+        .filter(|job| job.state.as_str() == "claimed")
+        .filter_map(|job| job.lease)
+        .filter(|lease| lease.holder == holder)
+        .map(|lease| LeaseRecord {
+            job_id: lease.job_id,
+            holder: lease.holder,
+            token: lease.token,
+            epoch: lease.epoch,
+            granted_at_ms: lease.granted_at_ms,
+            expires_at_ms: lease.expires_at_ms,
+            value: None,
+            attempts: None,
+        })
+        .collect()
+}
+
 /// A tick record as the Schedules service reports it.
 fn read_tick(record: &leasehold_core::schedule::TickRecord) -> ReadTick {
     match &record.outcome {
@@ -679,6 +729,7 @@ pub fn run(plan: &Plan) -> Result<Run, ClusterError> {
         cron: cron::parse(&cron_spec().cron, "").ok(),
         clocks,
         cuts,
+        drained: false,
         one_way_views: one_way_views.clone(),
         held: Vec::new(),
         released: Vec::new(),
@@ -731,14 +782,17 @@ pub fn run(plan: &Plan) -> Result<Run, ClusterError> {
             leader.map(|(_, sm)| sm.read(|state| final_jobs_of(state, DEFAULT_COMMAND_QUEUE))),
         )
     };
+    let ops = ops.take();
+    let drained = ops.iter().any(|op| op.f == OpFunction::LeaseRead);
     Ok(Run {
         history: history.take(),
-        ops: ops.take(),
+        ops,
         final_jobs,
         runs: runs.take(),
         final_exec_jobs,
         finals,
         one_way_views: one_way_views.take(),
+        drained,
     })
 }
 
@@ -797,6 +851,8 @@ struct Driver {
     clocks: Clocks,
     /// The one-way cuts the hosts' networks obey.
     cuts: OneWayCuts,
+    /// Whether the plan's drain happened (shared with the run's record).
+    drained: bool,
     /// The cut link as its ends saw it, at the cut and at the repair.
     one_way_views: LinkViews,
     /// Leases granted and not yet acked or released.
@@ -862,6 +918,16 @@ impl Driver {
             {
                 self.partition(cut, false);
                 partitioned = None;
+            }
+            // From seven twelfths on, as soon as every node runs and every
+            // link is up: the two others must keep a quorum to sweep with
+            // while the drained node is down (the harness never stops two
+            // nodes at once either).
+            let whole = partitioned.is_none()
+                && one_way_cut.is_none()
+                && self.registry.lock().len() as u64 == self.plan.nodes;
+            if self.plan.drain && !self.drained && whole && op >= 7 * operations / 12 {
+                self.drained = self.drain().await;
             }
             if self.plan.crash_follower && op == operations / 2 {
                 self.faults.record(Fault::Crash(vec![self.plan.nodes]));
@@ -1097,6 +1163,118 @@ impl Driver {
                 selector: Vec::new(),
             };
             self.write("claim", claim, Some((OpFunction::Claim, OpValue::default()))).await;
+        }
+    }
+
+    /// Drains a follower as the node's drain does, in the driver's hands:
+    /// its executor (`node-ID`) takes two leases, the leases it holds are
+    /// read (`before`), it is marked draining and gives its leases back —
+    /// all of them on a clean drain (exit 0), none on an unclean one (exit
+    /// 1, as a drain cut short) — then stops; its leases are read at the
+    /// stop (`exit`) and once a lease TTL and the clock bound have passed
+    /// with the leader sweeping (`ttl`); then it restarts. The reads are
+    /// the chaos harness's `lease_read`s, for `drained_leases`.
+    /// Answers whether it drained (not without a leader to read from).
+    async fn drain(&mut self) -> bool {
+        let Some(leader) = leader(&self.registry, self.plan.nodes) else { return false };
+        // Not the leader, and not the node the crash fault takes.
+        let Some(node) = (1..self.plan.nodes).find(|id| *id != leader) else { return false };
+        let holder = format!("node-{node}");
+        for value in ["d1", "d2"] {
+            let spec = JobSpec {
+                queue: DRAIN_QUEUE.into(),
+                payload: value.as_bytes().to_vec(),
+                ..JobSpec::default()
+            };
+            self.write("drain-enqueue", Command::Enqueue { jobs: vec![spec] }, None).await;
+        }
+        let claim = Command::Claim {
+            worker: holder.clone(),
+            queue: DRAIN_QUEUE.into(),
+            max: 2,
+            lease_ttl_ms: Some(DRAIN_TTL_MS),
+            selector: Vec::new(),
+        };
+        self.write("drain-claim", claim, None).await;
+        let clean = self.rng.gen_bool(0.5);
+        let exit_code = i32::from(!clean);
+        self.history.record(format!("{} drain node {node} (clean {clean})", now_ms()));
+        let before = self.read_leases(&holder, node, "before", None);
+        let draining = Command::SetDraining { node, draining: true };
+        self.write("set-draining", draining, None).await;
+        if clean {
+            for lease in &before {
+                let release = Command::Release { job_id: lease.job_id, token: lease.token };
+                self.write("drain-release", release, None).await;
+            }
+        }
+        self.faults.record(Fault::Crash(vec![node]));
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        self.read_leases(&holder, node, "exit", Some(exit_code));
+        // Until its leases are back, with the leader sweeping: at least a
+        // TTL and the clock bound, and a new term's grace after every
+        // change of leader meanwhile (a leader sweeps nothing in its first
+        // seconds, and failing links can make several), so bounded only
+        // by a few of those.
+        let until_ms = now_ms() + DRAIN_TTL_MS + CLOCK_BOUND_MS + 4 * TERM_START_GRACE_MS;
+        while now_ms() < until_ms && !self.held_by(&holder).is_empty() {
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            let sweep = self.sweep();
+            self.write("sweep", sweep, None).await;
+        }
+        self.read_leases(&holder, node, "ttl", None);
+        self.faults.record(Fault::Restart(vec![node]));
+        true
+    }
+
+    /// The freshest applied state of any running node: a leader may be
+    /// missing for a while (the drained node's stop can take one down with
+    /// a partition), and a replica's applied state is committed.
+    fn freshest(&self) -> Option<SimStateMachine> {
+        self.registry
+            .lock()
+            .values()
+            .map(|(_, state_machine)| state_machine.clone())
+            .max_by_key(SimStateMachine::last_applied_index)
+    }
+
+    /// The leases `holder` holds in the freshest state.
+    fn held_by(&self, holder: &str) -> Vec<LeaseRecord> {
+        self.freshest().map_or_else(Vec::new, |state_machine| {
+            state_machine.read(|state| leases_of(state, holder))
+        })
+    }
+
+    /// Records a `lease_read` of the leases `holder` holds, as the
+    /// harness's drainer reads them.
+    fn read_leases(
+        &self,
+        holder: &str,
+        node: NodeId,
+        phase: &str,
+        exit_code: Option<i32>,
+    ) -> Vec<LeaseRecord> {
+        let base = OpValue {
+            round: Some(0),
+            nodes: vec![node],
+            phase: Some(phase.to_string()),
+            exit_code,
+            ..OpValue::default()
+        };
+        self.ops.op(OpType::Invoke, OpFunction::LeaseRead, base.clone());
+        let leases = self
+            .freshest()
+            .map(|state_machine| state_machine.read(|state| leases_of(state, holder)));
+        match leases {
+            Some(leases) => {
+                let value = OpValue { leases: leases.clone(), ..base };
+                self.ops.op(OpType::Ok, OpFunction::LeaseRead, value);
+                leases
+            }
+            None => {
+                self.ops.op(OpType::Fail, OpFunction::LeaseRead, base);
+                Vec::new()
+            }
         }
     }
 

@@ -9,7 +9,7 @@
 //! find no safety anomaly in the simulated history.
 
 use leasehold_cluster_tests::execlog::{ExecEvent, RunPhase};
-use leasehold_cluster_tests::history::OpFunction;
+use leasehold_cluster_tests::history::{OpFunction, OpType};
 use leasehold_sim::cluster::{Plan, Run, run};
 
 fn assert_healthy(plan: &Plan, record: &Run) {
@@ -75,6 +75,40 @@ fn the_checkers_see_a_lost_acknowledged_enqueue_in_a_simulated_history() -> anyh
     assert!(
         failures.iter().any(|f| f.starts_with("none_lost") && f.contains("not in the final state")),
         "{failures:?}"
+    );
+    Ok(())
+}
+
+#[test]
+fn a_drained_node_is_judged_by_the_drained_leases_checker() -> anyhow::Result<()> {
+    // A drain plan: the node's executor held leases when its drain began,
+    // and drained_leases judged its reads. Then a history in which those
+    // leases are still held a TTL after the node stopped (as if the node
+    // neither gave them back nor did the sweep return them) must be a
+    // safety finding.
+    let seed = (0..100)
+        .find(|seed| Plan::short(*seed).drain && !Plan::short(*seed).partition_leader)
+        .ok_or_else(|| anyhow::anyhow!("no drain plan among 100 seeds"))?;
+    let mut record = run(&Plan::short(seed))?;
+    assert!(record.drained, "seed {seed}: the drain did not happen");
+    assert_eq!(record.failures(), Vec::<String>::new(), "seed {seed}");
+    let reads: Vec<usize> = (0..record.ops.len())
+        .filter(|i| record.ops[*i].f == OpFunction::LeaseRead && record.ops[*i].kind == OpType::Ok)
+        .collect();
+    let phase = |i: &usize| record.ops[*i].value.phase.clone().unwrap_or_default();
+    let before = reads.iter().find(|i| phase(i) == "before").copied();
+    let ttl = reads.iter().find(|i| phase(i) == "ttl").copied();
+    let (Some(before), Some(ttl)) = (before, ttl) else {
+        anyhow::bail!("seed {seed}: no before and ttl reads among {reads:?}");
+    };
+    let held = record.ops[before].value.leases.clone();
+    assert!(!held.is_empty(), "seed {seed}: the drained node held no lease");
+    assert!(record.ops[ttl].value.leases.is_empty(), "seed {seed}: leases held a TTL later");
+    record.ops[ttl].value.leases = held;
+    let failures = record.failures();
+    assert!(
+        failures.iter().any(|f| f.starts_with("drained_leases") && f.contains("a TTL later")),
+        "seed {seed}: {failures:?}"
     );
     Ok(())
 }
