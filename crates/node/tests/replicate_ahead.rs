@@ -14,20 +14,19 @@
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use anyhow::{Context, Result, anyhow, bail};
+use anyhow::{Context, Result, anyhow};
 use leasehold_core::{Command, Proposal};
 use leasehold_node::config::{Config, SecretText};
 use leasehold_node::{Node, NodeHandle, Transport};
+use support::{last_index, phase, wait_for};
 use tokio::net::TcpListener;
+
+mod support;
 
 /// How late the leader's appends are reported synced.
 const SYNC_DELAY: Duration = Duration::from_millis(600);
 /// The followers must hold the entry well before the leader's sync ends.
 const AHEAD_WITHIN: Duration = Duration::from_millis(300);
-
-fn phase(name: &str) {
-    eprintln!("--- {name}");
-}
 
 async fn start(id: u64, dir: &std::path::Path, join: Option<String>) -> Result<NodeHandle> {
     let grpc = TcpListener::bind("127.0.0.1:0").await?;
@@ -48,27 +47,11 @@ async fn start(id: u64, dir: &std::path::Path, join: Option<String>) -> Result<N
         // only one in flight.
         sweep_interval_ms: 3_600_000,
         cluster_secret: Some(SecretText("replicate-ahead-test-secret-0123456789".into())),
-        // Off by default for now; this story is about the feature on.
+        // This story is about the feature on, whatever the default.
         replicate_ahead: true,
         ..Config::default()
     };
     Node::start(config, Transport { grpc, http }).await.map_err(|e| anyhow!("node {id}: {e}"))
-}
-
-/// Waits until `check` holds, polling, or fails naming `what`.
-async fn wait_for(what: &str, within: Duration, mut check: impl FnMut() -> bool) -> Result<()> {
-    let deadline = Instant::now() + within;
-    while !check() {
-        if Instant::now() > deadline {
-            bail!("{what}: not within {within:?}");
-        }
-        tokio::time::sleep(Duration::from_millis(2)).await;
-    }
-    Ok(())
-}
-
-fn last_index(node: &NodeHandle) -> u64 {
-    node.raft().metrics().borrow().last_log_index.unwrap_or(0)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -29,16 +29,14 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use anyhow::{Context, Result, anyhow, bail};
+use anyhow::{Context, Result, anyhow};
 use leasehold_core::{Command, JobSpec, Proposal};
+use leasehold_node::NodeHandle;
 use leasehold_node::config::{Config, SecretText};
-use leasehold_node::{Node, NodeHandle, Transport};
 use openraft::RaftLogReader;
-use tokio::net::TcpListener;
+use support::{last_index, phase, start, wait_for};
 
-fn phase(name: &str) {
-    eprintln!("--- {name}");
-}
+mod support;
 
 fn config(id: u64, dir: &Path, grpc: String, http: String, join: Option<String>) -> Config {
     Config {
@@ -58,28 +56,6 @@ fn config(id: u64, dir: &Path, grpc: String, http: String, join: Option<String>)
         replicate_ahead: true,
         ..Config::default()
     }
-}
-
-async fn start(config: Config) -> Result<NodeHandle> {
-    let grpc = TcpListener::bind(&config.grpc).await?;
-    let http = TcpListener::bind(&config.http).await?;
-    let id = config.id;
-    Node::start(config, Transport { grpc, http }).await.map_err(|e| anyhow!("node {id}: {e}"))
-}
-
-async fn wait_for(what: &str, within: Duration, mut check: impl FnMut() -> bool) -> Result<()> {
-    let deadline = Instant::now() + within;
-    while !check() {
-        if Instant::now() > deadline {
-            bail!("{what}: not within {within:?}");
-        }
-        tokio::time::sleep(Duration::from_millis(2)).await;
-    }
-    Ok(())
-}
-
-fn last_index(node: &NodeHandle) -> u64 {
-    node.raft().metrics().borrow().last_log_index.unwrap_or(0)
 }
 
 fn applied_index(node: &NodeHandle) -> u64 {

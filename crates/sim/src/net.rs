@@ -94,20 +94,20 @@ impl OneWayCuts {
 
     /// Whether a request `from` sends `to` now is lost (and counts it).
     fn loses_request(&self, from: NodeId, to: NodeId) -> bool {
-        let mut cuts = self.lock();
-        let lost = cuts.cut.contains(&(from, to));
-        if lost {
-            cuts.lost.entry((from, to)).or_default().requests += 1;
-        }
-        lost
+        self.loses(from, to, |lost| lost.requests += 1)
     }
 
     /// Whether an answer `from` sends `to` now is lost (and counts it).
     fn loses_answer(&self, from: NodeId, to: NodeId) -> bool {
+        self.loses(from, to, |lost| lost.answers += 1)
+    }
+
+    /// Whether what `from` sends `to` now is lost; `count` records it.
+    fn loses(&self, from: NodeId, to: NodeId, count: impl FnOnce(&mut Lost)) -> bool {
         let mut cuts = self.lock();
         let lost = cuts.cut.contains(&(from, to));
         if lost {
-            cuts.lost.entry((from, to)).or_default().answers += 1;
+            count(cuts.lost.entry((from, to)).or_default());
         }
         lost
     }
