@@ -553,7 +553,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
             .map_err(|error| StorageIOError::write_vote(&error).into())
     }
 
-    /// The vote as stored, but never committed: see [`restarted_vote`].
+    /// The vote as stored, but never committed (see `restarted_vote`).
     async fn read_vote(&mut self) -> Result<Option<Vote<NodeId>>, RaftStorageError<NodeId>> {
         let log = self.reader().map_err(|error| StorageIOError::read_vote(&error))?;
         Ok(log.log_state().vote().map(|vote| restarted_vote(vote.0)))
