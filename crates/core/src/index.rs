@@ -16,6 +16,7 @@ use std::ops::Bound;
 use std::sync::Arc;
 
 use crate::job::{JobState, StoredJob};
+use crate::job_table::JobTable;
 
 /// Claim order of a ready job: priority descending, then `not_before_ms`
 /// ascending, then id ascending. `Reverse` turns the set's ascending order
@@ -152,7 +153,7 @@ impl Indexes {
     /// Builds every index from the job table alone. If two jobs share an
     /// idempotency key (which `apply` never allows) the lower id wins, as it
     /// would have at enqueue time.
-    pub(crate) fn rebuild(jobs: &BTreeMap<u64, StoredJob>) -> Indexes {
+    pub(crate) fn rebuild(jobs: &JobTable) -> Indexes {
         let mut indexes = Indexes::default();
         for (&id, job) in jobs {
             indexes.insert(id, job);

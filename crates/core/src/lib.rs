@@ -41,6 +41,7 @@ pub mod command;
 pub mod cron;
 mod index;
 pub mod job;
+mod job_table;
 pub mod lease;
 pub mod limits;
 pub mod node_info;

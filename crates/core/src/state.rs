@@ -16,6 +16,7 @@ use serde::{Deserialize, Serialize};
 use crate::command::{Command, Proposal, RedriveTarget};
 use crate::index::Indexes;
 use crate::job::{Job, JobSpec, JobState, StoredJob};
+use crate::job_table::JobTable;
 use crate::lease::Lease;
 use crate::limits::Limits;
 use crate::node_info::NodeInfo;
@@ -108,7 +109,7 @@ pub struct State {
     last_job_id: u64,
     /// Every retained job by id, in its compact in-memory form; written
     /// as [`Job`]s.
-    jobs: BTreeMap<u64, StoredJob>,
+    jobs: JobTable,
     /// Every schedule by name.
     schedules: BTreeMap<String, Schedule>,
     /// Registered nodes by id.
@@ -149,11 +150,18 @@ impl Serialize for State {
 }
 
 /// The job table as written: a map of id to [`Job`].
-struct JobsAsWritten<'a>(&'a BTreeMap<u64, StoredJob>);
+struct JobsAsWritten<'a>(&'a JobTable);
 
 impl Serialize for JobsAsWritten<'_> {
     fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        serializer.collect_map(self.0.iter().map(|(&id, job)| (id, job.as_written(id))))
+        // The length up front, as the map wrote it: bincode needs it, and
+        // the table's iterator cannot promise an exact size hint.
+        use serde::ser::SerializeMap;
+        let mut map = serializer.serialize_map(Some(self.0.len()))?;
+        for (&id, job) in self.0 {
+            map.serialize_entry(&id, &job.as_written(id))?;
+        }
+        map.end()
     }
 }
 
@@ -210,7 +218,7 @@ impl From<StateBeforeRequests> for State {
 impl From<Snapshot> for State {
     fn from(snapshot: Snapshot) -> State {
         let mut names = Indexes::default();
-        let jobs: BTreeMap<u64, StoredJob> = snapshot
+        let jobs: JobTable = snapshot
             .jobs
             .into_iter()
             .map(|(id, job)| {

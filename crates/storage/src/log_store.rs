@@ -54,20 +54,30 @@ pub const MAX_READ_BYTES: usize = 2 * 1024 * 1024;
 
 /// A chunk file of the log is closed and a new one begun past this size.
 /// Entries of the open chunk stay in memory until it closes (raft-log
-/// evicts only what a closed, synced chunk holds), so this bounds the
-/// log's resident entries with the cache below; a purge removes whole
-/// closed chunks. One entry larger than this (a batch of large payloads
-/// can reach about 20 MiB) makes its chunk that much larger, no more.
-pub const CHUNK_MAX_BYTES: usize = 16 * 1024 * 1024;
+/// evicts only what a closed, synced chunk holds, even past a purge), so
+/// this bounds the log's resident entries with the cache below; a purge
+/// removes whole closed chunks. One entry larger than this (a batch of
+/// large payloads can reach about 20 MiB) makes its chunk that much larger,
+/// no more.
+///
+/// Both bounds count encoded bytes, and an entry in memory is several
+/// times its encoding when its commands are small: an ack is about 30
+/// bytes encoded and 200 as a command, an enqueued 64-byte job about 110
+/// and 250. With 16 MiB chunks and a 16 MiB cache the log kept more than
+/// 100 MB of entries resident under load, as much as the jobs of a 300,000
+/// job backlog (docs/benchmarks.md, "Where a node's memory per job goes").
+pub const CHUNK_MAX_BYTES: usize = 1024 * 1024;
 /// A chunk is also closed after this many records (entries, votes,
 /// committed marks), bounding the per-record offsets raft-log keeps.
 pub const CHUNK_MAX_RECORDS: usize = 65_536;
-/// Bytes of entries the log keeps in memory for readers (replication to a
-/// follower a little behind, the state machine catching up); older ones are
-/// read back from their chunk file.
-pub const CACHE_MAX_BYTES: usize = 16 * 1024 * 1024;
+/// Bytes of entries (encoded) the cache keeps in memory for readers besides
+/// the open chunk's. Apply and a follower that keeps up read an entry
+/// moments after its append, while it is still in the open chunk or here;
+/// a follower further behind, or the state machine catching up on start,
+/// reads older entries back from their chunk file (the page cache, usually).
+pub const CACHE_MAX_BYTES: usize = 1024 * 1024;
 /// Entries the cache keeps at most, whatever their size.
-pub const CACHE_MAX_ENTRIES: usize = 16_384;
+pub const CACHE_MAX_ENTRIES: usize = 1_024;
 /// How long the flush worker waits for more writes after the first one
 /// before it syncs: not at all. openraft 0.9's core waits for each append's
 /// sync before it appends again, so no second append can arrive during the
@@ -249,6 +259,29 @@ impl LogStore {
         StorageError::Log { what, path: self.dir.clone(), source }
     }
 
+    /// [`LogStore::log_error`] for a request `log` refused, naming the
+    /// flush worker's own failure when the worker had stopped: a request
+    /// sent to a stopped worker fails with "sending on a closed channel",
+    /// which names the channel and not the cause (a full disk, say). A
+    /// chunk closes within a write, so the write after the worker's
+    /// failure can be the first to see it, before any callback has.
+    fn write_error(
+        &self,
+        log: &RaftLog<LogTypes>,
+        what: &'static str,
+        source: io::Error,
+    ) -> StorageError {
+        if source.kind() == io::ErrorKind::InvalidInput {
+            return self.log_error(what, source);
+        }
+        // Returns at once once the worker has failed; a worker still
+        // running is waited for (one sync) on this error path only.
+        match log.wait_worker_idle() {
+            Err(cause) => self.log_error(what, cause),
+            Ok(()) => self.log_error(what, source),
+        }
+    }
+
     fn check_running(&self) -> Result<(), StorageError> {
         match self.health.failure() {
             Some(first) => Err(StorageError::LogStopped { path: self.dir.clone(), first }),
@@ -274,9 +307,10 @@ impl LogStore {
     ) -> Result<(), StorageError> {
         let synced = {
             let mut log = self.writer()?;
-            change(&mut log).map_err(|source| self.log_error(what, source))?;
+            change(&mut log).map_err(|source| self.write_error(&log, what, source))?;
             let (callback, synced) = Flushed::done(self.health.clone());
-            log.flush(true, Some(callback)).map_err(|source| self.log_error(what, source))?;
+            log.flush(true, Some(callback))
+                .map_err(|source| self.write_error(&log, what, source))?;
             synced
         };
         // The lock is released while the sync runs: readers go on meanwhile.
@@ -369,13 +403,13 @@ impl LogStore {
             .appends
             .get()
             .map(|_| batch.iter().map(|(_, stored)| stored.entry.clone()).collect());
-        log.append(batch).map_err(|source| self.log_error("append", source))?;
+        log.append(batch).map_err(|source| self.write_error(&log, "append", source))?;
         // One fdatasync for this batch and whatever else is queued, never one
         // per entry: this is where the throughput of the whole cluster is
         // decided. openraft counts the entries towards a quorum only once
         // the worker calls back, after the sync.
         log.flush(true, Some(Flushed::append(callback, self.health.clone())))
-            .map_err(|source| self.log_error("append", source))?;
+            .map_err(|source| self.write_error(&log, "append", source))?;
         drop(log);
         // After the hand-over to the flush worker, so the leader's sync is
         // under way while the followers are sent the batch. It does not
@@ -411,10 +445,12 @@ impl LogStore {
         {
             return Ok(());
         }
-        log.commit(Stored(committed)).map_err(|source| self.log_error("save committed", source))?;
+        log.commit(Stored(committed))
+            .map_err(|source| self.write_error(&log, "save committed", source))?;
         // Written out without a sync of its own: it survives a process
         // crash, and the next sync carries it through a power cut.
-        log.flush(false, None).map_err(|source| self.log_error("save committed", source))?;
+        log.flush(false, None)
+            .map_err(|source| self.write_error(&log, "save committed", source))?;
         Ok(())
     }
 

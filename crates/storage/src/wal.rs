@@ -211,7 +211,8 @@ impl Health {
 /// What the flush worker calls once a flush is on stable storage (or
 /// failed): openraft's callback for an append, or a waiting store method.
 pub(crate) struct Flushed {
-    waiter: Waiter,
+    /// `None` once answered.
+    waiter: Option<Waiter>,
     health: Arc<Health>,
 }
 
@@ -228,7 +229,7 @@ enum Waiter {
 impl Flushed {
     /// Reports to openraft when the entries of an append are durable.
     pub(crate) fn append(callback: LogFlushed<TypeConfig>, health: Arc<Health>) -> Self {
-        Flushed { waiter: Waiter::Append(callback, std::time::Instant::now()), health }
+        Flushed { waiter: Some(Waiter::Append(callback, std::time::Instant::now())), health }
     }
 
     /// Reports to an awaiting caller; answers the receiver to await.
@@ -236,7 +237,7 @@ impl Flushed {
         health: Arc<Health>,
     ) -> (Self, tokio::sync::oneshot::Receiver<io::Result<()>>) {
         let (tx, rx) = tokio::sync::oneshot::channel();
-        (Flushed { waiter: Waiter::Done(tx), health }, rx)
+        (Flushed { waiter: Some(Waiter::Done(tx)), health }, rx)
     }
 
     /// Reports to a blocking caller; answers the receiver to wait on.
@@ -244,46 +245,70 @@ impl Flushed {
         health: Arc<Health>,
     ) -> (Self, std::sync::mpsc::Receiver<io::Result<()>>) {
         let (tx, rx) = std::sync::mpsc::sync_channel(1);
-        (Flushed { waiter: Waiter::Blocking(tx), health }, rx)
+        (Flushed { waiter: Some(Waiter::Blocking(tx)), health }, rx)
     }
 }
 
 impl std::fmt::Debug for Flushed {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let kind = match self.waiter {
-            Waiter::Append(..) => "append",
-            Waiter::Done(_) => "done",
-            Waiter::Blocking(_) => "blocking",
+            Some(Waiter::Append(..)) => "append",
+            Some(Waiter::Done(_)) => "done",
+            Some(Waiter::Blocking(_)) => "blocking",
+            None => "answered",
         };
         f.debug_struct("Flushed").field("waiter", &kind).finish()
     }
 }
 
 impl raft_log::Callback for Flushed {
-    fn send(self, result: Result<(), io::Error>) {
-        if let Err(error) = &result {
-            self.health.fail(error);
+    fn send(mut self, result: Result<(), io::Error>) {
+        if let Some(waiter) = self.waiter.take() {
+            answer(waiter, &self.health, result);
         }
-        match self.waiter {
-            Waiter::Append(callback, handed_over) => {
-                let delay_us = self.health.sync_delay_us.load(std::sync::atomic::Ordering::Relaxed);
-                if delay_us > 0 {
-                    // A slow disk, as a test asks for: the flush worker
-                    // stalls with it, as it would on the device.
-                    std::thread::sleep(std::time::Duration::from_micros(delay_us));
-                }
-                if result.is_ok() {
-                    self.health.syncs.observe(handed_over.elapsed());
-                }
-                callback.log_io_completed(result)
+    }
+}
+
+/// The flush worker drops the requests still queued when it stops (a write
+/// failed): their waiters are answered with an error here rather than left
+/// with a closed channel, and the store stops taking writes. The worker's
+/// own error (a full disk, say) is logged by raft-log as `FlushWorker
+/// failed`, and the next write to the store names it.
+impl Drop for Flushed {
+    fn drop(&mut self) {
+        if let Some(waiter) = self.waiter.take() {
+            let stopped = io::Error::other(
+                "the raft log's flush worker stopped before this write was synced",
+            );
+            answer(waiter, &self.health, Err(stopped));
+        }
+    }
+}
+
+/// Tells `waiter` how its flush ended.
+fn answer(waiter: Waiter, health: &Health, result: Result<(), io::Error>) {
+    if let Err(error) = &result {
+        health.fail(error);
+    }
+    match waiter {
+        Waiter::Append(callback, handed_over) => {
+            let delay_us = health.sync_delay_us.load(std::sync::atomic::Ordering::Relaxed);
+            if delay_us > 0 {
+                // A slow disk, as a test asks for: the flush worker
+                // stalls with it, as it would on the device.
+                std::thread::sleep(std::time::Duration::from_micros(delay_us));
             }
-            // A waiter that went away (its task was cancelled) needs no answer.
-            Waiter::Done(tx) => {
-                let _ = tx.send(result);
+            if result.is_ok() {
+                health.syncs.observe(handed_over.elapsed());
             }
-            Waiter::Blocking(tx) => {
-                let _ = std::sync::mpsc::SyncSender::send(&tx, result);
-            }
+            callback.log_io_completed(result)
+        }
+        // A waiter that went away (its task was cancelled) needs no answer.
+        Waiter::Done(tx) => {
+            let _ = tx.send(result);
+        }
+        Waiter::Blocking(tx) => {
+            let _ = std::sync::mpsc::SyncSender::send(&tx, result);
         }
     }
 }

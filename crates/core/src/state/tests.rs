@@ -1300,14 +1300,22 @@ mod snapshot {
         let bytes = bincode::serialize(&state).expect("serializes");
         let loaded: State = bincode::deserialize(&bytes).expect("deserializes");
         for state in [&state, &loaded] {
-            let names: Vec<_> =
-                [1, 2, 5].iter().map(|id| Arc::clone(&state.jobs[id].queue)).collect();
+            let names: Vec<_> = [1, 2, 5]
+                .iter()
+                .map(|id| Arc::clone(&state.jobs.get(id).expect("retained").queue))
+                .collect();
             assert!(
                 names.windows(2).all(|w| Arc::ptr_eq(&w[0], &w[1])),
                 "one allocation per queue"
             );
-            assert!(state.jobs[&3].is_plain(), "a ready job with defaults is stored plain");
-            assert!(!state.jobs[&2].is_plain(), "a tombstone keeps its lease apart");
+            assert!(
+                state.jobs.get(&3).expect("retained").is_plain(),
+                "a ready job with defaults is stored plain"
+            );
+            assert!(
+                !state.jobs.get(&2).expect("retained").is_plain(),
+                "a tombstone keeps its lease apart"
+            );
         }
     }
 }

@@ -98,7 +98,11 @@ async fn a_full_disk_fails_the_append_and_a_reopen_keeps_what_was_acknowledged()
         let refused = log_store.blocking_append((4..8).map(|index| large(index, 256 * 1024))).await;
         let error =
             refused.err().ok_or_else(|| anyhow::anyhow!("an append to a full disk succeeded"))?;
-        assert!(format!("{error}").contains("No space left"), "{error}");
+        // The full disk by name, or, when a chunk closed within the write
+        // and the flush worker stopped before it reached this one, the
+        // worker's stop (the full disk is then in raft-log's own error log).
+        let text = format!("{error}");
+        assert!(text.contains("No space left") || text.contains("flush worker stopped"), "{error}");
 
         // --- the store stays stopped, even once space is back
         assert!(log_store.probe().await.is_err(), "the probe passes on a stopped log");
