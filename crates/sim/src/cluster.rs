@@ -23,6 +23,7 @@ use leasehold_cluster_tests::history::{
     LeaseRecord, Op, OpFunction, OpType, OpValue, TickRecord as ReadTick,
 };
 use leasehold_cluster_tests::plan::CronSchedulePlan;
+use leasehold_cluster_tests::sink::{FencedSink, SinkWrite};
 use leasehold_core::cron::{self, CronSchedule};
 use leasehold_core::schedule::{
     Catchup, DEFAULT_COMMAND_QUEUE, JobTemplate, Overlap, ScheduleSpec, TickOutcome, TickPlan,
@@ -87,6 +88,9 @@ pub struct Plan {
     /// Bug classes planted for this run (none in a normal run).
     pub bugs: BTreeSet<Bug>,
 }
+
+/// The workload's worker, as its claims name it.
+const WORKER: &str = "w";
 
 /// The queue a drained node's executor holds its leases in.
 const DRAIN_QUEUE: &str = "drain";
@@ -245,6 +249,9 @@ pub struct Run {
     /// The link between the leader and the follower of a one-way cut, as
     /// each side saw it when the cut was made and when it was repaired.
     pub one_way_views: Vec<LinkView>,
+    /// The fenced sink's log: every workload worker writes its result
+    /// there under its lease's token before it acks, zombies too.
+    pub sink: Vec<SinkWrite>,
     /// Whether a node was drained (then `drained_leases` must have
     /// something to check); a plan's drain waits for a leader, and may
     /// find none before the operations end.
@@ -319,7 +326,7 @@ impl Run {
             samples,
             nodes: self.finals.len() as u64,
             clock_bound_ms: CLOCK_BOUND_MS,
-            ..RunRecord::default()
+            sink: self.sink.clone(),
         }
     }
 
@@ -718,6 +725,7 @@ pub fn run(plan: &Plan) -> Result<Run, ClusterError> {
     let ops = Ops::default();
     let runs = Runs::default();
     let one_way_views = LinkViews::default();
+    let sink = FencedSink::new();
     let driver = Driver {
         plan: plan.clone(),
         rng: StdRng::seed_from_u64(rng.r#gen()),
@@ -730,6 +738,7 @@ pub fn run(plan: &Plan) -> Result<Run, ClusterError> {
         clocks,
         cuts,
         drained: false,
+        sink: sink.clone(),
         one_way_views: one_way_views.clone(),
         held: Vec::new(),
         released: Vec::new(),
@@ -792,6 +801,7 @@ pub fn run(plan: &Plan) -> Result<Run, ClusterError> {
         final_exec_jobs,
         finals,
         one_way_views: one_way_views.take(),
+        sink: sink.log(),
         drained,
     })
 }
@@ -851,8 +861,11 @@ struct Driver {
     clocks: Clocks,
     /// The one-way cuts the hosts' networks obey.
     cuts: OneWayCuts,
-    /// Whether the plan's drain happened (shared with the run's record).
+    /// Whether the plan's drain happened.
     drained: bool,
+    /// The downstream store the workload's workers write to, fenced by
+    /// their leases' tokens (the chaos harness's own).
+    sink: FencedSink,
     /// The cut link as its ends saw it, at the cut and at the repair.
     one_way_views: LinkViews,
     /// Leases granted and not yet acked or released.
@@ -1116,7 +1129,7 @@ impl Driver {
             let sweep = self.sweep();
             self.write("sweep", sweep, None).await;
             let claim = Command::Claim {
-                worker: "w".into(),
+                worker: WORKER.into(),
                 queue: QUEUE.into(),
                 max: 2,
                 lease_ttl_ms: Some(3_000),
@@ -1149,14 +1162,19 @@ impl Driver {
         self.tick().await;
         self.run_cron_jobs().await;
         self.read_schedule();
+        // A fresh job, so the claims below find one ready even when every
+        // earlier job is held under a lease whose grant timed out here.
+        let Planned(name, enqueue, op) = self.next_enqueue();
+        self.write(name, enqueue, op).await;
         for _ in 0..3 {
             for (job_id, token) in std::mem::take(&mut self.held) {
+                self.sink.write(now_ns(), job_id, token, WORKER);
                 let ack = Command::Ack { job_id, token, result: None };
                 let op = OpValue { job_id: Some(job_id), token: Some(token), ..OpValue::default() };
                 self.write("ack", ack, Some((OpFunction::Ack, op))).await;
             }
             let claim = Command::Claim {
-                worker: "w".into(),
+                worker: WORKER.into(),
                 queue: QUEUE.into(),
                 max: 2,
                 lease_ttl_ms: Some(3_000),
@@ -1376,6 +1394,7 @@ impl Driver {
         };
         if (55..72).contains(&roll) && !self.held.is_empty() {
             let (job_id, token) = self.held.swap_remove(self.rng.gen_range(0..self.held.len()));
+            self.sink.write(now_ns(), job_id, token, WORKER);
             let ack = Command::Ack { job_id, token, result: None };
             return Some(Planned("ack", ack, lease_op(OpFunction::Ack, job_id, token)));
         }
@@ -1389,6 +1408,9 @@ impl Driver {
             // A worker that let its lease go and acks anyway: the token is
             // stale, and must be refused.
             let (job_id, token) = self.released[self.rng.gen_range(0..self.released.len())];
+            // A zombie writes its stale result too; the sink must refuse it
+            // once the job's next holder has written.
+            self.sink.write(now_ns(), job_id, token, WORKER);
             let ack = Command::Ack { job_id, token, result: None };
             return Some(Planned("zombie-ack", ack, lease_op(OpFunction::Ack, job_id, token)));
         }
@@ -1396,7 +1418,7 @@ impl Driver {
             return None;
         }
         let claim = Command::Claim {
-            worker: "w".into(),
+            worker: WORKER.into(),
             queue: QUEUE.into(),
             max: 2,
             lease_ttl_ms: Some(self.rng.gen_range(1_000..=3_000)),
@@ -1415,6 +1437,10 @@ impl Driver {
         command: Command,
         op: Option<(OpFunction, OpValue)>,
     ) -> Option<Response> {
+        // Only the workload worker's own claims give it leases to ack,
+        // release or replay as a zombie: the executor's, a drained node's
+        // and the hand-over's (which must outlast its TTL) are theirs.
+        let workload = matches!(&command, Command::Claim { worker, .. } if worker == WORKER);
         let running: Vec<NodeId> = self.registry.lock().keys().copied().collect();
         let Some(entry) = running.get(self.rng.gen_range(0..running.len().max(1))).copied() else {
             self.history.record(format!("{} {name} fail no-node", now_ms()));
@@ -1445,8 +1471,10 @@ impl Driver {
                         .join(","),
                     Response::Claimed(grants) if grants.is_empty() => "none".to_string(),
                     Response::Claimed(grants) => {
-                        for grant in grants {
-                            self.held.push((grant.lease.job_id, grant.lease.token));
+                        if workload {
+                            self.held.extend(
+                                grants.iter().map(|grant| (grant.lease.job_id, grant.lease.token)),
+                            );
                         }
                         grants
                             .iter()

@@ -80,6 +80,37 @@ fn the_checkers_see_a_lost_acknowledged_enqueue_in_a_simulated_history() -> anyh
 }
 
 #[test]
+fn the_fencing_checker_judges_the_simulated_sink() -> anyhow::Result<()> {
+    // Workers write to the harness's fenced sink before they ack, zombies
+    // too: the sink took writes, refused the zombies' stale ones once the
+    // job's next holder had written, and fencing judged its log. A log in
+    // which the sink took a token lower than one it had taken for the
+    // same job must be a safety finding.
+    let mut record = run(&Plan::every_fault(7))?;
+    assert!(record.failures().is_empty());
+    assert!(record.sink.iter().any(|write| write.accepted), "the sink took no write");
+    let (job_id, token) = record
+        .sink
+        .iter()
+        .filter(|write| write.accepted && write.token > 1)
+        .map(|write| (write.job_id, write.token))
+        .next()
+        .ok_or_else(|| anyhow::anyhow!("no accepted write with a token above 1"))?;
+    let mut stale = record.sink.last().cloned().ok_or_else(|| anyhow::anyhow!("empty sink"))?;
+    stale.seq += 1;
+    stale.job_id = job_id;
+    stale.token = token - 1;
+    stale.accepted = true;
+    record.sink.push(stale);
+    let failures = record.failures();
+    assert!(
+        failures.iter().any(|f| f.starts_with("fencing") && f.contains("sink accepted token")),
+        "{failures:?}"
+    );
+    Ok(())
+}
+
+#[test]
 fn a_drained_node_is_judged_by_the_drained_leases_checker() -> anyhow::Result<()> {
     // A drain plan: the node's executor held leases when its drain began,
     // and drained_leases judged its reads. Then a history in which those
