@@ -11,7 +11,9 @@
 pub mod ahead;
 pub mod envelope;
 pub mod network;
+pub mod snapshot_data;
 pub mod types;
 
 pub use network::{NetworkFactory, PeerChannel, PeerSecurity, PeerTls};
+pub use snapshot_data::{Received, ReceivedFile, SnapshotData};
 pub use types::{NodeId, Raft, TypeConfig, apply_entry};

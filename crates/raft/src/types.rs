@@ -1,8 +1,6 @@
 //! The Raft type configuration: log payloads are [`leasehold_core::Proposal`]s
 //! and apply answers are [`leasehold_core::Response`]s.
 
-use std::io::Cursor;
-
 use leasehold_core::{Proposal, Response};
 
 /// A node's id in the Raft group.
@@ -16,7 +14,7 @@ openraft::declare_raft_types!(
         NodeId = NodeId,
         Node = openraft::BasicNode,
         Entry = openraft::Entry<TypeConfig>,
-        SnapshotData = Cursor<Vec<u8>>,
+        SnapshotData = crate::snapshot_data::SnapshotData,
         AsyncRuntime = openraft::TokioRuntime,
 );
 

@@ -10,11 +10,10 @@
 //! reach the disk, synced before they are reported built or installed, and
 //! a slower build never replaces a newer persisted snapshot.
 
-use std::io::Cursor;
 use std::sync::{Arc, PoisonError, RwLock, RwLockReadGuard};
 
 use leasehold_core::{Command, Proposal, Response, State};
-use leasehold_raft::{NodeId, TypeConfig};
+use leasehold_raft::{NodeId, Received, SnapshotData, TypeConfig};
 use openraft::storage::RaftStateMachine;
 use openraft::{
     BasicNode, Entry, EntryPayload, LogId, OptionalSend, RaftSnapshotBuilder, Snapshot,
@@ -229,7 +228,7 @@ impl SimStateMachine {
             (meta, bytes)
         };
         self.persist(StoredSnapshot { meta: meta.clone(), bytes: bytes.clone() }, true).await?;
-        Ok(Snapshot { meta, snapshot: Box::new(Cursor::new(bytes)) })
+        Ok(Snapshot { meta, snapshot: Box::new(SnapshotData::in_memory(bytes)) })
     }
 
     async fn install(&self, meta: &Meta, bytes: Vec<u8>) -> Result<(), SimDiskError> {
@@ -282,16 +281,30 @@ impl RaftStateMachine<TypeConfig> for SimStateMachine {
 
     async fn begin_receiving_snapshot(
         &mut self,
-    ) -> Result<Box<Cursor<Vec<u8>>>, StorageError<NodeId>> {
-        Ok(Box::new(Cursor::new(Vec::new())))
+    ) -> Result<Box<SnapshotData>, StorageError<NodeId>> {
+        Ok(Box::new(SnapshotData::receive_in_memory()))
     }
 
     async fn install_snapshot(
         &mut self,
         meta: &Meta,
-        snapshot: Box<Cursor<Vec<u8>>>,
+        snapshot: Box<SnapshotData>,
     ) -> Result<(), StorageError<NodeId>> {
-        self.install(meta, snapshot.into_inner())
+        let install = async {
+            // The simulated disk receives into memory: reading from a
+            // `Cursor` neither fails nor yields.
+            let bytes = match snapshot.finish().await {
+                Ok(Received::Memory(bytes)) => bytes,
+                Ok(Received::File(_)) | Err(_) => {
+                    return Err(SimDiskError::Inconsistent {
+                        snapshot_id: meta.snapshot_id.clone(),
+                        detail: "not received into memory".to_string(),
+                    });
+                }
+            };
+            self.install(meta, bytes).await
+        };
+        install
             .await
             .map_err(|error| StorageIOError::write_snapshot(Some(meta.signature()), &error).into())
     }
@@ -306,7 +319,7 @@ impl RaftStateMachine<TypeConfig> for SimStateMachine {
             .map_err(|error| StorageError::from(StorageIOError::read_snapshot(None, &error)))?;
         Ok(snapshot.map(|snapshot| Snapshot {
             meta: snapshot.meta,
-            snapshot: Box::new(Cursor::new(snapshot.bytes)),
+            snapshot: Box::new(SnapshotData::in_memory(snapshot.bytes)),
         }))
     }
 }

@@ -58,6 +58,30 @@ pub(crate) fn decode<T: DeserializeOwned>(
     })
 }
 
+/// Decodes the record stored under `key` in `tree` from `reader`, which
+/// holds exactly `len` bytes of it: a length inside that claims more than
+/// `len` bytes is refused before anything is allocated for it, and bytes
+/// left after the value are reported, as [`decode`] does for a slice. For
+/// records too large to read into memory first (a snapshot body).
+pub(crate) fn decode_from<T: DeserializeOwned>(
+    tree: &'static str,
+    key: impl Display,
+    reader: &mut impl io::Read,
+    len: u64,
+) -> Result<T, StorageError> {
+    let corrupt = |source| StorageError::Corrupt { tree, key: key.to_string(), source };
+    let mut limited = io::Read::take(reader, len);
+    let value = options().with_limit(len).deserialize_from(&mut limited).map_err(corrupt)?;
+    let mut more = [0u8; 1];
+    match io::Read::read(&mut limited, &mut more) {
+        Ok(0) => Ok(value),
+        Ok(_) => Err(corrupt(Box::new(bincode::ErrorKind::Custom(
+            "bytes left over after the value".to_string(),
+        )))),
+        Err(error) => Err(corrupt(Box::new(bincode::ErrorKind::Io(error)))),
+    }
+}
+
 /// FNV-1a 64 over the bincode encoding of `state`.
 ///
 /// Two replicas that applied the same log prefix hold equal states and so

@@ -47,6 +47,7 @@ pub(crate) fn sync_dir(dir: &Path) -> Result<(), StorageError> {
 }
 
 /// Reads `dir/name`, `None` when it does not exist.
+#[cfg(test)]
 pub(crate) fn read_file(dir: &Path, name: &str) -> Result<Option<Vec<u8>>, StorageError> {
     let path = dir.join(name);
     match std::fs::read(&path) {

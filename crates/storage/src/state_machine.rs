@@ -16,13 +16,14 @@
 //! directories from before kept it in sled's [`SNAPSHOT_TREE`]: it is read
 //! from there until the first snapshot file replaces it.
 
-use std::io::{Cursor, Write};
+use std::fs::File;
+use std::io::{BufReader, Read, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, PoisonError, RwLock, RwLockReadGuard};
 use std::time::{Duration, Instant};
 
 use leasehold_core::{Response, State};
-use leasehold_raft::{NodeId, TypeConfig};
+use leasehold_raft::{NodeId, Received, ReceivedFile, SnapshotData, TypeConfig};
 use openraft::storage::RaftStateMachine;
 use openraft::{
     BasicNode, Entry, LogId, OptionalSend, RaftSnapshotBuilder, Snapshot, SnapshotMeta,
@@ -34,7 +35,7 @@ use serde::Serialize;
 use tokio::sync::watch;
 
 use crate::StorageError;
-use crate::codec::{decode, digest, encode, encode_into};
+use crate::codec::{decode, decode_from, digest, encode, encode_into};
 use crate::durable;
 use crate::failpoint::Failpoint;
 use crate::layout::{SNAPSHOT_DATA_KEY, SNAPSHOT_FILE, SNAPSHOT_META_KEY, SNAPSHOT_TREE};
@@ -92,31 +93,89 @@ impl SnapshotBody {
             Err(current) => {
                 match decode::<SnapshotBodyBeforeRequests>(SNAPSHOT_TREE, SNAPSHOT_DATA_KEY, bytes)
                 {
-                    Ok(old) => SnapshotBody {
-                        last_applied: old.last_applied,
-                        last_membership: old.last_membership,
-                        state: State::from(old.state),
-                    },
+                    Ok(old) => old.into(),
                     Err(_) => return Err(current),
                 }
             }
         };
-        if body.last_applied != meta.last_log_id || body.last_membership != meta.last_membership {
+        body.check_for(meta)
+    }
+
+    /// Decodes the body in `file` from its current position to its end
+    /// (`len` bytes) as a stream, never holding its bytes whole, and checks
+    /// it against `meta` as [`SnapshotBody::decode_for`] does.
+    fn read_for(meta: &Meta, file: &mut File, len: u64) -> Result<Self, StorageError> {
+        let io =
+            |source| StorageError::Io { what: "read", path: PathBuf::from(SNAPSHOT_FILE), source };
+        let start = file.stream_position().map_err(io)?;
+        let body: SnapshotBody =
+            match decode_from(SNAPSHOT_TREE, SNAPSHOT_DATA_KEY, &mut buffered(file), len) {
+                Ok(body) => body,
+                Err(current) => {
+                    file.seek(SeekFrom::Start(start)).map_err(io)?;
+                    match decode_from::<SnapshotBodyBeforeRequests>(
+                        SNAPSHOT_TREE,
+                        SNAPSHOT_DATA_KEY,
+                        &mut buffered(file),
+                        len,
+                    ) {
+                        Ok(old) => old.into(),
+                        Err(_) => return Err(current),
+                    }
+                }
+            };
+        body.check_for(meta)
+    }
+
+    /// The body, if it describes the same log position and membership as
+    /// `meta`.
+    fn check_for(self, meta: &Meta) -> Result<Self, StorageError> {
+        if self.last_applied != meta.last_log_id || self.last_membership != meta.last_membership {
             return Err(StorageError::Inconsistent {
                 tree: SNAPSHOT_TREE,
                 key: SNAPSHOT_DATA_KEY.to_string(),
                 detail: format!(
                     "body is at {:?} with membership {:?}, meta {} says {:?} with {:?}",
-                    body.last_applied,
-                    body.last_membership,
+                    self.last_applied,
+                    self.last_membership,
                     meta.snapshot_id,
                     meta.last_log_id,
                     meta.last_membership
                 ),
             });
         }
-        Ok(body)
+        Ok(self)
     }
+}
+
+impl From<SnapshotBodyBeforeRequests> for SnapshotBody {
+    fn from(old: SnapshotBodyBeforeRequests) -> Self {
+        SnapshotBody {
+            last_applied: old.last_applied,
+            last_membership: old.last_membership,
+            state: State::from(old.state),
+        }
+    }
+}
+
+/// `file` read through a buffer (snapshot bodies are decoded a value at a
+/// time).
+fn buffered(file: &mut File) -> BufReader<&mut File> {
+    BufReader::with_capacity(1 << 20, file)
+}
+
+/// A persisted snapshot's body, where it is.
+enum StoredBody {
+    /// In the snapshot file, from `base` to its end (`len` bytes).
+    File { file: File, base: u64, len: u64 },
+    /// In sled, where an older version kept it.
+    Legacy(Vec<u8>),
+}
+
+/// What a received snapshot's body is persisted from.
+enum ReceivedBody {
+    Bytes(Vec<u8>),
+    File(ReceivedFile),
 }
 
 /// Jobs encoded per hold of the state lock while a snapshot is written: a
@@ -170,13 +229,15 @@ impl StateMachineStore {
         failpoint: Failpoint,
     ) -> Result<Self, StorageError> {
         let legacy_snapshots = db.open_tree(SNAPSHOT_TREE)?;
-        let snapshot = match read_snapshot_file(dir)? {
-            Some(snapshot) => Some(snapshot),
-            None => read_legacy_snapshot(&legacy_snapshots)?,
-        };
-        let (applied, meta) = match snapshot {
-            Some((meta, bytes)) => {
-                let body = SnapshotBody::decode_for(&meta, &bytes)?;
+        remove_received_files(dir)?;
+        let (applied, meta) = match read_stored_snapshot(dir, &legacy_snapshots)? {
+            Some((meta, stored)) => {
+                let body = match stored {
+                    StoredBody::File { mut file, len, .. } => {
+                        SnapshotBody::read_for(&meta, &mut file, len)?
+                    }
+                    StoredBody::Legacy(bytes) => SnapshotBody::decode_for(&meta, &bytes)?,
+                };
                 tracing::info!(snapshot_id = %meta.snapshot_id, last_applied = ?body.last_applied,
                     "state machine loaded from snapshot");
                 let applied = Applied {
@@ -323,7 +384,7 @@ impl StateMachineStore {
                     "a newer snapshot is already persisted");
             }
         }
-        Ok(Snapshot { meta, snapshot: Box::new(Cursor::new(Vec::new())) })
+        Ok(Snapshot { meta, snapshot: Box::new(SnapshotData::in_memory(Vec::new())) })
     }
 
     /// The blocking half of [`StateMachineStore::build`]: freezes the
@@ -365,9 +426,7 @@ impl StateMachineStore {
                 path: self.dir.join(SNAPSHOT_FILE),
                 source,
             };
-            file.write_all(SNAPSHOT_MAGIC).map_err(io)?;
-            file.write_all(&(meta_bytes.len() as u64).to_le_bytes()).map_err(io)?;
-            file.write_all(&meta_bytes).map_err(io)?;
+            write_snapshot_header(file, &meta_bytes).map_err(io)?;
             // The body, field by field: what encoding a `SnapshotBodyRef`
             // writes (bincode puts a struct's fields, and a map's length
             // and entries, one after another).
@@ -412,19 +471,34 @@ impl StateMachineStore {
         Ok((meta, Some(SnapshotBuildStats { longest_lock_hold: longest, jobs, bytes })))
     }
 
-    /// Writes a received snapshot (`meta` and body `bytes`) as the current
-    /// snapshot file and returns once both are on stable storage.
-    async fn persist_received(&self, meta: &Meta, bytes: Vec<u8>) -> Result<(), StorageError> {
+    /// Writes a received snapshot (`meta` and its body) as the current
+    /// snapshot file and returns once both are on stable storage. A body in
+    /// a received file is copied across, never read into memory.
+    async fn persist_received(&self, meta: &Meta, body: ReceivedBody) -> Result<(), StorageError> {
         let mut current = self.snapshot_write.lock().await;
         self.failpoint.check()?;
         let meta_bytes = encode("snapshot meta", meta)?;
         let dir = self.dir.clone();
-        let length = bytes.len();
-        tokio::task::spawn_blocking(move || {
+        let length = tokio::task::spawn_blocking(move || {
+            let path = dir.join(SNAPSHOT_FILE);
             durable::replace_file_with(&dir, SNAPSHOT_FILE, |file| {
-                write_snapshot_file_parts(file, &meta_bytes, &bytes).map_err(|source| {
-                    StorageError::Io { what: "write", path: dir.join(SNAPSHOT_FILE), source }
-                })
+                let io = |source| StorageError::Io { what: "write", path: path.clone(), source };
+                write_snapshot_header(file, &meta_bytes).map_err(io)?;
+                match body {
+                    ReceivedBody::Bytes(bytes) => {
+                        file.write_all(&bytes).map_err(io)?;
+                        Ok(bytes.len() as u64)
+                    }
+                    ReceivedBody::File(mut received) => {
+                        let from = received
+                            .path()
+                            .map_or_else(|| dir.join(SNAPSHOT_FILE), std::path::Path::to_path_buf);
+                        let read = |source| StorageError::Io { what: "read", path: from, source };
+                        let base = received.base();
+                        received.file().seek(SeekFrom::Start(base)).map_err(read)?;
+                        std::io::copy(received.file(), file).map_err(io)
+                    }
+                }
             })
         })
         .await
@@ -437,11 +511,31 @@ impl StateMachineStore {
         Ok(())
     }
 
-    async fn install(&self, meta: &Meta, bytes: Vec<u8>) -> Result<(), StorageError> {
-        let body = SnapshotBody::decode_for(meta, &bytes)?;
+    /// Installs a received snapshot: decodes and checks it, persists it,
+    /// then replaces the state with it.
+    async fn install(&self, meta: &Meta, received: Received) -> Result<(), StorageError> {
+        let (body, received) = match received {
+            Received::Memory(bytes) => {
+                (SnapshotBody::decode_for(meta, &bytes)?, ReceivedBody::Bytes(bytes))
+            }
+            Received::File(mut file) => {
+                let for_meta = meta.clone();
+                let path =
+                    file.path().map_or_else(|| self.dir.join(SNAPSHOT_FILE), Path::to_path_buf);
+                tokio::task::spawn_blocking(move || {
+                    let stat = |source| StorageError::Io { what: "stat", path, source };
+                    let len = file.file().metadata().map_err(stat)?.len();
+                    let len = len.saturating_sub(file.base());
+                    let body = SnapshotBody::read_for(&for_meta, file.file(), len)?;
+                    Ok::<_, StorageError>((body, ReceivedBody::File(file)))
+                })
+                .await
+                .map_err(|e| StorageError::Sled(sled::Error::Io(std::io::Error::other(e))))??
+            }
+        };
         // Persist first: once the in-memory state moves, openraft may purge
         // the log the snapshot covers, and a restart must find the snapshot.
-        self.persist_received(meta, bytes).await?;
+        self.persist_received(meta, received).await?;
         let index = index_of(&body.last_applied);
         {
             // The whole state is replaced, so a lock poisoned by an earlier
@@ -480,46 +574,80 @@ fn index_of(log_id: &Option<LogId<NodeId>>) -> u64 {
 /// The first bytes of a snapshot file (and its format's version).
 const SNAPSHOT_MAGIC: &[u8; 8] = b"LHSNAP01";
 
-/// Writes a snapshot file: the magic, the encoded meta's length
-/// (little-endian `u64`), the encoded meta, then the snapshot bytes to the
-/// end.
-fn write_snapshot_file_parts(
-    file: &mut impl Write,
-    meta: &[u8],
-    bytes: &[u8],
-) -> std::io::Result<()> {
+/// Writes a snapshot file's header: the magic, the encoded meta's length
+/// (little-endian `u64`) and the encoded meta. The body follows to the end.
+fn write_snapshot_header(file: &mut impl Write, meta: &[u8]) -> std::io::Result<()> {
     file.write_all(SNAPSHOT_MAGIC)?;
     file.write_all(&(meta.len() as u64).to_le_bytes())?;
-    file.write_all(meta)?;
-    file.write_all(bytes)
+    file.write_all(meta)
 }
 
-/// The snapshot file's meta and bytes, if one was ever written.
-fn read_snapshot_file(dir: &Path) -> Result<Option<(Meta, Vec<u8>)>, StorageError> {
-    let Some(mut file) = durable::read_file(dir, SNAPSHOT_FILE)? else {
-        return Ok(None);
+/// The persisted snapshot: its meta and where its body is (the snapshot
+/// file, else the tree an older version kept it in), if there is one.
+fn read_stored_snapshot(
+    dir: &Path,
+    legacy: &sled::Tree,
+) -> Result<Option<(Meta, StoredBody)>, StorageError> {
+    if let Some((meta, file, base, len)) = open_snapshot_file(dir)? {
+        return Ok(Some((meta, StoredBody::File { file, base, len })));
+    }
+    Ok(read_legacy_snapshot(legacy)?.map(|(meta, bytes)| (meta, StoredBody::Legacy(bytes))))
+}
+
+/// The snapshot file, if one was ever written: its meta, and the file
+/// positioned at the body, which starts at `base` and is `len` bytes long.
+/// Only the header and the meta are read.
+fn open_snapshot_file(dir: &Path) -> Result<Option<(Meta, File, u64, u64)>, StorageError> {
+    let path = dir.join(SNAPSHOT_FILE);
+    let mut file = match File::open(&path) {
+        Ok(file) => file,
+        Err(error) if error.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(source) => return Err(StorageError::Io { what: "open", path, source }),
     };
+    let io = |source| StorageError::Io { what: "read", path: path.clone(), source };
     let damaged = |detail: &str| StorageError::Inconsistent {
         tree: SNAPSHOT_FILE,
         key: "header".to_string(),
         detail: detail.to_string(),
     };
-    let header = SNAPSHOT_MAGIC.len() + 8;
-    if file.len() < header || &file[..SNAPSHOT_MAGIC.len()] != SNAPSHOT_MAGIC {
+    let file_len = file.metadata().map_err(io)?.len();
+    let header = SNAPSHOT_MAGIC.len() as u64 + 8;
+    let mut head = [0u8; SNAPSHOT_MAGIC.len() + 8];
+    if file_len < header {
+        return Err(damaged("not a snapshot file (bad magic)"));
+    }
+    file.read_exact(&mut head).map_err(io)?;
+    if &head[..SNAPSHOT_MAGIC.len()] != SNAPSHOT_MAGIC {
         return Err(damaged("not a snapshot file (bad magic)"));
     }
     let mut length = [0u8; 8];
-    length.copy_from_slice(&file[SNAPSHOT_MAGIC.len()..header]);
-    let meta_len = usize::try_from(u64::from_le_bytes(length))
-        .ok()
-        .filter(|len| *len <= file.len() - header)
-        .ok_or_else(|| damaged("meta length past the end of the file"))?;
-    let meta: Meta = decode(SNAPSHOT_FILE, "meta", &file[header..header + meta_len])?;
-    // In place: the body is most of the file, and a copy of it would
-    // double what loading a snapshot costs.
-    file.drain(..header + meta_len);
-    Ok(Some((meta, file)))
+    length.copy_from_slice(&head[SNAPSHOT_MAGIC.len()..]);
+    let meta_len = u64::from_le_bytes(length);
+    if meta_len > file_len - header {
+        return Err(damaged("meta length past the end of the file"));
+    }
+    let meta: Meta =
+        decode_from(SNAPSHOT_FILE, "meta", &mut Read::by_ref(&mut file).take(meta_len), meta_len)?;
+    let base = header + meta_len;
+    Ok(Some((meta, file, base, file_len - base)))
 }
+
+/// Removes what snapshot receives a process left behind (a receive ends
+/// with its file removed, or copied and removed; a crash leaves it).
+fn remove_received_files(dir: &Path) -> Result<(), StorageError> {
+    let io = |what| move |source| StorageError::Io { what, path: dir.to_path_buf(), source };
+    for entry in std::fs::read_dir(dir).map_err(io("read"))? {
+        let entry = entry.map_err(io("read"))?;
+        if entry.file_name().to_str().is_some_and(|name| name.starts_with(RECEIVING_PREFIX)) {
+            std::fs::remove_file(entry.path()).map_err(io("remove"))?;
+        }
+    }
+    Ok(())
+}
+
+/// The name of a snapshot being received starts with this, followed by a
+/// number never used before in the data directory.
+const RECEIVING_PREFIX: &str = "snapshot.receiving.";
 
 /// The snapshot an older version kept in sled, if any.
 fn read_legacy_snapshot(snapshots: &sled::Tree) -> Result<Option<(Meta, Vec<u8>)>, StorageError> {
@@ -572,16 +700,35 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
 
     async fn begin_receiving_snapshot(
         &mut self,
-    ) -> Result<Box<Cursor<Vec<u8>>>, RaftStorageError<NodeId>> {
-        Ok(Box::new(Cursor::new(Vec::new())))
+    ) -> Result<Box<SnapshotData>, RaftStorageError<NodeId>> {
+        let receive =
+            async {
+                let serial = self.db.generate_id()?;
+                let path = self.dir.join(format!("{RECEIVING_PREFIX}{serial}"));
+                SnapshotData::receive_into_file(path.clone())
+                    .await
+                    .map_err(|source| StorageError::Io { what: "create", path, source })
+            };
+        match receive.await {
+            Ok(data) => Ok(Box::new(data)),
+            Err(error) => Err(StorageIOError::write_snapshot(None, &error).into()),
+        }
     }
 
     async fn install_snapshot(
         &mut self,
         meta: &Meta,
-        snapshot: Box<Cursor<Vec<u8>>>,
+        snapshot: Box<SnapshotData>,
     ) -> Result<(), RaftStorageError<NodeId>> {
-        self.install(meta, snapshot.into_inner())
+        let install = async {
+            let received = snapshot.finish().await.map_err(|source| StorageError::Io {
+                what: "write",
+                path: self.dir.join(RECEIVING_PREFIX),
+                source,
+            })?;
+            self.install(meta, received).await
+        };
+        install
             .await
             .map_err(|error| StorageIOError::write_snapshot(Some(meta.signature()), &error).into())
     }
@@ -594,21 +741,61 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
         let _writer = self.snapshot_write.lock().await;
         let dir = self.dir.clone();
         let legacy = self.legacy_snapshots.clone();
-        let snapshot = tokio::task::spawn_blocking(move || match read_snapshot_file(&dir)? {
-            Some(snapshot) => Ok(Some(snapshot)),
-            None => read_legacy_snapshot(&legacy),
-        })
-        .await
-        .map_err(|e| StorageError::Sled(sled::Error::Io(std::io::Error::other(e))))
-        .and_then(|read| read)
-        .map_err(|error| RaftStorageError::from(StorageIOError::read_snapshot(None, &error)))?;
-        Ok(snapshot.map(|(meta, bytes)| Snapshot { meta, snapshot: Box::new(Cursor::new(bytes)) }))
+        let read = |error: StorageError| {
+            RaftStorageError::from(StorageIOError::read_snapshot(None, &error))
+        };
+        let stored = tokio::task::spawn_blocking(move || read_stored_snapshot(&dir, &legacy))
+            .await
+            .map_err(|e| StorageError::Sled(sled::Error::Io(std::io::Error::other(e))))
+            .and_then(|read| read)
+            .map_err(read)?;
+        let Some((meta, stored)) = stored else {
+            return Ok(None);
+        };
+        // Sent from the file a chunk at a time: the file is replaced by
+        // rename, so a newer snapshot written meanwhile leaves this one's
+        // bytes readable to the end.
+        let data = match stored {
+            StoredBody::File { file, base, .. } => SnapshotData::file_to_send(file, base)
+                .await
+                .map_err(|source| StorageError::Io {
+                    what: "read",
+                    path: self.dir.join(SNAPSHOT_FILE),
+                    source,
+                })
+                .map_err(read)?,
+            StoredBody::Legacy(bytes) => SnapshotData::in_memory(bytes),
+        };
+        Ok(Some(Snapshot { meta, snapshot: Box::new(data) }))
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The snapshot file's meta and body bytes, if one was ever written.
+    fn read_snapshot_file(dir: &Path) -> Result<Option<(Meta, Vec<u8>)>, StorageError> {
+        let Some((meta, mut file, _, len)) = open_snapshot_file(dir)? else {
+            return Ok(None);
+        };
+        let mut bytes = Vec::with_capacity(usize::try_from(len).unwrap_or(0));
+        file.read_to_end(&mut bytes).map_err(|source| StorageError::Io {
+            what: "read",
+            path: dir.join(SNAPSHOT_FILE),
+            source,
+        })?;
+        Ok(Some((meta, bytes)))
+    }
+
+    fn write_snapshot_file_parts(
+        file: &mut impl Write,
+        meta: &[u8],
+        bytes: &[u8],
+    ) -> std::io::Result<()> {
+        write_snapshot_header(file, meta)?;
+        file.write_all(bytes)
+    }
 
     #[test]
     fn a_snapshot_of_the_layout_before_the_request_log_still_reads() {

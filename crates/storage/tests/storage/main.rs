@@ -11,6 +11,8 @@
 //! - `failpoint`: the test switch breaks every durable write, and only those.
 //! - `reads`: bounded log reads keep to their entry and byte budgets.
 //! - `migrate`: a data directory of the sled log opens migrated, once.
+//! - `transfer`: a snapshot moves as chunks of files; a bad one changes
+//!   nothing.
 
 mod conformance;
 mod corruption;
@@ -22,3 +24,4 @@ mod power_cut;
 mod reads;
 mod reopen;
 mod support;
+mod transfer;

@@ -13,6 +13,8 @@
 //! Where this machine cannot mount FUSE the tests say so and pass; set
 //! `LEASEHOLD_REQUIRE_POWER_CUT` to make that a failure (CI does).
 
+use std::io::SeekFrom;
+
 use leasehold_core::{Command, JobSpec, Proposal, State};
 use leasehold_powercut::Mounted;
 use leasehold_raft::TypeConfig;
@@ -104,9 +106,11 @@ async fn an_acknowledged_snapshot_survives_a_power_cut() -> anyhow::Result<()> {
         // A build writes the file and reports the meta; the bytes are what
         // openraft reads back to send.
         let current = state_machine.get_current_snapshot().await?;
-        let current = current.ok_or_else(|| anyhow::anyhow!("no current snapshot"))?;
+        let mut current = current.ok_or_else(|| anyhow::anyhow!("no current snapshot"))?;
         assert_eq!(current.meta, snapshot.meta);
-        assert!(current.snapshot.get_ref().len() > 2 * LARGE, "a snapshot over 128 KiB");
+        let length =
+            tokio::io::AsyncSeekExt::seek(&mut *current.snapshot, SeekFrom::End(0)).await?;
+        assert!(length > 2 * LARGE as u64, "a snapshot over 128 KiB");
         // With the snapshot reported built, openraft may purge what it covers.
         log_store.purge(log_id(1, 5)).await?;
         fs.cut()?

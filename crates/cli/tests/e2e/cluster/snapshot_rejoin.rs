@@ -11,7 +11,9 @@
 //! it installed a snapshot, every digest is equal at one applied index, it
 //! answers a linearizable read of the very first job (an entry that no
 //! longer exists in any log), and its counts are the cluster's before the
-//! wipe.
+//! wipe. The snapshot travels as chunks read from the leader's snapshot
+//! file and written to a file on the receiver, which is gone once the
+//! snapshot is installed.
 
 use std::time::Duration;
 
@@ -113,6 +115,18 @@ async fn story(sandbox: &Sandbox) -> Result<()> {
         after.applied_index >= before_wipe.applied_index,
         "applied index went back across the rejoin: {before_wipe:?} before, {after:?} after"
     );
+
+    phase("the received snapshot's file is gone; the snapshot file holds it");
+    let data = cluster.node(wiped)?.data.clone();
+    let mut names = Vec::new();
+    for entry in std::fs::read_dir(&data).with_context(|| format!("listing {}", data.display()))? {
+        names.push(entry?.file_name().to_string_lossy().into_owned());
+    }
+    ensure!(
+        !names.iter().any(|name| name.starts_with("snapshot.receiving")),
+        "a received snapshot's file was left behind: {names:?}"
+    );
+    ensure!(names.iter().any(|name| name == "snapshot"), "no snapshot file: {names:?}");
 
     phase("the wiped node serves the first job, long purged from every log");
     let first = cluster
