@@ -98,7 +98,8 @@ pub struct FrozenHead {
 }
 
 /// What a frozen view ends with: the state's fields after the job table,
-/// in their order (copies: they are small and bounded).
+/// in their order (copies of the schedules and nodes, which are few; the
+/// request log, up to 100,000 requests, shares its maps with the state).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct FrozenTail {
     schedules: BTreeMap<String, Schedule>,
@@ -137,8 +138,8 @@ impl State {
     /// Freezes the current state for reading in chunks: the head and tail
     /// of its serialized form, and a ticket for [`State::read_frozen_jobs`].
     /// A freeze in progress is dropped (its reader gets [`FrozenViewLost`]).
-    /// Costs a copy of the schedules, nodes and request log, not of the
-    /// jobs.
+    /// Costs a copy of the schedules and nodes (a few); the request log is
+    /// shared (a persistent map, copied in O(1)), the jobs are not copied.
     pub fn freeze(&mut self) -> (FrozenHead, FrozenTail) {
         let ticket = self.frozen.0.as_ref().map_or(1, |frozen| frozen.ticket.wrapping_add(1));
         self.frozen.0 = Some(Box::new(Frozen {

@@ -9,8 +9,7 @@
 //! first), so the memory is bounded whatever clients send. A claim that
 //! granted nothing is not remembered: its retry may claim afresh.
 
-use std::collections::{BTreeMap, BTreeSet};
-
+use imbl::{OrdMap, OrdSet};
 use serde::{Deserialize, Serialize};
 
 use super::State;
@@ -32,21 +31,25 @@ pub(crate) enum Outcome {
     Triggered(Box<Response>),
 }
 
-/// The remembered requests, by key and by age.
+/// The remembered requests, by key and by age. Persistent (structurally
+/// shared) maps: a snapshot's freeze copies the log in O(1) instead of
+/// cloning up to [`MAX_REMEMBERED_REQUESTS`] keys under the state lock, and
+/// they serialize as the B-tree collections they replaced did (a length,
+/// then the entries in order).
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub(crate) struct RequestLog {
-    by_key: BTreeMap<String, (u64, Outcome)>,
-    by_age: BTreeSet<(u64, String)>,
+    by_key: OrdMap<String, (u64, Outcome)>,
+    by_age: OrdSet<(u64, String)>,
 }
 
 impl RequestLog {
     fn forget_old(&mut self, now_ms: u64) {
         let horizon = now_ms.saturating_sub(REQUEST_WINDOW_MS);
-        while let Some((at_ms, key)) = self.by_age.first().cloned() {
+        while let Some((at_ms, key)) = self.by_age.get_min().cloned() {
             if at_ms >= horizon && self.by_age.len() < MAX_REMEMBERED_REQUESTS {
                 break;
             }
-            self.by_age.pop_first();
+            self.by_age.remove_min();
             self.by_key.remove(&key);
         }
     }
@@ -266,5 +269,30 @@ mod tests {
         log.forget_old(1_000);
         assert!(log.len() < MAX_REMEMBERED_REQUESTS);
         assert_eq!(log.by_key.len(), log.by_age.len());
+    }
+
+    #[test]
+    fn the_log_encodes_as_the_b_tree_collections_it_replaced() {
+        // Snapshots, digests and older builds read the log as a B-tree map
+        // and set: the persistent maps must write the same bytes.
+        #[derive(Serialize, Deserialize, PartialEq, Debug)]
+        struct Before {
+            by_key: std::collections::BTreeMap<String, (u64, Outcome)>,
+            by_age: std::collections::BTreeSet<(u64, String)>,
+        }
+        let mut log = RequestLog::default();
+        for n in [7u64, 3, 11, 5] {
+            log.remember(format!("k{n}"), 1_000 + n, Outcome::Claimed(vec![(n, n * 10)]));
+        }
+        log.remember("t".into(), 900, Outcome::Triggered(Box::new(Response::Empty)));
+        let before = Before {
+            by_key: log.by_key.iter().map(|(k, v)| (k.clone(), v.clone())).collect(),
+            by_age: log.by_age.iter().cloned().collect(),
+        };
+        let bytes = bincode::serialize(&before).expect("encodes");
+        assert_eq!(bincode::serialize(&log).expect("encodes"), bytes);
+        let read: RequestLog = bincode::deserialize(&bytes).expect("decodes");
+        assert_eq!(read, log);
+        assert_eq!(read.by_age.get_min().map(|(at, _)| *at), Some(900));
     }
 }
