@@ -172,7 +172,7 @@ struct Snapshot {
     cluster_time_ms: u64,
     last_token: u64,
     last_job_id: u64,
-    jobs: BTreeMap<u64, Job>,
+    jobs: JobsAsRead,
     schedules: BTreeMap<String, Schedule>,
     nodes: BTreeMap<u64, NodeInfo>,
     #[serde(default)]
@@ -192,7 +192,7 @@ pub struct StateBeforeRequests {
     cluster_time_ms: u64,
     last_token: u64,
     last_job_id: u64,
-    jobs: BTreeMap<u64, Job>,
+    jobs: JobsAsRead,
     schedules: BTreeMap<String, Schedule>,
     nodes: BTreeMap<u64, NodeInfo>,
     epoch: u64,
@@ -215,21 +215,54 @@ impl From<StateBeforeRequests> for State {
     }
 }
 
+/// The job table as read: a map of id to [`Job`] (what [`JobsAsWritten`]
+/// writes), each entry turned into its compact form as it is read. A
+/// snapshot's jobs are never all held in their full form, which is several
+/// times the compact one: decoding a million jobs costs the table, not the
+/// table and a map of full jobs beside it. Entries in any order, and a
+/// repeated id replacing the one before, as a map read them.
+struct JobsAsRead(JobTable);
+
+impl<'de> Deserialize<'de> for JobsAsRead {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct Entries;
+
+        impl<'de> serde::de::Visitor<'de> for Entries {
+            type Value = JobsAsRead;
+
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a map of job ids to jobs")
+            }
+
+            fn visit_map<A: serde::de::MapAccess<'de>>(
+                self,
+                mut entries: A,
+            ) -> Result<JobsAsRead, A::Error> {
+                // One shared name per queue, as the state keeps them.
+                let mut names: std::collections::BTreeSet<Arc<str>> = Default::default();
+                let mut table = JobTable::default();
+                while let Some((id, job)) = entries.next_entry::<u64, Job>()? {
+                    let queue = match names.get(job.queue.as_str()) {
+                        Some(name) => Arc::clone(name),
+                        None => {
+                            let name: Arc<str> = Arc::from(job.queue.as_str());
+                            names.insert(Arc::clone(&name));
+                            name
+                        }
+                    };
+                    table.insert(id, StoredJob::from_job(job, queue));
+                }
+                Ok(JobsAsRead(table))
+            }
+        }
+
+        deserializer.deserialize_map(Entries)
+    }
+}
+
 impl From<Snapshot> for State {
     fn from(snapshot: Snapshot) -> State {
-        let mut names = Indexes::default();
-        let jobs: JobTable = snapshot
-            .jobs
-            .into_iter()
-            .map(|(id, job)| {
-                let queue = names.queue_name(&job.queue);
-                let stored = StoredJob::from_job(job, queue);
-                // Only for sharing the queue's name with the jobs after it.
-                names.insert(id, &stored);
-                (id, stored)
-            })
-            .collect();
-        drop(names);
+        let jobs = snapshot.jobs.0;
         let indexes = Indexes::rebuild(&jobs);
         State {
             cluster_time_ms: snapshot.cluster_time_ms,

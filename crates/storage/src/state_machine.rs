@@ -395,13 +395,14 @@ impl StateMachineStore {
         &self,
         persisted: Option<LogId<NodeId>>,
     ) -> Result<(Meta, Option<SnapshotBuildStats>), StorageError> {
-        let hold = Instant::now();
-        let (last_applied, last_membership, head, tail) = {
+        // A hold is timed from when the lock is taken, not from when it was
+        // asked for: waiting for an apply to finish is no hold.
+        let (last_applied, last_membership, head, tail, mut longest) = {
             let mut applied = self.applied.write().map_err(|_| StorageError::Poisoned)?;
+            let hold = Instant::now();
             let (head, tail) = applied.state.freeze();
-            (applied.last_applied, applied.last_membership.clone(), head, tail)
+            (applied.last_applied, applied.last_membership.clone(), head, tail, hold.elapsed())
         };
-        let mut longest = hold.elapsed();
         // Whatever happens below, the state stops keeping jobs for this view.
         let _thaw = Thaw { applied: &self.applied, ticket: head.ticket };
         // sled's id generator survives restarts, so a snapshot id is never
@@ -442,16 +443,18 @@ impl StateMachineStore {
                 file.write_all(&body).map_err(io)?;
                 bytes = bytes.saturating_add(body.len() as u64);
                 body.clear();
-                let hold = Instant::now();
-                let read = {
+                let (read, held) = {
                     let mut applied = self.applied.write().map_err(|_| StorageError::Poisoned)?;
-                    applied.state.read_frozen_jobs(head.ticket, SNAPSHOT_CHUNK_JOBS, |job| {
-                        jobs = jobs.saturating_add(1);
-                        encode_into("snapshot", &mut body, &job)
-                            .map(|()| body.len() < SNAPSHOT_CHUNK_BYTES)
-                    })
+                    let hold = Instant::now();
+                    let read =
+                        applied.state.read_frozen_jobs(head.ticket, SNAPSHOT_CHUNK_JOBS, |job| {
+                            jobs = jobs.saturating_add(1);
+                            encode_into("snapshot", &mut body, &job)
+                                .map(|()| body.len() < SNAPSHOT_CHUNK_BYTES)
+                        });
+                    (read, hold.elapsed())
                 };
-                longest = longest.max(hold.elapsed());
+                longest = longest.max(held);
                 if read?? {
                     break;
                 }

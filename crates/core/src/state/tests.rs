@@ -1295,6 +1295,35 @@ mod snapshot {
     }
 
     #[test]
+    fn jobs_read_as_a_map_in_any_order_the_last_of_a_repeated_id_winning() {
+        // Jobs are turned into their compact form as they are read; what a
+        // map of them read (any order, a repeated key replacing the one
+        // before) must not change. The table's length is written as a
+        // map's: a count, then the entries.
+        let state = varied_state();
+        let bytes = bincode::serialize(&state).expect("serializes");
+        let mut before: WrittenBefore = bincode::deserialize(&bytes).expect("reads");
+        let jobs: Vec<(u64, Job)> = std::mem::take(&mut before.jobs).into_iter().collect();
+        let (first, last) = (jobs[0].clone(), jobs[jobs.len() - 1].clone());
+        let mut shuffled: Vec<(u64, Job)> = jobs.into_iter().rev().collect();
+        // The first job again, under the last one's id: it must replace it.
+        shuffled.push((last.0, Job { id: last.0, ..first.1.clone() }));
+        let written = bincode::serialize(&(
+            (before.cluster_time_ms, before.last_token, before.last_job_id),
+            &shuffled,
+            (&before.schedules, &before.nodes, before.epoch, before.grace_end_ms),
+            &before.requests,
+        ))
+        .expect("serializes");
+        let loaded: State = bincode::deserialize(&written).expect("deserializes");
+        let expected: BTreeMap<u64, Job> = shuffled.into_iter().collect();
+        assert_eq!(loaded.jobs.len(), expected.len());
+        for (id, job) in &expected {
+            assert_eq!(loaded.job(*id).as_ref(), Some(job), "job {id}");
+        }
+    }
+
+    #[test]
     fn jobs_of_one_queue_share_the_name_and_common_settings_take_no_side_part() {
         let state = varied_state();
         let bytes = bincode::serialize(&state).expect("serializes");
