@@ -37,6 +37,7 @@ use leasehold_server::queue_service::QueueService;
 use leasehold_server::raft_service::RaftService;
 use leasehold_server::schedules_service::SchedulesService;
 use leasehold_server::status::StatusSources;
+use leasehold_storage::LogStore;
 use openraft::{BasicNode, SnapshotPolicy};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
@@ -110,6 +111,9 @@ pub struct NodeHandle {
     grpc_addr: SocketAddr,
     http_addr: SocketAddr,
     journal: Journal,
+    /// The node's own log store, for tests that read it or slow its syncs;
+    /// the journal sees it only through `leasehold_replica::stores`.
+    log: LogStore,
     shutdown: watch::Sender<bool>,
     tasks: Vec<ServingTask>,
     intake: watch::Sender<bool>,
@@ -300,8 +304,8 @@ impl Node {
                 ),
             },
             raft.clone(),
-            log,
-            state,
+            Arc::new(log.clone()),
+            Arc::new(state),
             node_clock(&config),
             peers,
         );
@@ -321,14 +325,13 @@ impl Node {
             Bus::new(config.id, bus_table),
             peer_store,
         );
-        let readiness = Readiness::new(journal.clone());
         let (shutdown, shutdown_rx) = watch::channel(false);
         // Intake (driver ticks, executor claims) stops first on a drain,
         // while the servers keep serving.
         let (intake, intake_rx) = watch::channel(false);
 
         let mut tasks =
-            serve(&config, transport, &journal, &gate, &credentials, &readiness, &shutdown_rx)?;
+            serve(&config, transport, &journal, &log, &gate, &credentials, &shutdown_rx)?;
         if let Some(batches) = ahead {
             let sender =
                 leasehold_raft::ahead::run(journal.peers().clone(), batches, shutdown_rx.clone());
@@ -367,6 +370,7 @@ impl Node {
             grpc_addr,
             http_addr,
             journal,
+            log,
             shutdown,
             tasks,
             intake,
@@ -444,11 +448,12 @@ fn serve(
     config: &Config,
     transport: Transport,
     journal: &Journal,
+    log: &LogStore,
     gate: &Gate,
     credentials: &Credentials,
-    readiness: &Readiness,
     shutdown: &watch::Receiver<bool>,
 ) -> Result<Vec<ServingTask>, NodeError> {
+    let readiness = Readiness::new(journal.clone());
     let health = HealthService::new(readiness.clone()).into_server();
     // Reflection lists the services this node serves, and only those (the
     // Faults service only with fault injection on), in both protocol
@@ -471,7 +476,9 @@ fn serve(
     let reflection_v1alpha =
         reflection().build_v1alpha().map_err(|e| NodeError::Serve(e.to_string()))?;
     let faults = config.fault_injection.then(|| {
-        FaultsServer::new(FaultsService::new(journal.clone()))
+        let log = log.clone();
+        let store_fault = Arc::new(move |on| log.set_fault(on));
+        FaultsServer::new(FaultsService::new(journal.clone(), store_fault))
             .max_decoding_message_size(limits::MAX_SMALL_REQUEST_BYTES)
     });
     if faults.is_some() {
@@ -808,6 +815,12 @@ impl NodeHandle {
     /// The node's journal handle.
     pub fn journal(&self) -> &Journal {
         &self.journal
+    }
+
+    /// The node's Raft log store: tests read entries from it and slow its
+    /// syncs (`LogStore::set_sync_delay`).
+    pub fn log_store(&self) -> &LogStore {
+        &self.log
     }
 
     /// The node's Raft handle.

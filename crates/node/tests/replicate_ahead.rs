@@ -81,7 +81,7 @@ async fn followers_store_a_batch_while_the_leader_still_syncs_it() -> Result<()>
 
     phase("the leader's syncs now report 600 ms late; propose one write on it");
     let target = last_index(leader) + 1;
-    leader.journal().log_store().set_sync_delay(SYNC_DELAY);
+    leader.log_store().set_sync_delay(SYNC_DELAY);
     let raft = leader.raft().clone();
     let started = Instant::now();
     let write = tokio::spawn(async move {
@@ -109,7 +109,7 @@ async fn followers_store_a_batch_while_the_leader_still_syncs_it() -> Result<()>
     );
     eprintln!("followers held it after {followers_had_it:?}; the write took {write_took:?}");
 
-    leader.journal().log_store().set_sync_delay(Duration::ZERO);
+    leader.log_store().set_sync_delay(Duration::ZERO);
     for (_, node) in nodes {
         node.shutdown(Duration::from_secs(5)).await.map_err(|e| anyhow!("shutdown: {e}"))?;
     }

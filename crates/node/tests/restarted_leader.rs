@@ -120,7 +120,7 @@ fn fill(dir: &Path) -> Result<u64> {
 }
 
 async fn entry_at(node: &NodeHandle, index: u64) -> Result<String> {
-    let mut reader = node.journal().log_store().clone();
+    let mut reader = node.log_store().clone();
     let entries = reader.try_get_log_entries(index..=index).await?;
     let entry = entries.first().context("no entry")?;
     let what = match &entry.payload {

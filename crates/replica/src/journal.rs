@@ -10,15 +10,14 @@ use leasehold_core::{Command, Limits, Proposal, Response, State, batch};
 use leasehold_proto::v1::RaftEnvelope;
 use leasehold_proto::v1::raft_client::RaftClient;
 use leasehold_raft::{NetworkFactory, NodeId, Raft, envelope};
-use leasehold_storage::{LogStore, StateMachineStore};
 use openraft::error::{CheckIsLeaderError, ClientWriteError, RaftError};
-use openraft::storage::RaftLogStorage;
 
 use crate::clock::Clock;
 use crate::clock_watch::{self, ClockWatch};
 use crate::error::{JournalError as Error, Unavailable};
 use crate::forward::{ForwardRequest, ForwardResponse};
 use crate::metrics::{Metrics, PeerLabels, QueueLabels, Stage, StageLabels};
+use crate::stores::{ReplicaLogStore, ReplicaStateMachine};
 
 /// Settings of the journal handle.
 #[derive(Clone, Debug)]
@@ -44,8 +43,8 @@ pub struct JournalConfig {
 struct Inner {
     config: JournalConfig,
     raft: Raft,
-    log: LogStore,
-    state: StateMachineStore,
+    log: Arc<dyn ReplicaLogStore>,
+    state: Arc<dyn ReplicaStateMachine>,
     clock: Clock,
     peers: NetworkFactory,
     draining: AtomicBool,
@@ -92,12 +91,15 @@ pub struct Journal {
 }
 
 impl Journal {
-    /// A journal over a started Raft instance and its stores.
+    /// A journal over a started Raft instance and its stores (the node's
+    /// are `leasehold_storage`'s; see [`crate::stores`]). `peers` carries
+    /// the writes and read barriers a follower forwards to the leader; a
+    /// journal that never forwards never connects through it.
     pub fn new(
         config: JournalConfig,
         raft: Raft,
-        log: LogStore,
-        state: StateMachineStore,
+        log: Arc<dyn ReplicaLogStore>,
+        state: Arc<dyn ReplicaStateMachine>,
         clock: Clock,
         peers: NetworkFactory,
     ) -> Self {
@@ -169,14 +171,14 @@ impl Journal {
         &self.inner.raft
     }
 
-    /// The log store (readiness probes it).
-    pub fn log_store(&self) -> &LogStore {
-        &self.inner.log
+    /// The log store, as the replica runtime uses it (readiness probes it).
+    pub fn log_store(&self) -> &dyn ReplicaLogStore {
+        &*self.inner.log
     }
 
-    /// The state machine store.
-    pub fn state_machine(&self) -> &StateMachineStore {
-        &self.inner.state
+    /// The state machine, as the replica runtime reads it.
+    pub fn state_machine(&self) -> &dyn ReplicaStateMachine {
+        &*self.inner.state
     }
 
     /// The node's metrics.
@@ -199,8 +201,8 @@ impl Journal {
             metrics.clock_offset_ms.get_or_create(&labels).set(offset.offset_ms);
         }
         metrics.clock_skewed.set(i64::from(self.clock_verdict().is_skewed()));
-        if let Some(build) = self.inner.state.last_snapshot_build() {
-            metrics.snapshot_lock_hold_longest_seconds.set(build.longest_lock_hold.as_secs_f64());
+        if let Some(longest) = self.inner.state.snapshot_lock_hold_longest() {
+            metrics.snapshot_lock_hold_longest_seconds.set(longest.as_secs_f64());
         }
         let now_ms = self.inner.clock.now_ms();
         let (stats, last_token) =
@@ -227,8 +229,7 @@ impl Journal {
 
     /// The last committed log index this node has recorded.
     pub async fn committed_index(&self) -> u64 {
-        let mut log = self.inner.log.clone();
-        match log.read_committed().await {
+        match self.inner.log.read_committed().await {
             Ok(committed) => committed.map(|id| id.index).unwrap_or(0),
             Err(error) => {
                 tracing::warn!(%error, "reading the committed index failed");
@@ -364,7 +365,7 @@ impl Journal {
 
     /// Reads the local state machine as it is now (possibly behind the leader).
     pub fn read_stale<T>(&self, f: impl FnOnce(&State) -> T) -> T {
-        self.inner.state.read(f)
+        f(&self.inner.state.state())
     }
 
     /// Reads the state machine after a read barrier: unless `stale`, the read
@@ -373,7 +374,7 @@ impl Journal {
         if !stale {
             self.read_barrier().await?;
         }
-        Ok(self.inner.state.read(f))
+        Ok(self.read_stale(f))
     }
 
     /// Waits until this node has applied everything committed before the call:

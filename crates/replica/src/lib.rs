@@ -11,7 +11,10 @@
 //! - [`clock`]: the node's wall clock, skewable for fault injection, and
 //!   [`clock_watch`]: its measured offsets to peers and the enforced
 //!   bound's verdict, which decides whether it may lead and stamp time;
-//! - [`readiness`] and [`metrics`]: what `/readyz` and `/metrics` report.
+//! - [`readiness`] and [`metrics`]: what `/readyz` and `/metrics` report;
+//! - [`stores`]: what all of this uses of the node's two stores, as
+//!   traits, so the journal runs on the node's stores and on the
+//!   simulation's alike.
 //!
 //! It owns no listener and implements no gRPC service (that is the edge,
 //! `leasehold-server`); it calls peers through `leasehold-raft`'s channels
@@ -28,9 +31,11 @@ pub mod gate;
 pub mod journal;
 pub mod metrics;
 pub mod readiness;
+pub mod stores;
 
 pub use clock::Clock;
 pub use error::{JournalError, Unavailable};
 pub use gate::{Gate, GateConfig};
 pub use journal::{Journal, JournalConfig};
 pub use readiness::Readiness;
+pub use stores::{ReplicaLogStore, ReplicaStateMachine, StoreError};

@@ -1,22 +1,31 @@
 //! The `leasehold.v1.Faults` service: clock skew and store faults for tests
 //! and chaos runs. Registered only when the node runs with fault injection.
 
+use std::sync::Arc;
+
 use leasehold_proto::v1;
 use leasehold_proto::v1::faults_server::Faults;
 use tonic::{Request, Response, Status};
 
 use leasehold_replica::Journal;
 
+/// Turns the node's store write fault on or off: while on, the store's
+/// probe and every durable write fail as a broken disk would. The node's
+/// stores own the switch, not the journal, which only reads them.
+pub type StoreFault = Arc<dyn Fn(bool) + Send + Sync>;
+
 /// Serves `leasehold.v1.Faults`.
 #[derive(Clone)]
 pub struct FaultsService {
     journal: Journal,
+    store_fault: StoreFault,
 }
 
 impl FaultsService {
-    /// Faults for `journal`'s node.
-    pub fn new(journal: Journal) -> Self {
-        FaultsService { journal }
+    /// Faults for `journal`'s node, whose stores' write fault `store_fault`
+    /// switches.
+    pub fn new(journal: Journal, store_fault: StoreFault) -> Self {
+        FaultsService { journal, store_fault }
     }
 
     fn reply(&self) -> Response<v1::FaultReply> {
@@ -56,7 +65,7 @@ impl Faults for FaultsService {
     ) -> Result<Response<v1::FaultReply>, Status> {
         let on = request.into_inner().on;
         tracing::warn!(on, "fault injection: store write fault");
-        self.journal.log_store().set_fault(on);
+        (self.store_fault)(on);
         Ok(self.reply())
     }
 }

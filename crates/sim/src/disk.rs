@@ -273,6 +273,19 @@ impl SimDisk {
         Ok(())
     }
 
+    /// Syncs every write made so far in `life` (the readiness probe's
+    /// sync, as the real store's probe has its log writer sync).
+    pub(crate) async fn sync_all(&self, life: u64) -> Result<(), SimDiskError> {
+        let last = {
+            let mut inner = self.lock();
+            Self::check_life(&mut inner, life)?.next_sequence.checked_sub(1)
+        };
+        match last {
+            Some(sequence) => self.sync_through(life, sequence).await,
+            None => Ok(()),
+        }
+    }
+
     /// Writes and syncs: returns once `write` (and every write before it)
     /// is durable.
     pub(crate) async fn write_durably(&self, life: u64, write: Write) -> Result<(), SimDiskError> {

@@ -25,7 +25,10 @@
 //!   or installed; a restart loads the last synced snapshot and openraft
 //!   re-applies the log from there.
 //!
-//! Both pass openraft's storage `Suite`, like the sled store. Handles of an
+//! Both pass openraft's storage `Suite`, like the sled store, and both
+//! implement the replica runtime's store traits
+//! ([`leasehold_replica::stores`]), so the real
+//! [`Journal`](leasehold_replica::Journal) runs on them. Handles of an
 //! earlier life (a crashed node's tasks still running in the same process)
 //! fail every call with [`SimDiskError::Stale`] instead of writing into the
 //! next life's disk.

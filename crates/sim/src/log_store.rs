@@ -8,11 +8,20 @@
 //!   openraft was never told about, and nothing it was told about;
 //! - `save_vote`, `truncate` and `purge` sync before returning;
 //! - `save_committed` is written but not synced (the next sync carries it).
+//!
+//! It is also the replica runtime's log store
+//! ([`leasehold_replica::ReplicaLogStore`]), so the real journal runs on
+//! it: the committed log id, and a probe that fails on a stale life and
+//! otherwise syncs what was written, as the real probe has its log writer
+//! sync. Its syncs are not timed (the journal's `log_sync` stage stays
+//! empty).
 
 use std::fmt::Debug;
 use std::ops::RangeBounds;
 
+use futures::future::BoxFuture;
 use leasehold_raft::{NodeId, TypeConfig};
+use leasehold_replica::stores::{ReplicaLogStore, StoreError, SyncObserver};
 use openraft::storage::{LogFlushed, RaftLogStorage};
 use openraft::{
     Entry, LogId, LogState, OptionalSend, RaftLogReader, StorageError, StorageIOError, Vote,
@@ -102,6 +111,21 @@ impl SimLogStore {
             .send(Flush { sequence, callback })
             .await
             .map_err(|_| SimDiskError::FlusherStopped)
+    }
+}
+
+impl ReplicaLogStore for SimLogStore {
+    fn read_committed(&self) -> BoxFuture<'_, Result<Option<LogId<NodeId>>, StoreError>> {
+        let committed = self.disk.read(self.life, |image| image.committed);
+        Box::pin(async move { committed.map_err(StoreError::new) })
+    }
+
+    fn probe(&self) -> BoxFuture<'_, Result<(), StoreError>> {
+        Box::pin(async move { self.disk.sync_all(self.life).await.map_err(StoreError::new) })
+    }
+
+    fn observe_syncs(&self, _observer: SyncObserver) {
+        // Not timed: a simulated sync's duration is the configured delay.
     }
 }
 

@@ -9,11 +9,19 @@
 //! that committed the entry); exactly one response per entry; only snapshots
 //! reach the disk, synced before they are reported built or installed, and
 //! a slower build never replaces a newer persisted snapshot.
+//!
+//! It is also the replica runtime's state machine
+//! ([`leasehold_replica::ReplicaStateMachine`]): the journal's reads and
+//! its applied-index waits run on it. It does not measure its snapshot
+//! builds (they hold the lock throughout; the state is small).
 
+use std::ops::Deref;
 use std::sync::{Arc, PoisonError, RwLock, RwLockReadGuard};
+use std::time::Duration;
 
 use leasehold_core::{Command, Proposal, Response, State};
 use leasehold_raft::{NodeId, Received, SnapshotData, TypeConfig};
+use leasehold_replica::stores::{ReplicaStateMachine, StateGuard};
 use openraft::storage::RaftStateMachine;
 use openraft::{
     BasicNode, Entry, EntryPayload, LogId, OptionalSend, RaftSnapshotBuilder, Snapshot,
@@ -247,6 +255,31 @@ impl SimStateMachine {
         }
         self.applied_index.send_replace(index);
         Ok(())
+    }
+}
+
+/// The state under the store's read lock (the replica runtime's reads).
+struct StateRead<'a>(RwLockReadGuard<'a, Applied>);
+
+impl Deref for StateRead<'_> {
+    type Target = State;
+
+    fn deref(&self) -> &State {
+        &self.0.state
+    }
+}
+
+impl ReplicaStateMachine for SimStateMachine {
+    fn state(&self) -> StateGuard<'_> {
+        Box::new(StateRead(self.lock_read()))
+    }
+
+    fn subscribe(&self) -> watch::Receiver<u64> {
+        SimStateMachine::subscribe(self)
+    }
+
+    fn snapshot_lock_hold_longest(&self) -> Option<Duration> {
+        None
     }
 }
 

@@ -18,6 +18,7 @@
 
 use std::fs::File;
 use std::io::{BufReader, Read, Seek, SeekFrom, Write};
+use std::ops::Deref;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, PoisonError, RwLock, RwLockReadGuard};
 use std::time::{Duration, Instant};
@@ -187,6 +188,17 @@ const SNAPSHOT_CHUNK_JOBS: usize = 1_024;
 /// of large payloads neither holds the lock long nor grows a large buffer.
 const SNAPSHOT_CHUNK_BYTES: usize = 512 * 1024;
 
+/// The state under the store's read lock (see [`StateMachineStore::state`]).
+struct StateRead<'a>(RwLockReadGuard<'a, Applied>);
+
+impl Deref for StateRead<'_> {
+    type Target = State;
+
+    fn deref(&self) -> &State {
+        &self.0.state
+    }
+}
+
 /// How the last snapshot build went.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct SnapshotBuildStats {
@@ -265,7 +277,15 @@ impl StateMachineStore {
     /// Runs `f` on the current state under the read lock. Keep `f` brief:
     /// apply waits while it runs.
     pub fn read<T>(&self, f: impl FnOnce(&State) -> T) -> T {
-        f(&self.lock_read().state)
+        f(&self.state())
+    }
+
+    /// The current state, read-locked while the returned guard lives: drop
+    /// it soon, apply waits meanwhile. What [`StateMachineStore::read`]
+    /// does, for callers that hold the store behind a trait object and so
+    /// cannot pass a generic closure.
+    pub fn state(&self) -> impl Deref<Target = State> + '_ {
+        StateRead(self.lock_read())
     }
 
     /// A receiver of the last applied log index, updated after every applied

@@ -4,6 +4,8 @@
 //! - `conformance`: openraft's own storage suite over the simulated stores.
 //! - `crash`: what the stores reported durable survives a crash; what they
 //!   did not may be lost, torn, but never half-reported.
+//! - `journal`: the replica's real journal proposes and reads through
+//!   openraft on simulated disks.
 //! - `one_way`: a link cut in one direction loses that direction only.
 //! - `raft`: three openraft nodes on simulated disks survive a follower crash.
 //! - `sweep`: many short seeds, none with a safety anomaly (`scripts/sim.sh`).
@@ -11,6 +13,7 @@
 mod cluster;
 mod conformance;
 mod crash;
+mod journal;
 mod one_way;
 mod planted;
 mod raft;

@@ -21,9 +21,9 @@ use openraft::raft::{
 };
 use openraft::{BasicNode, Config};
 
-/// The nodes reachable now, by id.
+/// The nodes reachable now, by id (the journal test shares it).
 #[derive(Clone, Default)]
-struct Router {
+pub(crate) struct Router {
     nodes: Arc<Mutex<BTreeMap<NodeId, Raft>>>,
 }
 
@@ -32,7 +32,7 @@ impl Router {
         self.nodes.lock().unwrap_or_else(PoisonError::into_inner).get(&id).cloned()
     }
 
-    fn set(&self, id: NodeId, raft: Option<Raft>) {
+    pub(crate) fn set(&self, id: NodeId, raft: Option<Raft>) {
         let mut nodes = self.nodes.lock().unwrap_or_else(PoisonError::into_inner);
         match raft {
             Some(raft) => nodes.insert(id, raft),
@@ -41,7 +41,8 @@ impl Router {
     }
 }
 
-struct Client {
+/// A connection to one node of the [`Router`].
+pub(crate) struct Client {
     router: Router,
     target: NodeId,
 }

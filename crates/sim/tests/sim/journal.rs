@@ -1,0 +1,258 @@
+//! Goal: the replica's real `Journal` — its clock rule, its batcher, its
+//! read barrier — drives leasehold commands through openraft on the
+//! simulated disks, and what it reads back is what the replicas applied.
+//! Method: three openraft nodes on simulated disks over the in-process
+//! network of `raft.rs`; a `Journal` on the leader over its Raft handle
+//! and its simulated stores, and one on a follower. Both journals hold a
+//! peer network that is never dialled: there is no gRPC in this test, and
+//! the members have no addresses, so the follower's forward to the leader
+//! fails before any channel is made, and the test says so.
+//!
+//! What shows the journal drove every write (a test that wrote to Raft
+//! directly fails each): it refuses to stamp until a majority of the voters
+//! agree with its clock; the entries carry the leader's rules
+//! (`Command::Ruled`) and the leader's clock; concurrent proposals share
+//! one `Batch` entry.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use leasehold_core::{Command, JobSpec, JobState, Limits, Proposal, Refusal, Response};
+use leasehold_raft::{NetworkFactory, NodeId, Raft, TypeConfig};
+use leasehold_replica::journal::DEFAULT_BATCHES_IN_FLIGHT;
+use leasehold_replica::{Clock, Journal, JournalConfig, JournalError, Unavailable};
+use leasehold_sim::{SimDisk, SimLogStore, SimStateMachine};
+use openraft::{BasicNode, Config, Entry, EntryPayload, RaftLogReader, ServerState};
+
+use crate::raft::Router;
+
+const WAIT: Option<Duration> = Some(Duration::from_secs(20));
+
+/// One running node: its Raft handle and the two stores openraft drives.
+struct Node {
+    raft: Raft,
+    log_store: SimLogStore,
+    state_machine: SimStateMachine,
+}
+
+async fn start(id: NodeId, disk: &SimDisk, router: &Router) -> anyhow::Result<Node> {
+    // One-millisecond election windows, as in `raft.rs`: node 1 leads.
+    let min = 300 + 100 * id;
+    let config = Config {
+        heartbeat_interval: 50,
+        election_timeout_min: min,
+        election_timeout_max: min + 1,
+        ..Config::default()
+    }
+    .validate()?;
+    let (log_store, state_machine) = disk.open();
+    let raft =
+        Raft::new(id, Arc::new(config), router.clone(), log_store.clone(), state_machine.clone())
+            .await?;
+    router.set(id, Some(raft.clone()));
+    Ok(Node { raft, log_store, state_machine })
+}
+
+/// A journal on `node`, as the node builds one, over the simulated stores.
+fn journal(id: NodeId, node: &Node, clock: Clock) -> Journal {
+    let config = JournalConfig {
+        node_id: id,
+        limits: Limits::default(),
+        quorum_timeout: Duration::from_secs(5),
+        batches_in_flight: DEFAULT_BATCHES_IN_FLIGHT,
+        max_clock_offset_ms: 500,
+        clock_fresh_for: Duration::from_secs(60),
+    };
+    Journal::new(
+        config,
+        node.raft.clone(),
+        Arc::new(node.log_store.clone()),
+        Arc::new(node.state_machine.clone()),
+        clock,
+        // Lazy channels: nothing connects unless this journal forwards.
+        NetworkFactory::new(),
+    )
+}
+
+fn enqueue(n: u64) -> Command {
+    let spec = JobSpec {
+        queue: "q".into(),
+        payload: format!("job {n}").into_bytes(),
+        ..Default::default()
+    };
+    Command::Enqueue { jobs: vec![spec] }
+}
+
+/// The normal entries of `log_store` from `first` on.
+async fn proposals(log_store: &SimLogStore, first: u64) -> anyhow::Result<Vec<Proposal>> {
+    let mut reader = log_store.clone();
+    let entries: Vec<Entry<TypeConfig>> = reader.try_get_log_entries(first..).await?;
+    Ok(entries
+        .into_iter()
+        .filter_map(|entry| match entry.payload {
+            EntryPayload::Normal(proposal) => Some(proposal),
+            _ => None,
+        })
+        .collect())
+}
+
+fn last_log_index(raft: &Raft) -> u64 {
+    raft.metrics().borrow().last_log_index.unwrap_or(0)
+}
+
+#[tokio::test]
+async fn the_journal_proposes_and_reads_through_openraft_on_simulated_disks() -> anyhow::Result<()>
+{
+    let router = Router::default();
+    let disks: BTreeMap<NodeId, SimDisk> =
+        (1..=3).map(|id| (id, SimDisk::with_sync_delay(Duration::from_millis(1)))).collect();
+    let mut nodes = BTreeMap::new();
+    for (id, disk) in &disks {
+        nodes.insert(*id, start(*id, disk, &router).await?);
+    }
+    let members: BTreeMap<NodeId, BasicNode> =
+        (1..=3).map(|id| (id, BasicNode::default())).collect();
+    nodes[&1].raft.initialize(members).await?;
+    // Leading, with an entry of its own term applied: what the journal
+    // calls leading (`Journal::is_leader`).
+    nodes[&1]
+        .raft
+        .wait(WAIT)
+        .metrics(
+            |m| {
+                m.state == ServerState::Leader
+                    && m.last_applied
+                        .is_some_and(|applied| applied.leader_id.term == m.current_term)
+            },
+            "node 1 leads",
+        )
+        .await?;
+    let clock = Clock::system();
+    let leader = journal(1, &nodes[&1], clock.clone());
+    assert!(leader.is_leader());
+
+    tracing::info!("--- no voter has measured the leader's clock: it stamps nothing");
+    let before = last_log_index(leader.raft());
+    let refused = leader.propose(enqueue(0)).await;
+    assert!(
+        matches!(refused, Err(JournalError::Unavailable(Unavailable::ClockUnverified(_)))),
+        "an unmeasured leader proposed: {refused:?}"
+    );
+    assert_eq!(last_log_index(leader.raft()), before, "a refused proposal reached the log");
+
+    tracing::info!("--- node 2's clock agrees (as an advert would measure): a majority");
+    let sent_at = Instant::now();
+    leader.clock_watch().record(2, clock.now_ms(), sent_at, Instant::now(), clock.now_ms());
+    assert!(leader.clock_verdict().may_stamp(), "{:?}", leader.clock_verdict());
+
+    tracing::info!("--- eight concurrent enqueues through the batcher");
+    let first = last_log_index(leader.raft()) + 1;
+    let stamped_from_ms = clock.now_ms();
+    let answers = futures::future::join_all((1..=8).map(|n| leader.propose(enqueue(n)))).await;
+    let stamped_to_ms = clock.now_ms();
+    let mut job_ids = Vec::new();
+    for answer in answers {
+        match answer? {
+            Response::Enqueued(outcomes) => {
+                assert_eq!(outcomes.len(), 1);
+                assert!(!outcomes[0].duplicate);
+                job_ids.push(outcomes[0].job_id);
+            }
+            other => anyhow::bail!("an enqueue was answered {other:?}"),
+        }
+    }
+    assert_eq!(job_ids, (1..=8).collect::<Vec<_>>(), "each proposer gets its own job id");
+    let written = proposals(&nodes[&1].log_store, first).await?;
+    assert!(
+        written.len() < 8,
+        "eight concurrent proposals took {} entries: not batched",
+        written.len()
+    );
+    let mut batched = 0;
+    for proposal in &written {
+        let Command::Ruled { command, .. } = &proposal.command else {
+            anyhow::bail!("an entry without the leader's rules: {:?}", proposal.command);
+        };
+        match &**command {
+            Command::Batch { commands } => batched += commands.len(),
+            Command::Enqueue { .. } => batched += 1,
+            other => anyhow::bail!("an unexpected entry: {other:?}"),
+        }
+        assert!(
+            (stamped_from_ms..=stamped_to_ms).contains(&proposal.now_ms),
+            "stamped {} ms, not the leader's clock ({stamped_from_ms}..={stamped_to_ms})",
+            proposal.now_ms
+        );
+    }
+    assert_eq!(batched, 8, "the entries carry every enqueue once");
+
+    tracing::info!("--- claim two, ack one, and a stale ack is refused");
+    let claim = Command::ClaimOnce {
+        request_id: "claim-1".into(),
+        worker: "w".into(),
+        queue: "q".into(),
+        max: 2,
+        lease_ttl_ms: Some(30_000),
+        selector: Vec::new(),
+    };
+    let grants = match leader.propose(claim).await? {
+        Response::Claimed(grants) => grants,
+        other => anyhow::bail!("the claim was answered {other:?}"),
+    };
+    assert_eq!(grants.iter().map(|g| g.job.id).collect::<Vec<_>>(), vec![1, 2]);
+    let (acked, held) = (&grants[0].lease, &grants[1].lease);
+    let ack = Command::Ack { job_id: acked.job_id, token: acked.token, result: None };
+    assert_eq!(leader.propose(ack).await?, Response::Acked);
+    let stale = Command::Ack { job_id: held.job_id, token: held.token + 100, result: None };
+    assert_eq!(
+        leader.propose(stale).await?,
+        Response::Refused(Refusal::StaleToken { job_id: held.job_id, presented: held.token + 100 })
+    );
+
+    tracing::info!("--- the journal's linearizable read shows what was applied");
+    let (first_state, second, third, stats) = leader
+        .read(false, |state| {
+            let state_of =
+                |id: u64| state.job(id).map(|job| (job.state, job.lease.map(|l| l.token)));
+            (state_of(1), state_of(2), state_of(3), state.stats(0).get("q").cloned())
+        })
+        .await?;
+    assert_eq!(first_state.map(|(state, _)| state), Some(JobState::Acked));
+    assert_eq!(second, Some((JobState::Claimed, Some(held.token))));
+    assert_eq!(third, Some((JobState::Ready, None)));
+    let stats = stats.ok_or_else(|| anyhow::anyhow!("no stats for queue q"))?;
+    assert_eq!((stats.ready, stats.claimed, stats.acked), (6, 1, 1));
+
+    tracing::info!("--- every replica applied the same: digests through the journal's store view");
+    let last = last_log_index(leader.raft());
+    for (id, node) in &nodes {
+        node.raft
+            .wait(WAIT)
+            .applied_index_at_least(Some(last), &format!("node {id} applied"))
+            .await?;
+    }
+    let leader_digest = leader.state_machine().digest();
+    for (id, node) in &nodes {
+        let digest = leasehold_replica::ReplicaStateMachine::digest(&node.state_machine);
+        assert_eq!(digest, leader_digest, "node {id} diverged");
+    }
+    assert!(leader.committed_index().await >= first, "the committed index is not recorded");
+    leader.log_store().probe().await?;
+
+    tracing::info!("--- a follower's journal reads locally, and cannot forward without gRPC");
+    let follower = journal(2, &nodes[&2], clock.clone());
+    assert_eq!(follower.read_stale(|state| state.last_job_id()), 8);
+    let forwarded = follower.propose(enqueue(9)).await;
+    assert!(
+        matches!(forwarded, Err(JournalError::Unavailable(Unavailable::Peer(_)))),
+        "a follower's write without a peer network: {forwarded:?}"
+    );
+
+    follower.shutdown().await;
+    leader.shutdown().await;
+    for (_, node) in nodes {
+        node.raft.shutdown().await?;
+    }
+    Ok(())
+}
