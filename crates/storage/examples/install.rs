@@ -78,8 +78,8 @@ async fn prepare(dir: &Path, jobs: usize) -> anyhow::Result<String> {
     let mut current =
         state_machine.get_current_snapshot().await?.context("no snapshot after a build")?;
     let mut body = Vec::new();
-    current.snapshot.seek(SeekFrom::Start(0)).await?;
-    current.snapshot.read_to_end(&mut body).await?;
+    AsyncSeekExt::seek(&mut *current.snapshot, SeekFrom::Start(0)).await?;
+    AsyncReadExt::read_to_end(&mut *current.snapshot, &mut body).await?;
     std::fs::write(dir.join("body"), &body)?;
     Ok(serde_json::to_string(&built.meta)?)
 }
@@ -101,11 +101,11 @@ async fn receive(dir: &Path, meta: &str) -> anyhow::Result<()> {
         if read == 0 {
             break;
         }
-        data.seek(SeekFrom::Start(offset)).await?;
-        data.write_all(&chunk[..read]).await?;
+        AsyncSeekExt::seek(&mut *data, SeekFrom::Start(offset)).await?;
+        AsyncWriteExt::write_all(&mut *data, &chunk[..read]).await?;
         offset += read as u64;
     }
-    data.shutdown().await?;
+    AsyncWriteExt::shutdown(&mut *data).await?;
     state_machine.install_snapshot(&meta, data).await?;
     let peak = status("VmHWM")?;
     let after = status("VmRSS")?;
