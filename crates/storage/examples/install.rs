@@ -2,7 +2,9 @@
 //! 64-byte jobs builds a snapshot and writes its body to a file; then, in a
 //! process of its own, a fresh store receives that body in openraft's
 //! 3 MiB chunks through the state machine's snapshot data and installs it.
-//! The second process reports its peak resident set above where it started
+//! The first reports the build's longest hold of the state lock (with
+//! nothing else running, so the figure is the build's own, not a wait for
+//! the CPU). The second process reports its peak resident set above where it started
 //! (`VmHWM`), its resident set after the install, and the body's size: a
 //! receiver that holds the body in memory peaks at the body plus the
 //! state; one that streams it, at about the state alone.
@@ -75,6 +77,14 @@ async fn prepare(dir: &Path, jobs: usize) -> anyhow::Result<String> {
     }
     state_machine.apply(entries).await?;
     let built = state_machine.get_snapshot_builder().await.build_snapshot().await?;
+    if let Some(build) = state_machine.last_snapshot_build() {
+        println!(
+            "build of {} jobs ({:.1} MiB): longest state-lock hold {:?}",
+            build.jobs,
+            build.bytes as f64 / (1024.0 * 1024.0),
+            build.longest_lock_hold
+        );
+    }
     let mut current =
         state_machine.get_current_snapshot().await?.context("no snapshot after a build")?;
     let mut body = Vec::new();
