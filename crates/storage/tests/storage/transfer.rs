@@ -8,16 +8,25 @@
 use std::io::SeekFrom;
 use std::path::Path;
 
-use leasehold_raft::{SnapshotData, TypeConfig};
+use leasehold_raft::{NodeId, SnapshotData, TypeConfig};
 use leasehold_storage::StateMachineStore;
 use openraft::storage::RaftStateMachine;
-use openraft::{RaftSnapshotBuilder, Snapshot};
+use openraft::{BasicNode, RaftSnapshotBuilder, Snapshot, SnapshotMeta};
 use tokio::io::{AsyncReadExt, AsyncSeekExt, AsyncWriteExt};
 
 use crate::support::{enqueue, membership, reopen};
 
 /// openraft's default chunk is 3 MiB; a small one makes many chunks.
 const CHUNK: usize = 4 * 1024;
+
+/// A snapshot's chunks as sent: each one's offset and bytes.
+type Chunks = Vec<(u64, Vec<u8>)>;
+
+/// Some of a snapshot's chunks.
+type Body<'a> = &'a [(u64, Vec<u8>)];
+
+/// A snapshot's meta.
+type Meta = SnapshotMeta<NodeId, BasicNode>;
 
 /// A store at `dir` with `entries` enqueue entries of 20 jobs applied and a
 /// snapshot built.
@@ -36,7 +45,7 @@ async fn sender(
 }
 
 /// The chunks openraft would send of `snapshot`.
-async fn chunks(snapshot: &mut Snapshot<TypeConfig>) -> anyhow::Result<Vec<(u64, Vec<u8>)>> {
+async fn chunks(snapshot: &mut Snapshot<TypeConfig>) -> anyhow::Result<Chunks> {
     let end = snapshot.snapshot.seek(SeekFrom::End(0)).await?;
     let mut chunks = Vec::new();
     let mut offset = 0;
@@ -134,7 +143,7 @@ async fn a_received_body_that_is_not_the_snapshot_changes_nothing() -> anyhow::R
         .position(|window| window == map)
         .ok_or_else(|| anyhow::anyhow!("no node map in the first chunk"))?;
     lying[0].1[at + 16..at + 24].copy_from_slice(&(1u64 << 40).to_le_bytes());
-    let cases: [(&str, &[(u64, Vec<u8>)], _); 4] = [
+    let cases: [(&str, Body<'_>, Meta); 4] = [
         ("a body cut short", &chunks[..last], snapshot.meta.clone()),
         ("a body with bytes after it", &trailing, snapshot.meta.clone()),
         ("a body of another log position", &chunks, other_meta),
