@@ -1,7 +1,9 @@
-//! The node's wall clock, with an injectable skew (offset and rate) so tests
-//! can bump, strobe or drift one node's time without faking the process
-//! clock (which hangs tokio).
+//! The node's wall clock: a time source (the system clock for the node, a
+//! simulated host's clock in the simulation) plus an injectable skew
+//! (offset and rate), so tests can bump, strobe or drift one node's time
+//! without faking the process clock (which hangs tokio).
 
+use std::fmt;
 use std::sync::{Arc, Mutex};
 use std::time::{SystemTime, UNIX_EPOCH};
 
@@ -18,10 +20,29 @@ impl Default for Skew {
     }
 }
 
-/// Wall-clock milliseconds since the Unix epoch, plus an injectable skew.
-#[derive(Clone, Debug, Default)]
+/// Where a [`Clock`] reads the time before its skew: wall-clock
+/// milliseconds since the Unix epoch.
+pub type TimeSource = Arc<dyn Fn() -> i64 + Send + Sync>;
+
+/// Wall-clock milliseconds since the Unix epoch, read from a time source,
+/// plus an injectable skew.
+#[derive(Clone)]
 pub struct Clock {
+    source: TimeSource,
     skew: Arc<Mutex<Skew>>,
+}
+
+impl fmt::Debug for Clock {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let skew = self.skew.lock().map(|s| *s).unwrap_or_default();
+        f.debug_struct("Clock").field("skew", &skew).finish_non_exhaustive()
+    }
+}
+
+impl Default for Clock {
+    fn default() -> Self {
+        Self::system()
+    }
 }
 
 fn system_ms() -> i64 {
@@ -29,17 +50,25 @@ fn system_ms() -> i64 {
 }
 
 impl Clock {
-    /// The system clock with no skew.
+    /// The system clock with no skew: what a node runs on.
     pub fn system() -> Self {
-        Self::default()
+        Self::from_source(Arc::new(system_ms))
+    }
+
+    /// A clock that reads `source` instead of the system clock, with no
+    /// skew: a simulation hands each host its own simulated wall clock, so
+    /// what the node stamps follows simulated time. The skew set later
+    /// applies on top of the source, as on the system clock.
+    pub fn from_source(source: TimeSource) -> Self {
+        Clock { source, skew: Arc::default() }
     }
 
     /// Now, in Unix milliseconds (saturating at 0 for a wild negative skew).
     pub fn now_ms(&self) -> u64 {
         let skew = self.skew.lock().map(|s| *s).unwrap_or_default();
-        let system = system_ms();
-        let drift = ((system - skew.anchor_ms) as f64 * (skew.rate - 1.0)) as i64;
-        let skewed = system.saturating_add(skew.offset_ms).saturating_add(drift);
+        let source = (self.source)();
+        let drift = (source.saturating_sub(skew.anchor_ms) as f64 * (skew.rate - 1.0)) as i64;
+        let skewed = source.saturating_add(skew.offset_ms).saturating_add(drift);
         u64::try_from(skewed).unwrap_or(0)
     }
 
@@ -48,8 +77,9 @@ impl Clock {
     /// finite, is read as 1.
     pub fn set_skew(&self, offset_ms: i64, rate: f64) {
         let rate = if rate.is_finite() && rate > 0.0 { rate } else { 1.0 };
+        let anchor_ms = (self.source)();
         if let Ok(mut skew) = self.skew.lock() {
-            *skew = Skew { offset_ms, rate, anchor_ms: system_ms() };
+            *skew = Skew { offset_ms, rate, anchor_ms };
         }
     }
 
@@ -83,5 +113,22 @@ mod tests {
         let elapsed = clock.now_ms() - start;
         // 20 ms of real time at 100x is about 2 s of node time.
         assert!(elapsed >= 1_500, "elapsed {elapsed} ms");
+    }
+
+    #[test]
+    fn a_source_replaces_the_system_clock_and_the_skew_applies_on_top() {
+        let now_ms = Arc::new(std::sync::atomic::AtomicI64::new(1_000_000));
+        let source = now_ms.clone();
+        let clock =
+            Clock::from_source(Arc::new(move || source.load(std::sync::atomic::Ordering::SeqCst)));
+        assert_eq!(clock.now_ms(), 1_000_000, "the source, not the system clock");
+        now_ms.store(1_000_250, std::sync::atomic::Ordering::SeqCst);
+        assert_eq!(clock.now_ms(), 1_000_250, "it follows the source");
+        // An offset and a double rate, anchored at the source's time.
+        clock.set_skew(-100, 2.0);
+        assert_eq!(clock.now_ms(), 1_000_150);
+        now_ms.store(1_001_250, std::sync::atomic::Ordering::SeqCst);
+        // 1,000 ms of source time at twice the rate, 100 ms behind.
+        assert_eq!(clock.now_ms(), 1_002_150);
     }
 }

@@ -12,12 +12,21 @@
 //! wall clock has moved from its monotonic one since (a step of this
 //! node's clock shows at once, before the next advert), and counts only
 //! while it is fresh.
+//!
+//! The monotonic clock is the runtime's ([`tokio::time::Instant`]): on a
+//! node it is the system's monotonic clock, and in a simulation or a test
+//! whose runtime's time is paused it is the time that runtime is driven
+//! by, so measurements age with the time the node lives in. A
+//! measurement's instants must come from the runtime that asks for the
+//! verdict (the gate's adverts and the journal share the node's runtime).
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use leasehold_core::clock_bound::{ClockVerdict, PeerOffset, judge_clock, sustain_skew};
+
+use tokio::time::Instant;
 
 use crate::clock::Clock;
 

@@ -606,9 +606,10 @@ async fn send_adverts(gate: &Gate) {
             let mut request = tonic::Request::new(signed);
             request.set_timeout(timeout);
             let mut client = PeerClient::new(channel);
-            // The round trip measures the peer's clock (see clock_watch).
+            // The round trip measures the peer's clock (see clock_watch),
+            // on the runtime's monotonic clock, which the watch ages by.
             let sent_wall_ms = journal.clock().now_ms();
-            let sent_at = Instant::now();
+            let sent_at = tokio::time::Instant::now();
             match tokio::time::timeout(timeout, client.advertise(request)).await {
                 Ok(Ok(reply)) => {
                     let peer_now_ms = reply.into_inner().now_ms;
@@ -617,7 +618,7 @@ async fn send_adverts(gate: &Gate) {
                             id,
                             sent_wall_ms,
                             sent_at,
-                            Instant::now(),
+                            tokio::time::Instant::now(),
                             peer_now_ms,
                         );
                     }

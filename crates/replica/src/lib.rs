@@ -8,7 +8,8 @@
 //! - [`gate`]: the cutover gate's runtime — this node's flags, the peer
 //!   registry fed by [`adverts`], the decision asked of core once per claim,
 //!   and the broadcast claim path, [`bus`];
-//! - [`clock`]: the node's wall clock, skewable for fault injection, and
+//! - [`clock`]: the node's wall clock (the system's, or an injected time
+//!   source in a simulation), skewable for fault injection, and
 //!   [`clock_watch`]: its measured offsets to peers and the enforced
 //!   bound's verdict, which decides whether it may lead and stamp time;
 //! - [`readiness`] and [`metrics`]: what `/readyz` and `/metrics` report;

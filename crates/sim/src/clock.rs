@@ -11,6 +11,7 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, PoisonError};
 
 use leasehold_raft::NodeId;
+use leasehold_replica::Clock;
 
 /// Where every host's wall clock starts, in Unix milliseconds: far enough
 /// from zero that a clock behind real time never goes below it.
@@ -54,8 +55,29 @@ impl Clocks {
     /// Host `node`'s wall clock at `real_ms` (real time for a host with no
     /// clock of its own).
     pub fn now_ms(&self, node: NodeId, real_ms: u64) -> u64 {
+        self.host_clock(node).now_ms(real_ms)
+    }
+
+    /// Host `node`'s clock settings now (real time's for a host with no
+    /// clock of its own).
+    pub fn host_clock(&self, node: NodeId) -> HostClock {
         let clocks = self.0.lock().unwrap_or_else(PoisonError::into_inner);
-        clocks.get(&node).copied().unwrap_or_default().now_ms(real_ms)
+        clocks.get(&node).copied().unwrap_or_default()
+    }
+
+    /// Host `node`'s wall clock as the replica runtime reads it: a
+    /// [`leasehold_replica::Clock`] whose source is this host's clock at the
+    /// simulation's current time, so a journal built on it stamps what the
+    /// host's clock says, skew, drift and jumps included (and a skew
+    /// injected through the `Clock` applies on top). Outside a running
+    /// simulation it reads the host's clock at real time zero.
+    pub fn replica_clock(&self, node: NodeId) -> Clock {
+        let clocks = self.clone();
+        Clock::from_source(Arc::new(move || {
+            let real_ms = turmoil::sim_elapsed().unwrap_or_default().as_millis();
+            let wall_ms = clocks.now_ms(node, u64::try_from(real_ms).unwrap_or(u64::MAX));
+            i64::try_from(wall_ms).unwrap_or(i64::MAX)
+        }))
     }
 
     /// Sets host `node`'s clock `step_ms` further ahead.
@@ -80,5 +102,7 @@ mod tests {
         clocks.jump(2, 30_000);
         assert_eq!(clocks.now_ms(2, 10_000), EPOCH_MS + 40_000 + 10 - 100);
         assert_eq!(clocks.now_ms(1, 10_000), EPOCH_MS + 10_000, "no clock of its own: real time");
+        // Outside a simulation the replica's view reads real time zero.
+        assert_eq!(clocks.replica_clock(2).now_ms(), EPOCH_MS + 30_000 - 100);
     }
 }

@@ -16,7 +16,7 @@
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use leasehold_core::{Command, JobSpec, JobState, Limits, Proposal, Refusal, Response};
 use leasehold_raft::{NetworkFactory, NodeId, Raft, TypeConfig};
@@ -24,6 +24,7 @@ use leasehold_replica::journal::DEFAULT_BATCHES_IN_FLIGHT;
 use leasehold_replica::{Clock, Journal, JournalConfig, JournalError, Unavailable};
 use leasehold_sim::{SimDisk, SimLogStore, SimStateMachine};
 use openraft::{BasicNode, Config, Entry, EntryPayload, RaftLogReader, ServerState};
+use tokio::time::Instant;
 
 use crate::raft::Router;
 

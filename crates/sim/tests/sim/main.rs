@@ -8,6 +8,8 @@
 //!   openraft on simulated disks.
 //! - `one_way`: a link cut in one direction loses that direction only.
 //! - `raft`: three openraft nodes on simulated disks survive a follower crash.
+//! - `seeded_journal`: the journal on turmoil, stamping with its host's
+//!   simulated clock, replays from its seed.
 //! - `sweep`: many short seeds, none with a safety anomaly (`scripts/sim.sh`).
 
 mod cluster;
@@ -17,4 +19,5 @@ mod journal;
 mod one_way;
 mod planted;
 mod raft;
+mod seeded_journal;
 mod sweep;
