@@ -17,7 +17,9 @@ pub enum Bug {
     /// applies as if it carried that lease's token, whatever it carried.
     AckWithoutTokenCheck,
     /// A node that takes a client's command stamps it with its own clock
-    /// before forwarding it, instead of leaving the time to the leader.
+    /// before forwarding it, and the leader keeps that time instead of
+    /// stamping its own (planted in the driver: the write skips the
+    /// leader's journal and goes to its Raft with the taker's stamp).
     FollowerStampsTime,
     /// The log store tells openraft an append is persisted as soon as it is
     /// written, before the sync that makes it durable.
@@ -57,7 +59,7 @@ impl fmt::Display for Bug {
 /// A name that is no bug class.
 #[derive(Debug, thiserror::Error)]
 #[error(
-    "unknown bug {0:?} (known: ack-without-token-check, follower-stamps-time, flush-before-sync)"
+    "unknown bug {0:?} (known: ack-without-token-check, follower-stamps-time, flush-before-sync, sweep-ignores-bound)"
 )]
 pub struct UnknownBug(String);
 

@@ -92,15 +92,31 @@ pub struct SimStateMachine {
 
 /// The planted [`Bug::AckWithoutTokenCheck`]: an ack of a job that holds a
 /// lease is given that lease's token, so the token check in apply always
-/// passes. Deterministic in the state, so every replica agrees.
+/// passes — a bare ack, or one inside the leader's rules or a batch (the
+/// token the job holds as the entry starts). Deterministic in the state, so
+/// every replica agrees.
 fn ack_with_current_token(state: &State, mut entry: Entry<TypeConfig>) -> Entry<TypeConfig> {
-    if let EntryPayload::Normal(Proposal { command: Command::Ack { job_id, token, .. }, .. }) =
-        &mut entry.payload
-        && let Some(current) = state.job(*job_id).and_then(|job| job.lease.map(|l| l.token))
-    {
-        *token = current;
+    if let EntryPayload::Normal(Proposal { command, .. }) = &mut entry.payload {
+        give_acks_current_tokens(state, command);
     }
     entry
+}
+
+fn give_acks_current_tokens(state: &State, command: &mut Command) {
+    match command {
+        Command::Ack { job_id, token, .. } => {
+            if let Some(current) = state.job(*job_id).and_then(|job| job.lease.map(|l| l.token)) {
+                *token = current;
+            }
+        }
+        Command::Ruled { command, .. } => give_acks_current_tokens(state, command),
+        Command::Batch { commands } => {
+            for command in commands {
+                give_acks_current_tokens(state, command);
+            }
+        }
+        _ => {}
+    }
 }
 
 fn index_of(log_id: &Option<LogId<NodeId>>) -> u64 {
