@@ -167,6 +167,7 @@ pub async fn guard_elections(
     let mut skewed = false;
     loop {
         tokio::select! {
+            biased;
             _ = shutdown.changed() => return,
             _ = tick.tick() => {}
         }

@@ -34,6 +34,7 @@ use leasehold_core::schedule::{
 use leasehold_core::state::TERM_START_GRACE_MS;
 use leasehold_core::{Command, JobFilter, JobSpec, Limits, Proposal, Response, State};
 use leasehold_raft::{NetworkFactory, NodeId, Raft};
+use leasehold_replica::clock_watch::guard_elections;
 use leasehold_replica::forward::{ForwardRequest, ForwardResponse};
 use leasehold_replica::journal::DEFAULT_BATCHES_IN_FLIGHT;
 use leasehold_replica::{Journal, JournalConfig};
@@ -68,8 +69,9 @@ pub struct Plan {
     /// loses power at once (unsynced writes lost), then all restart.
     pub power_cut: bool,
     /// Node 2's clock is set this far ahead, twice during the run: beyond
-    /// the clock bound, so (as a real node's clock watch does) it never
-    /// stands for election, but it keeps taking clients' commands.
+    /// the clock bound, so its clock guard (the node's own) stands it
+    /// aside from elections and leadership and its journal stamps nothing,
+    /// but it keeps taking clients' commands.
     pub clock_jump_ms: Option<u64>,
     /// A clock hand-over: node 1, which leads first, runs its clock 450 ms
     /// behind real time, node 2 as far ahead and any other node on real
@@ -219,7 +221,7 @@ const MAX_SKEW_MS: i64 = 200;
 const HANDOVER_SKEW_MS: i64 = 450;
 
 /// The node that succeeds node 1 in a hand-over: the only other node that
-/// stands for election there.
+/// stands for election there (see [`bystander`]).
 const HANDOVER_SUCCESSOR: NodeId = 2;
 
 /// The hand-over's long lease, milliseconds: longer than the new term's
@@ -667,14 +669,12 @@ fn undisputed_leader(registry: &Registry, nodes: u64) -> bool {
     })
 }
 
-/// Whether node `id` stands for election in `plan`: not the node whose
-/// clock jumps beyond the bound (a real node's clock watch keeps it out),
-/// and in a hand-over only node 1 and its successor, so the successor is
-/// the node whose clock is furthest from the first leader's.
-fn stands_for_election(plan: &Plan, id: NodeId) -> bool {
-    let jumped = plan.clock_jump_ms.is_some() && id == JUMPED_NODE;
-    let bystander = plan.handover && id != 1 && id != HANDOVER_SUCCESSOR;
-    !jumped && !bystander
+/// Whether node `id` is a hand-over's bystander in `plan` (neither node 1
+/// nor [`HANDOVER_SUCCESSOR`]): it drains from the start, which keeps it
+/// from standing for election, so the successor is the node whose clock is
+/// furthest from the first leader's.
+fn bystander(plan: &Plan, id: NodeId) -> bool {
+    plan.handover && id != 1 && id != HANDOVER_SUCCESSOR
 }
 
 /// How often a host measures its running peers' clocks: five times the
@@ -778,14 +778,16 @@ pub fn run(plan: &Plan) -> Result<Run, ClusterError> {
         // Distinct starts break election ties; one-value windows make them
         // independent of openraft's own generator.
         let election_min = 150 + rng.gen_range(0..150) + id;
+        // Whether a node stands for election is the real clock guard's
+        // call (`guard_elections`, on every host below): a node whose clock
+        // a majority disputes stands aside, as the jumped node does, and so
+        // does a draining one.
         let config = Config {
             heartbeat_interval: 50,
             election_timeout_min: election_min,
             election_timeout_max: election_min + 1,
             install_snapshot_timeout: 2_000,
-            // A node whose clock is beyond the bound does not stand for
-            // election (the real node's clock watch makes the same call).
-            enable_elect: stands_for_election(plan, id),
+            enable_elect: !bystander(plan, id),
             ..Config::default()
         }
         .validate()
@@ -793,6 +795,7 @@ pub fn run(plan: &Plan) -> Result<Run, ClusterError> {
         let config = Arc::new(config);
         let (disk, registry, history, cuts, clocks) =
             (disk.clone(), registry.clone(), history.clone(), cuts.clone(), clocks.clone());
+        let drains = bystander(plan, id);
         sim.host(host_name(id), move || {
             let (disk, registry, history, config, cuts, clocks) = (
                 disk.clone(),
@@ -818,6 +821,7 @@ pub fn run(plan: &Plan) -> Result<Run, ClusterError> {
                     // leader's journal (see `Driver::write`).
                     NetworkFactory::new(),
                 );
+                journal.set_draining(drains);
                 history.record(format!("{} node {id} started", now_ms()));
                 let member = Member {
                     raft: raft.clone(),
@@ -826,12 +830,15 @@ pub fn run(plan: &Plan) -> Result<Run, ClusterError> {
                     runtime: Handle::current(),
                 };
                 registry.lock().insert(id, member);
+                // Never told to stop: the host's life ends with its runtime.
+                let (_running, shutdown) = tokio::sync::watch::channel(false);
                 // Biased: the first branch is polled first, so tokio's
                 // unseeded choice of branch plays no part.
                 tokio::select! {
                     biased;
                     served = serve(id, raft, cuts) => served?,
-                    () = measure_peers(id, journal, clocks, registry) => {}
+                    () = measure_peers(id, journal.clone(), clocks, registry) => {}
+                    () = guard_elections(journal, shutdown) => {}
                 }
                 Ok(())
             }
@@ -1119,12 +1126,7 @@ impl Driver {
             // the write's own syncs may still be under way.
             if self.plan.power_cut && !power_cut_done && acknowledged && op >= 5 * operations / 6 {
                 power_cut_done = true;
-                let all: Vec<NodeId> = (1..=self.plan.nodes).collect();
-                self.history.record(format!("{} power cut", now_ms()));
-                self.faults.record(Fault::Crash(all.clone()));
-                let dark_ms = self.rng.gen_range(50..300);
-                tokio::time::sleep(Duration::from_millis(dark_ms)).await;
-                self.faults.record(Fault::Restart(all));
+                self.power_cut().await;
             }
         }
         if let Some(cut) = partitioned {
@@ -1133,12 +1135,37 @@ impl Driver {
         if let Some(cut) = one_way_cut {
             self.repair_one_way(cut);
         }
+        // No write was acknowledged late in the operations (the faults left
+        // no leader that could stamp): the cut comes after the next one
+        // that is, so every plan with a power cut has one.
+        for _ in 0..50 {
+            if !self.plan.power_cut || power_cut_done {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(self.rng.gen_range(20..60))).await;
+            let Planned(name, enqueue, op) = self.next_enqueue();
+            if self.write(name, enqueue, op).await.is_some() {
+                power_cut_done = true;
+                self.power_cut().await;
+            }
+        }
         if self.plan.handover {
             self.outlast_handover_lease().await;
         }
         self.settle().await;
         self.heal().await;
         Ok(())
+    }
+
+    /// Every node loses power at once (its unsynced writes lost or torn),
+    /// and all restart 50–300 ms later.
+    async fn power_cut(&mut self) {
+        let all: Vec<NodeId> = (1..=self.plan.nodes).collect();
+        self.history.record(format!("{} power cut", now_ms()));
+        self.faults.record(Fault::Crash(all.clone()));
+        let dark_ms = self.rng.gen_range(50..300);
+        tokio::time::sleep(Duration::from_millis(dark_ms)).await;
+        self.faults.record(Fault::Restart(all));
     }
 
     /// Puts the cron schedule, retrying while the group forms (bounded).
