@@ -88,6 +88,7 @@ pub async fn run(
     let mut state = Ticker::default();
     loop {
         tokio::select! {
+            biased;
             _ = shutdown.changed() => break,
             _ = sweep.tick() => sweep_once(&journal).await,
             _ = purge.tick() => purge_once(&journal).await,

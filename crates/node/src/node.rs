@@ -322,8 +322,8 @@ impl Node {
                 journal_lease_dry_run: config.journal_lease_dry_run,
             },
             secret,
-            Bus::new(config.id, bus_table),
-            peer_store,
+            Bus::new(config.id, Arc::new(bus_table)),
+            Arc::new(peer_store),
         );
         let (shutdown, shutdown_rx) = watch::channel(false);
         // Intake (driver ticks, executor claims) stops first on a drain,

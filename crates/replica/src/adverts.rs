@@ -17,14 +17,18 @@
 //! look younger than it is.
 
 use std::collections::BTreeMap;
-use std::sync::Mutex;
-use std::time::{Duration, Instant};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::time::Instant;
 
 use leasehold_proto::v1;
-use leasehold_storage::local::{KeptAdvert, PeerStore};
+use leasehold_storage::local::KeptAdvert;
 use prost::Message;
 
 use leasehold_security::secret::{ADVERT_DOMAIN, ClusterSecret};
+
+use crate::stores::AdvertStore;
 
 /// Why an advert was dropped (the `reason` label of the rejection metric).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -111,7 +115,7 @@ impl Entry {
 pub struct PeerRegistry {
     node_id: u64,
     entries: Mutex<BTreeMap<u64, Entry>>,
-    store: Option<PeerStore>,
+    store: Option<Arc<dyn AdvertStore>>,
 }
 
 /// Signs `advert` with `secret`.
@@ -132,7 +136,12 @@ impl PeerRegistry {
     /// wall time each advert arrived gives its age; an advert whose age
     /// cannot be placed on the monotonic clock is left out (never heard
     /// from, as a stale one would count anyway).
-    pub fn with_store(node_id: u64, store: PeerStore, now: Instant, now_ms: u64) -> PeerRegistry {
+    pub fn with_store(
+        node_id: u64,
+        store: Arc<dyn AdvertStore>,
+        now: Instant,
+        now_ms: u64,
+    ) -> PeerRegistry {
         let mut entries = BTreeMap::new();
         match store.kept() {
             Ok((kept, skipped)) => {
@@ -399,6 +408,7 @@ mod tests {
         let (log, _) = leasehold_storage::open(dir.path()).expect("a temporary store");
         let tree = log.peer_store().expect("the peer store");
         let t0 = Instant::now();
+        let tree: Arc<dyn AdvertStore> = Arc::new(tree);
         let registry = PeerRegistry::with_store(1, tree.clone(), t0, 100_000);
         assert_eq!(
             registry.accept(&key, &seal(&key, &advert(2, 10, Some(true))), peer(2), t0, 100_000),

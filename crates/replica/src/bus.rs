@@ -16,22 +16,29 @@
 //! journal lease the path the cutover gate moves to once every peer can.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 use std::time::Duration;
 
 use leasehold_core::bus::BusRecord;
 use leasehold_proto::v1;
-use leasehold_storage::local::BusTable;
 use prost::Message;
 
 use leasehold_security::secret::{BUS_DOMAIN, ClusterSecret};
 
 use crate::adverts::Sender;
+use crate::stores::{BusStore, StoreError};
 
 /// Why a bus operation failed locally: the table failed, or holds a
 /// record that does not decode (a damaged or foreign value).
 #[derive(Debug, thiserror::Error)]
 #[error("bus table: {0}")]
-pub struct BusError(#[from] leasehold_storage::StorageError);
+pub struct BusError(#[from] StoreError);
+
+impl From<leasehold_storage::StorageError> for BusError {
+    fn from(error: leasehold_storage::StorageError) -> BusError {
+        BusError(StoreError::new(error))
+    }
+}
 
 /// What the table holds for one key.
 pub type Record = BusRecord;
@@ -52,12 +59,12 @@ pub enum Outcome {
 #[derive(Clone)]
 pub struct Bus {
     node_id: u64,
-    table: BusTable,
+    table: Arc<dyn BusStore>,
 }
 
 impl Bus {
     /// The bus of node `node_id` over `table`.
-    pub fn new(node_id: u64, table: BusTable) -> Bus {
+    pub fn new(node_id: u64, table: Arc<dyn BusStore>) -> Bus {
         Bus { node_id, table }
     }
 
@@ -73,7 +80,7 @@ impl Bus {
         change: impl Fn(&mut Record),
     ) -> Result<Record, BusError> {
         // Atomic per key: the service and the ticker may touch one at once.
-        Ok(self.table.update(key, |record| {
+        Ok(self.table.update(key, &|record| {
             change(record);
             record.touched_ms = now_ms;
         })?)
@@ -146,7 +153,7 @@ impl Bus {
     /// Drops records untouched since `before_ms` (and any that does not
     /// decode: it is only a local cache of claims long decided).
     pub fn prune(&self, before_ms: u64) -> Result<usize, BusError> {
-        Ok(self.table.retain(|record| record.touched_ms >= before_ms)?)
+        Ok(self.table.retain(&|record| record.touched_ms >= before_ms)?)
     }
 
     /// The records held, for tests and debugging.
@@ -298,13 +305,13 @@ mod tests {
 
     fn bus(node: u64) -> Result<(tempfile::TempDir, Bus), BusError> {
         let dir = tempfile::tempdir().map_err(|source| {
-            BusError(leasehold_storage::StorageError::CreateDir {
+            BusError::from(leasehold_storage::StorageError::CreateDir {
                 path: Default::default(),
                 source,
             })
         })?;
         let (log, _) = leasehold_storage::open(dir.path())?;
-        Ok((dir, Bus::new(node, log.bus_table()?)))
+        Ok((dir, Bus::new(node, Arc::new(log.bus_table()?))))
     }
 
     fn claim(key: &str, node: u64, at_ms: u64) -> v1::BusClaim {

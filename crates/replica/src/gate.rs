@@ -12,7 +12,9 @@
 
 use std::collections::BTreeSet;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use tokio::time::Instant;
 
 use leasehold_core::claim_path::{
     Advert, ClaimPath, Decision, GateFlags, GateInput, Member, decide_claim_path, value_at,
@@ -25,6 +27,7 @@ use crate::adverts::{self, PeerRegistry, Rejection, Sender};
 use crate::bus::{self, Bus, BusError, BusRefusal, Outcome};
 use crate::journal::{Journal, role_name};
 use crate::metrics::{GateLabels, OutcomeLabels, RejectLabels};
+use crate::stores::AdvertStore;
 use leasehold_security::secret::ClusterSecret;
 
 /// Settings of the gate.
@@ -88,7 +91,7 @@ impl Gate {
         flags: GateFlags,
         secret: ClusterSecret,
         bus: Bus,
-        peers: leasehold_storage::local::PeerStore,
+        peers: Arc<dyn AdvertStore>,
     ) -> Gate {
         let node_id = journal.node_id();
         let registry =
@@ -567,6 +570,7 @@ pub async fn run_adverts(gate: Gate, mut shutdown: watch::Receiver<bool>) {
     let mut rounds: u64 = 0;
     loop {
         tokio::select! {
+            biased;
             _ = shutdown.changed() => return,
             _ = tick.tick() => {}
             _ = gate.inner.flags_changed.notified() => {}

@@ -1,7 +1,8 @@
-//! What the replica runtime uses of a node's two stores, as traits: the
+//! What the replica runtime uses of a node's stores, as traits: the
 //! journal and the services above it read the state, wait on the applied
 //! index, ask for the committed index and probe the log's disk, and need
-//! nothing else of them. openraft drives the stores themselves through its
+//! nothing else of them; the bus and the peer registry keep their local,
+//! unreplicated tables through two more. openraft drives the stores themselves through its
 //! own storage traits; these are the other side, the node's reads.
 //!
 //! The node's stores (`leasehold_storage`) are the implementation every
@@ -15,7 +16,10 @@ use std::time::Duration;
 
 use futures::future::BoxFuture;
 use leasehold_core::State;
+use leasehold_core::bus::BusRecord;
 use leasehold_raft::NodeId;
+pub use leasehold_storage::local::KeptAdvert;
+use leasehold_storage::local::{BusTable, PeerStore};
 use openraft::LogId;
 use openraft::storage::RaftLogStorage;
 use tokio::sync::watch;
@@ -112,5 +116,73 @@ impl ReplicaStateMachine for leasehold_storage::StateMachineStore {
 
     fn digest(&self) -> u64 {
         leasehold_storage::StateMachineStore::digest(self)
+    }
+}
+
+/// A node's bus table as the bus uses it: one [`BusRecord`] per claimed
+/// key, local to the node and never replicated. The node keeps it in its
+/// database (`leasehold_storage::local::BusTable`); the simulation keeps it
+/// in memory.
+pub trait BusStore: Send + Sync + std::fmt::Debug + 'static {
+    /// The record of `key` (an empty one when none is held).
+    fn get(&self, key: &str) -> Result<BusRecord, StoreError>;
+
+    /// Changes the record of `key` with `change` and stores it, atomically
+    /// against concurrent changes of the same key; answers the record
+    /// stored.
+    fn update(&self, key: &str, change: &dyn Fn(&mut BusRecord)) -> Result<BusRecord, StoreError>;
+
+    /// The keys that start with `prefix`, in byte order.
+    fn keys_with_prefix(&self, prefix: &str) -> Result<Vec<String>, StoreError>;
+
+    /// Every record, by key.
+    fn records(&self) -> Result<Vec<(String, BusRecord)>, StoreError>;
+
+    /// Drops every record `keep` says no to (and any the store cannot
+    /// read); answers how many went.
+    fn retain(&self, keep: &dyn Fn(&BusRecord) -> bool) -> Result<usize, StoreError>;
+}
+
+/// Where a node keeps its peers' last adverts across restarts (see
+/// [`crate::adverts::PeerRegistry`]). The node keeps them in its database
+/// (`leasehold_storage::local::PeerStore`); the simulation in memory.
+pub trait AdvertStore: Send + Sync + std::fmt::Debug + 'static {
+    /// Keeps `advert` as its node's latest, replacing the one before.
+    fn keep(&self, advert: &KeptAdvert) -> Result<(), StoreError>;
+
+    /// Every kept advert that reads back, in node order, and how many did
+    /// not.
+    fn kept(&self) -> Result<(Vec<KeptAdvert>, usize), StoreError>;
+}
+
+impl BusStore for BusTable {
+    fn get(&self, key: &str) -> Result<BusRecord, StoreError> {
+        BusTable::get(self, key).map_err(StoreError::new)
+    }
+
+    fn update(&self, key: &str, change: &dyn Fn(&mut BusRecord)) -> Result<BusRecord, StoreError> {
+        BusTable::update(self, key, change).map_err(StoreError::new)
+    }
+
+    fn keys_with_prefix(&self, prefix: &str) -> Result<Vec<String>, StoreError> {
+        BusTable::keys_with_prefix(self, prefix).map_err(StoreError::new)
+    }
+
+    fn records(&self) -> Result<Vec<(String, BusRecord)>, StoreError> {
+        BusTable::records(self).map_err(StoreError::new)
+    }
+
+    fn retain(&self, keep: &dyn Fn(&BusRecord) -> bool) -> Result<usize, StoreError> {
+        BusTable::retain(self, keep).map_err(StoreError::new)
+    }
+}
+
+impl AdvertStore for PeerStore {
+    fn keep(&self, advert: &KeptAdvert) -> Result<(), StoreError> {
+        PeerStore::keep(self, advert).map_err(StoreError::new)
+    }
+
+    fn kept(&self) -> Result<(Vec<KeptAdvert>, usize), StoreError> {
+        PeerStore::kept(self).map_err(StoreError::new)
     }
 }

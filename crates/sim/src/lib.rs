@@ -49,6 +49,7 @@ pub mod clock;
 pub mod cluster;
 mod disk;
 mod error;
+pub mod local;
 mod log_store;
 pub mod net;
 mod state_machine;

@@ -1,0 +1,108 @@
+//! A simulated node's local, unreplicated tables — the bus table and the
+//! kept peer adverts — in memory, behind the replica runtime's store traits
+//! ([`BusStore`], [`AdvertStore`]), so the real bus and gate run on them.
+//!
+//! They are the host's, not a life's: a restarted host reads back every
+//! record and advert its earlier life wrote, as a node whose writes all
+//! reached its disk would. (The node's own tables are not synced per
+//! write; losing some costs a bus key claimable again, or a peer counted
+//! as never heard from until it adverts, as `leasehold_storage::local`
+//! says; that loss is not modelled here.)
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+
+use leasehold_core::bus::BusRecord;
+use leasehold_replica::stores::{AdvertStore, BusStore, KeptAdvert, StoreError};
+
+/// One host's bus table, in memory. Clones share it.
+#[derive(Clone, Debug, Default)]
+pub struct SimBusTable(Arc<Mutex<BTreeMap<String, BusRecord>>>);
+
+impl SimBusTable {
+    fn records(&self) -> MutexGuard<'_, BTreeMap<String, BusRecord>> {
+        self.0.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+impl BusStore for SimBusTable {
+    fn get(&self, key: &str) -> Result<BusRecord, StoreError> {
+        Ok(self.records().get(key).cloned().unwrap_or_default())
+    }
+
+    fn update(&self, key: &str, change: &dyn Fn(&mut BusRecord)) -> Result<BusRecord, StoreError> {
+        // Under the table's lock: atomic against other changes of the key.
+        let mut records = self.records();
+        let record = records.entry(key.to_string()).or_default();
+        change(record);
+        Ok(record.clone())
+    }
+
+    fn keys_with_prefix(&self, prefix: &str) -> Result<Vec<String>, StoreError> {
+        let records = self.records();
+        Ok(records.keys().filter(|key| key.starts_with(prefix)).cloned().collect())
+    }
+
+    fn records(&self) -> Result<Vec<(String, BusRecord)>, StoreError> {
+        Ok(SimBusTable::records(self).iter().map(|(k, r)| (k.clone(), r.clone())).collect())
+    }
+
+    fn retain(&self, keep: &dyn Fn(&BusRecord) -> bool) -> Result<usize, StoreError> {
+        let mut records = SimBusTable::records(self);
+        let before = records.len();
+        records.retain(|_, record| keep(record));
+        Ok(before - records.len())
+    }
+}
+
+/// One host's kept peer adverts, in memory. Clones share them.
+#[derive(Clone, Debug, Default)]
+pub struct SimPeerStore(Arc<Mutex<BTreeMap<u64, KeptAdvert>>>);
+
+impl AdvertStore for SimPeerStore {
+    fn keep(&self, advert: &KeptAdvert) -> Result<(), StoreError> {
+        let mut kept = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        kept.insert(advert.node, advert.clone());
+        Ok(())
+    }
+
+    fn kept(&self) -> Result<(Vec<KeptAdvert>, usize), StoreError> {
+        let kept = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        Ok((kept.values().cloned().collect(), 0))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_bus_table_keeps_changes_lists_by_prefix_and_prunes() -> Result<(), StoreError> {
+        let table = SimBusTable::default();
+        assert_eq!(table.get("cron:a:1")?, BusRecord::default(), "nothing held yet");
+        let stored = table.update("cron:a:1", &|record| {
+            record.claims.push((5, 2));
+            record.touched_ms = 10;
+        })?;
+        assert_eq!(stored.claims, vec![(5, 2)]);
+        table.update("cron:b:1", &|record| record.touched_ms = 30)?;
+        assert_eq!(table.get("cron:a:1")?, stored, "an update is read back");
+        assert_eq!(table.keys_with_prefix("cron:a:")?, vec!["cron:a:1".to_string()]);
+        assert_eq!(table.retain(&|record| record.touched_ms >= 20)?, 1);
+        assert_eq!(BusStore::records(&table)?.len(), 1, "the untouched record went");
+        Ok(())
+    }
+
+    #[test]
+    fn the_peer_store_keeps_the_latest_advert_per_node() -> Result<(), StoreError> {
+        let store = SimPeerStore::default();
+        let advert = |node, received_ms| KeptAdvert { node, received_ms, body: vec![1, 2] };
+        store.keep(&advert(3, 10))?;
+        store.keep(&advert(2, 11))?;
+        store.keep(&advert(3, 12))?;
+        let (kept, skipped) = store.kept()?;
+        assert_eq!(skipped, 0);
+        assert_eq!(kept, vec![advert(2, 11), advert(3, 12)], "in node order, the latest each");
+        Ok(())
+    }
+}
