@@ -6,7 +6,7 @@
 //! claim it holds for the key (its own included). After a short collection
 //! window the lowest `(at, node)` in the claimant's table wins
 //! ([`BusRecord`], in core). The table is local and unreplicated
-//! ([`BusTable`], in storage). A winner that has run the work releases
+//! (a [`BusStore`]: the node's is `BusTable`, in storage). A winner that has run the work releases
 //! the key by broadcast; a released key is kept as a tombstone (until
 //! [`Bus::prune`]) so a late claimant cannot win it again.
 //!
