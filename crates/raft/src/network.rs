@@ -11,12 +11,21 @@
 //! a peer whose certificate names a node); without TLS, its node proof on
 //! every call. The same channels serve forwarded writes, status fan-out and
 //! adverts, so every internal call a node makes is a node's call.
+//!
+//! The connections under the channels are the operating system's TCP,
+//! unless a [`Connector`] is given ([`NetworkFactory::with_connector`]):
+//! then every channel dials through it, so a simulation can carry the
+//! same gRPC calls over its own simulated network. The node never sets
+//! one.
 
 use std::collections::HashMap;
+use std::future::Future;
 use std::net::IpAddr;
+use std::pin::Pin;
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
+use hyper_util::rt::TokioIo;
 use leasehold_proto::v1::RaftEnvelope;
 use leasehold_proto::v1::raft_client::RaftClient;
 use openraft::BasicNode;
@@ -28,10 +37,11 @@ use openraft::raft::{
 };
 use serde::Serialize;
 use serde::de::DeserializeOwned;
+use tokio::io::{AsyncRead, AsyncWrite};
 use tonic::metadata::AsciiMetadataValue;
 use tonic::service::Interceptor;
 use tonic::service::interceptor::InterceptedService;
-use tonic::transport::{Channel, ClientTlsConfig, Endpoint};
+use tonic::transport::{Channel, ClientTlsConfig, Endpoint, Uri};
 
 use leasehold_security::secret::NODE_PROOF_HEADER;
 
@@ -87,12 +97,31 @@ pub type PeerChannel = InterceptedService<Channel, NodeProof>;
 /// (the replication stage of a commit round; heartbeats are left out).
 pub type ReplicationObserver = Arc<dyn Fn(Duration) + Send + Sync>;
 
+/// A byte stream to a peer, as a [`Connector`] opens it: any tokio
+/// reader and writer (a simulated TCP stream, say). The channel speaks
+/// HTTP/2 over it, and TLS first when the factory has TLS.
+pub trait PeerStream: AsyncRead + AsyncWrite + Send + Unpin + 'static {}
+
+impl<T: AsyncRead + AsyncWrite + Send + Unpin + 'static> PeerStream for T {}
+
+/// Opening one connection to a peer: its stream, or why it failed (the
+/// channel then answers the call UNAVAILABLE and dials again on the next).
+pub type PeerDial = Pin<Box<dyn Future<Output = std::io::Result<Box<dyn PeerStream>>> + Send>>;
+
+/// Opens the connections of every peer channel in place of the operating
+/// system's TCP. It is given the peer's URI (`http://host:port`, the
+/// member's address) each time a channel (re)connects. The channel's
+/// connect timeout still bounds it.
+pub type Connector = Arc<dyn Fn(Uri) -> PeerDial + Send + Sync>;
+
 /// Builds peer clients; keeps one channel per peer address.
 #[derive(Clone, Default)]
 pub struct NetworkFactory {
     channels: Arc<Mutex<HashMap<String, Channel>>>,
     security: Arc<RwLock<PeerSecurity>>,
     local_address: Option<IpAddr>,
+    /// Dials peers instead of the OS's TCP when set (a simulation's).
+    connector: Option<Connector>,
     wires: envelope::PeerWires,
     replication: Arc<std::sync::OnceLock<ReplicationObserver>>,
 }
@@ -111,9 +140,19 @@ impl NetworkFactory {
             local_address,
             security: Arc::new(RwLock::new(security)),
             channels: Arc::default(),
+            connector: None,
             wires: envelope::PeerWires::default(),
             replication: Arc::default(),
         }
+    }
+
+    /// This factory, with every channel it makes from now on dialled
+    /// through `connector` rather than the operating system's TCP (which
+    /// also makes the local address moot). Credentials, timeouts and
+    /// keepalives are the same either way.
+    pub fn with_connector(mut self, connector: Connector) -> Self {
+        self.connector = Some(connector);
+        self
     }
 
     /// Sets who hears the replication round trips of every client this
@@ -159,11 +198,31 @@ impl NetworkFactory {
         if let Some(channel) = channels.get(addr) {
             return Ok(InterceptedService::new(channel.clone(), proof));
         }
-        let channel =
-            endpoint(addr, security.tls.as_ref())?.local_address(self.local_address).connect_lazy();
+        let endpoint = endpoint(addr, security.tls.as_ref())?;
+        let channel = match &self.connector {
+            Some(connector) => endpoint.connect_with_connector_lazy(dial(connector.clone())),
+            None => endpoint.local_address(self.local_address).connect_lazy(),
+        };
         channels.insert(addr.to_string(), channel.clone());
         Ok(InterceptedService::new(channel, proof))
     }
+}
+
+/// `connector` as the service a channel dials with: hyper reads and
+/// writes the stream through its tokio adapter.
+fn dial(
+    connector: Connector,
+) -> impl tower::Service<
+    Uri,
+    Response = TokioIo<Box<dyn PeerStream>>,
+    Error = std::io::Error,
+    Future = impl Future<Output = std::io::Result<TokioIo<Box<dyn PeerStream>>>> + Send,
+> + Send
++ 'static {
+    tower::service_fn(move |uri: Uri| {
+        let opening = connector(uri);
+        async move { opening.await.map(TokioIo::new) }
+    })
 }
 
 /// An endpoint for a peer's gRPC address (`host:port` or a URL), with the
@@ -307,5 +366,37 @@ impl RaftNetwork<TypeConfig> for PeerClient {
         option: RPCOption,
     ) -> RpcResult<VoteResponse<NodeId>, RaftError<NodeId>> {
         self.call(Method::Vote, &rpc, &option).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The hosts and ports a test's connector was asked to dial.
+    type Dialled = Arc<Mutex<Vec<(String, Option<u16>)>>>;
+
+    /// A connector that notes each host and port it is asked to dial and
+    /// fails to connect.
+    fn refusing(asked: Dialled) -> Connector {
+        Arc::new(move |uri: Uri| {
+            let dialled = (uri.host().unwrap_or_default().to_string(), uri.port_u16());
+            asked.lock().expect("the test's lock is never poisoned").push(dialled);
+            Box::pin(async { Err(std::io::Error::other("refused by the test's connector")) })
+        })
+    }
+
+    #[tokio::test]
+    async fn a_channel_dials_through_the_injected_connector() {
+        let asked = Dialled::default();
+        let mut factory = NetworkFactory::new().with_connector(refusing(asked.clone()));
+        let mut client = factory.new_client(2, &BasicNode::new("peer-2:7001")).await;
+        let vote = VoteRequest::new(openraft::Vote::new(1, 1), None);
+        let answer = client.vote(vote, RPCOption::new(Duration::from_secs(1))).await;
+        // The connector's failure is the call's: the peer is unreachable,
+        // and nothing went out over the operating system's network.
+        assert!(matches!(answer, Err(RPCError::Unreachable(_))), "{answer:?}");
+        let asked = asked.lock().expect("the test's lock is never poisoned").clone();
+        assert_eq!(asked, vec![("peer-2".to_string(), Some(7001))]);
     }
 }

@@ -1,6 +1,7 @@
 //! Deterministic simulation of leasehold: a simulated disk, openraft's
-//! network over turmoil ([`net`]), and a seeded cluster run with faults and
-//! a workload ([`cluster`]). What it covers and what not yet:
+//! network over turmoil ([`net`]), the node's own gRPC over turmoil
+//! ([`grpc`]), and a seeded cluster run with faults and a workload
+//! ([`cluster`]). What it covers and what not yet:
 //! `docs/simulation.md`.
 //!
 //! [`SimDisk`] is one node's disk held in memory, with the durability
@@ -49,6 +50,7 @@ pub mod clock;
 pub mod cluster;
 mod disk;
 mod error;
+pub mod grpc;
 pub mod local;
 mod log_store;
 pub mod net;

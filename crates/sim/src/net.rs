@@ -5,8 +5,10 @@
 //! the binary layout the nodes speak), one request per connection, framed
 //! as a method byte and a big-endian `u32` length; the answer is the
 //! envelope of openraft's `Result`, as the gRPC service seals it. What is
-//! not the real code yet is the gRPC layer itself (tonic over turmoil needs
-//! the peer channels to take an injected connector).
+//! not the real code here is the gRPC layer itself: openraft's messages do
+//! not go through the node's `Raft` service. The replica runtime's calls
+//! between nodes (a follower's forwarded writes and read-index requests)
+//! do, over turmoil, in [`crate::grpc`].
 //!
 //! One-way cuts ([`OneWayCuts`]) are made here, per message, not in
 //! turmoil: its TCP needs packets both ways to connect, so a one-way

@@ -4,8 +4,13 @@
 //! - `conformance`: openraft's own storage suite over the simulated stores.
 //! - `crash`: what the stores reported durable survives a crash; what they
 //!   did not may be lost, torn, but never half-reported.
+//! - `forward`: a follower's journal forwards writes and read-index
+//!   requests to the leader over the real `Raft.Forward` gRPC call on
+//!   simulated TCP; the leader stamps.
 //! - `journal`: the replica's real journal proposes and reads through
 //!   openraft on simulated disks.
+//! - `journal_hosts`: the turmoil hosts with a journal each that
+//!   `seeded_journal` and `forward` run on.
 //! - `one_way`: a link cut in one direction loses that direction only.
 //! - `raft`: three openraft nodes on simulated disks survive a follower crash.
 //! - `seeded_journal`: the journal on turmoil, stamping with its host's
@@ -15,7 +20,9 @@
 mod cluster;
 mod conformance;
 mod crash;
+mod forward;
 mod journal;
+mod journal_hosts;
 mod one_way;
 mod planted;
 mod raft;

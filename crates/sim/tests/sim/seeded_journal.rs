@@ -22,54 +22,23 @@
 //! clock; a watch aging by the process's monotonic clock keeps a
 //! measurement fresh after its simulated lifetime.
 
-use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
-use leasehold_core::{Command, JobSpec, Limits, Proposal, Refusal, Response};
-use leasehold_raft::{NetworkFactory, NodeId, Raft, TypeConfig};
-use leasehold_replica::journal::DEFAULT_BATCHES_IN_FLIGHT;
-use leasehold_replica::{Clock, Journal, JournalConfig, JournalError};
+use leasehold_core::{Command, Proposal, Refusal, Response};
+use leasehold_raft::TypeConfig;
+use leasehold_replica::Clock;
 use leasehold_sim::clock::{Clocks, EPOCH_MS, HostClock};
-use leasehold_sim::net::{OneWayCuts, SimNetwork, host_name, serve};
-use leasehold_sim::{SimDisk, SimLogStore};
-use openraft::{BasicNode, Config, Entry, EntryPayload, RaftLogReader, ServerState};
-use rand::rngs::StdRng;
-use rand::{Rng, SeedableRng};
-use tokio::runtime::Handle;
+use openraft::{Entry, EntryPayload, RaftLogReader};
 use tokio::time::Instant;
 
-const NODES: u64 = 3;
+use crate::journal_hosts::{
+    FRESH_FOR, Hosts, NODES, Peers, Skews, WAIT, enqueue, form_group, last_log_index, propose,
+    real_ms, stamping_leader, start,
+};
+
 /// How many enqueues the driver proposes at once.
 const ENQUEUES: u64 = 8;
-/// How often a host measures its peers' clocks (the gate's advert interval).
-const MEASURE_EVERY: Duration = Duration::from_secs(1);
-/// How long a measurement counts, in the runtime's (simulated) time.
-const FRESH_FOR: Duration = Duration::from_secs(5);
-/// The bound of every wait of the driver, in simulated time.
-const WAIT: Duration = Duration::from_secs(20);
-
-/// One running host: its journal, its log store and the runtime it runs on.
-#[derive(Clone)]
-struct Host {
-    journal: Journal,
-    log_store: SimLogStore,
-    runtime: Handle,
-}
-
-/// The running hosts, as the driver sees them.
-#[derive(Clone, Default)]
-struct Hosts(Arc<Mutex<BTreeMap<NodeId, Host>>>);
-
-impl Hosts {
-    fn insert(&self, id: NodeId, host: Host) {
-        self.0.lock().unwrap_or_else(PoisonError::into_inner).insert(id, host);
-    }
-
-    fn all(&self) -> BTreeMap<NodeId, Host> {
-        self.0.lock().unwrap_or_else(PoisonError::into_inner).clone()
-    }
-}
 
 /// What one run recorded.
 #[derive(Debug, Default, PartialEq)]
@@ -84,92 +53,11 @@ struct Run {
     stamps: Vec<u64>,
 }
 
-fn real_ms() -> u64 {
-    u64::try_from(turmoil::elapsed().as_millis()).unwrap_or(u64::MAX)
-}
-
-fn journal_config(id: NodeId) -> JournalConfig {
-    JournalConfig {
-        node_id: id,
-        limits: Limits::default(),
-        quorum_timeout: Duration::from_secs(5),
-        batches_in_flight: DEFAULT_BATCHES_IN_FLIGHT,
-        max_clock_offset_ms: 500,
-        clock_fresh_for: FRESH_FOR,
-    }
-}
-
-/// Records every peer's clock against this host's once a second, as the
-/// gate's adverts do, on this host's runtime (the one the watch ages by).
-async fn measure_peers(id: NodeId, journal: Journal, clocks: Clocks) {
-    let mut tick = tokio::time::interval(MEASURE_EVERY);
-    loop {
-        tick.tick().await;
-        for peer in (1..=NODES).filter(|peer| *peer != id) {
-            let sent_at = Instant::now();
-            let sent_wall_ms = journal.clock().now_ms();
-            let peer_now_ms = clocks.replica_clock(peer).now_ms();
-            journal.clock_watch().record(peer, sent_wall_ms, sent_at, Instant::now(), peer_now_ms);
-        }
-    }
-}
-
-fn enqueue(n: u64) -> Command {
-    let spec = JobSpec {
-        queue: "q".into(),
-        payload: format!("job {n}").into_bytes(),
-        ..Default::default()
-    };
-    Command::Enqueue { jobs: vec![spec] }
-}
-
-/// Runs `command` through `host`'s journal on the host's runtime, as the
-/// node's server handles a client's request there.
-async fn propose(host: &Host, command: Command) -> anyhow::Result<Result<Response, JournalError>> {
-    let journal = host.journal.clone();
-    Ok(host.runtime.spawn(async move { journal.propose(command).await }).await?)
-}
-
-/// The leader, once it leads with an entry of its term applied and a
-/// majority agrees with its clock.
-async fn stamping_leader(hosts: &Hosts) -> anyhow::Result<(NodeId, Host)> {
-    let deadline = Instant::now() + WAIT;
-    loop {
-        for (id, host) in hosts.all() {
-            let metrics = host.journal.raft().metrics().borrow().clone();
-            let leads = metrics.state == ServerState::Leader
-                && metrics
-                    .last_applied
-                    .is_some_and(|applied| applied.leader_id.term == metrics.current_term);
-            // Asked on the host's runtime: each turmoil host's monotonic
-            // clock has its own origin, and the watch's measurements were
-            // taken on this one.
-            let journal = host.journal.clone();
-            let verdict = host.runtime.spawn(async move { journal.clock_verdict() }).await?;
-            if leads && verdict.may_stamp() {
-                return Ok((id, host));
-            }
-        }
-        anyhow::ensure!(Instant::now() < deadline, "no stamping leader within {WAIT:?}");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-}
-
 /// The driver: forms the group, writes through the leader's journal, and
 /// records what it saw.
 async fn drive(hosts: Hosts, clocks: Clocks, run: Arc<Mutex<Run>>) -> anyhow::Result<()> {
     let mut history = Vec::new();
-    let deadline = Instant::now() + WAIT;
-    while hosts.all().len() < NODES as usize {
-        anyhow::ensure!(Instant::now() < deadline, "the hosts did not start");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    let members: BTreeMap<NodeId, BasicNode> =
-        (1..=NODES).map(|id| (id, BasicNode::new(host_name(id)))).collect();
-    let first = hosts.all().get(&1).map(|host| host.journal.raft().clone());
-    if let Some(raft) = first {
-        raft.initialize(members).await?;
-    }
+    form_group(&hosts, Peers::Unused).await?;
     let (leader_id, leader) = stamping_leader(&hosts).await?;
     history.push(format!("{} node {leader_id} leads and may stamp", real_ms()));
     let first_index = last_log_index(leader.journal.raft()) + 1;
@@ -245,77 +133,10 @@ async fn drive(hosts: Hosts, clocks: Clocks, run: Arc<Mutex<Run>>) -> anyhow::Re
     Ok(())
 }
 
-fn last_log_index(raft: &Raft) -> u64 {
-    raft.metrics().borrow().last_log_index.unwrap_or(0)
-}
-
 /// Runs the journal on the simulation seeded with `seed`.
 fn run(seed: u64) -> anyhow::Result<Run> {
-    let mut rng = StdRng::seed_from_u64(seed);
-    let mut sim = turmoil::Builder::new()
-        .rng_seed(seed)
-        .min_message_latency(Duration::from_millis(1))
-        .max_message_latency(Duration::from_millis(rng.gen_range(2..=10)))
-        .simulation_duration(Duration::from_secs(60))
-        .tick_duration(Duration::from_millis(2))
-        .build();
-    // Every clock 100–200 ms off real time, either way: any two within
-    // the 500 ms bound, and every one far enough off real time that a
-    // stamp from real time shows.
-    let clocks = Clocks::new(
-        (1..=NODES)
-            .map(|id| {
-                let skew_ms = rng.gen_range(100..=200) * if rng.gen_bool(0.5) { 1 } else { -1 };
-                let drift_ppm = rng.gen_range(-500..=500);
-                (id, HostClock { skew_ms, drift_ppm, jumped_ms: 0 })
-            })
-            .collect(),
-    );
-    let hosts = Hosts::default();
-    let cuts = OneWayCuts::default();
-    for id in 1..=NODES {
-        let disk = SimDisk::with_sync_delay(Duration::from_millis(rng.gen_range(1..=12)));
-        // One-value election windows: openraft's own draw plays no part.
-        let election_min = 150 + rng.gen_range(0..150) + id;
-        let config = Config {
-            heartbeat_interval: 50,
-            election_timeout_min: election_min,
-            election_timeout_max: election_min + 1,
-            ..Config::default()
-        }
-        .validate()?;
-        let config = Arc::new(config);
-        let (hosts, clocks, cuts) = (hosts.clone(), clocks.clone(), cuts.clone());
-        sim.host(host_name(id), move || {
-            let (disk, config) = (disk.clone(), config.clone());
-            let (hosts, clocks, cuts) = (hosts.clone(), clocks.clone(), cuts.clone());
-            async move {
-                let (log_store, state_machine) = disk.open();
-                let network = SimNetwork::new(id, cuts.clone());
-                let raft = Raft::new(id, config, network, log_store.clone(), state_machine.clone())
-                    .await?;
-                let journal = Journal::new(
-                    journal_config(id),
-                    raft.clone(),
-                    Arc::new(log_store.clone()),
-                    Arc::new(state_machine),
-                    clocks.replica_clock(id),
-                    // Never dialled: every write goes to the leader's journal.
-                    NetworkFactory::new(),
-                );
-                let host = Host { journal: journal.clone(), log_store, runtime: Handle::current() };
-                hosts.insert(id, host);
-                // Biased: the first branch is polled first, so tokio's
-                // unseeded choice plays no part.
-                tokio::select! {
-                    biased;
-                    served = serve(id, raft, cuts) => served?,
-                    () = measure_peers(id, journal, clocks) => {}
-                }
-                Ok(())
-            }
-        });
-    }
+    let simulation = start(seed, Peers::Unused, Skews::Either)?;
+    let (mut sim, hosts, clocks) = (simulation.sim, simulation.hosts, simulation.clocks);
     let recorded = Arc::new(Mutex::new(Run::default()));
     let (driver_hosts, driver_clocks, driver_run) =
         (hosts.clone(), clocks.clone(), recorded.clone());

@@ -1,0 +1,280 @@
+//! Three turmoil hosts, each running openraft on its simulated disk over
+//! the simulated Raft network and the replica's real `Journal` on its
+//! host's simulated clock: the setup `seeded_journal` and `forward` share.
+//!
+//! No gate runs: each host records its peers' clocks once a second on its
+//! own runtime, as the gate's adverts would measure them, with a zero
+//! round trip. With [`Peers::Grpc`] every host also serves the node's real
+//! `leasehold.v1.Raft` gRPC service over turmoil and builds its journal on
+//! a peer network dialled over turmoil, so a follower's journal forwards
+//! to the leader as a node's does.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use leasehold_core::{Command, JobSpec, Limits, Response};
+use leasehold_raft::{NetworkFactory, NodeId, Raft};
+use leasehold_replica::journal::DEFAULT_BATCHES_IN_FLIGHT;
+use leasehold_replica::{Journal, JournalConfig, JournalError};
+use leasehold_sim::clock::{Clocks, HostClock};
+use leasehold_sim::grpc::{self, grpc_address};
+use leasehold_sim::net::{OneWayCuts, SimNetwork, host_name, serve};
+use leasehold_sim::{SimDisk, SimLogStore};
+use openraft::{BasicNode, Config, ServerState};
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use tokio::runtime::Handle;
+use tokio::time::Instant;
+
+pub const NODES: u64 = 3;
+/// How often a host measures its peers' clocks (the gate's advert interval).
+const MEASURE_EVERY: Duration = Duration::from_secs(1);
+/// How long a measurement counts, in the runtime's (simulated) time.
+pub const FRESH_FOR: Duration = Duration::from_secs(5);
+/// The bound of every wait of the driver, in simulated time.
+pub const WAIT: Duration = Duration::from_secs(20);
+
+/// How the hosts' journals reach each other.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Peers {
+    /// They never do: every write goes to the leader's journal, and the
+    /// journals get a peer network that is never dialled.
+    Unused,
+    /// Over the node's gRPC on turmoil: every host serves the Raft service
+    /// on `grpc::GRPC_PORT`, its member entry names that address, and its
+    /// journal forwards through `grpc::peers`.
+    Grpc,
+}
+
+/// How the hosts' clocks are set, each 100–200 ms off real time (from
+/// the seed): any two within the 500 ms bound, and each far enough off
+/// real time that a stamp from real time shows.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Skews {
+    /// Ahead or behind, from the seed.
+    Either,
+    /// Odd hosts ahead, even hosts behind: every host has a host 200–400 ms
+    /// away from it, so a stamp shows whose clock it came from.
+    Alternating,
+}
+
+/// One running host: its journal, its log store and the runtime it runs on.
+#[derive(Clone)]
+pub struct Host {
+    pub journal: Journal,
+    pub log_store: SimLogStore,
+    pub runtime: Handle,
+}
+
+/// The running hosts, as the driver sees them.
+#[derive(Clone, Default)]
+pub struct Hosts(Arc<Mutex<BTreeMap<NodeId, Host>>>);
+
+impl Hosts {
+    fn insert(&self, id: NodeId, host: Host) {
+        self.0.lock().unwrap_or_else(PoisonError::into_inner).insert(id, host);
+    }
+
+    pub fn all(&self) -> BTreeMap<NodeId, Host> {
+        self.0.lock().unwrap_or_else(PoisonError::into_inner).clone()
+    }
+
+    pub fn get(&self, id: NodeId) -> Option<Host> {
+        self.0.lock().unwrap_or_else(PoisonError::into_inner).get(&id).cloned()
+    }
+}
+
+/// A simulation with the hosts added and no driver yet.
+pub struct Simulation {
+    pub sim: turmoil::Sim<'static>,
+    pub hosts: Hosts,
+    pub clocks: Clocks,
+}
+
+/// Simulated milliseconds since the start of the run (real time).
+pub fn real_ms() -> u64 {
+    u64::try_from(turmoil::elapsed().as_millis()).unwrap_or(u64::MAX)
+}
+
+fn journal_config(id: NodeId) -> JournalConfig {
+    JournalConfig {
+        node_id: id,
+        limits: Limits::default(),
+        quorum_timeout: Duration::from_secs(5),
+        batches_in_flight: DEFAULT_BATCHES_IN_FLIGHT,
+        max_clock_offset_ms: 500,
+        clock_fresh_for: FRESH_FOR,
+    }
+}
+
+/// Records every peer's clock against this host's once a second, as the
+/// gate's adverts do, on this host's runtime (the one the watch ages by).
+async fn measure_peers(id: NodeId, journal: Journal, clocks: Clocks) {
+    let mut tick = tokio::time::interval(MEASURE_EVERY);
+    loop {
+        tick.tick().await;
+        for peer in (1..=NODES).filter(|peer| *peer != id) {
+            let sent_at = Instant::now();
+            let sent_wall_ms = journal.clock().now_ms();
+            let peer_now_ms = clocks.replica_clock(peer).now_ms();
+            journal.clock_watch().record(peer, sent_wall_ms, sent_at, Instant::now(), peer_now_ms);
+        }
+    }
+}
+
+/// An enqueue of one job, `job n`, on queue `q`.
+pub fn enqueue(n: u64) -> Command {
+    let spec = JobSpec {
+        queue: "q".into(),
+        payload: format!("job {n}").into_bytes(),
+        ..Default::default()
+    };
+    Command::Enqueue { jobs: vec![spec] }
+}
+
+/// Runs `command` through `host`'s journal on the host's runtime, as the
+/// node's server handles a client's request there.
+pub async fn propose(
+    host: &Host,
+    command: Command,
+) -> anyhow::Result<Result<Response, JournalError>> {
+    let journal = host.journal.clone();
+    Ok(host.runtime.spawn(async move { journal.propose(command).await }).await?)
+}
+
+/// Waits for every host to start, then forms the group on node 1, each
+/// member named by the address `peers` dial it at.
+pub async fn form_group(hosts: &Hosts, peers: Peers) -> anyhow::Result<()> {
+    let deadline = Instant::now() + WAIT;
+    while hosts.all().len() < NODES as usize {
+        anyhow::ensure!(Instant::now() < deadline, "the hosts did not start");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let address = |id| match peers {
+        Peers::Unused => host_name(id),
+        Peers::Grpc => grpc_address(id),
+    };
+    let members: BTreeMap<NodeId, BasicNode> =
+        (1..=NODES).map(|id| (id, BasicNode::new(address(id)))).collect();
+    if let Some(first) = hosts.get(1) {
+        first.journal.raft().initialize(members).await?;
+    }
+    Ok(())
+}
+
+/// The leader, once it leads with an entry of its term applied and a
+/// majority agrees with its clock.
+pub async fn stamping_leader(hosts: &Hosts) -> anyhow::Result<(NodeId, Host)> {
+    let deadline = Instant::now() + WAIT;
+    loop {
+        for (id, host) in hosts.all() {
+            let metrics = host.journal.raft().metrics().borrow().clone();
+            let leads = metrics.state == ServerState::Leader
+                && metrics
+                    .last_applied
+                    .is_some_and(|applied| applied.leader_id.term == metrics.current_term);
+            // Asked on the host's runtime: each turmoil host's monotonic
+            // clock has its own origin, and the watch's measurements were
+            // taken on this one.
+            let journal = host.journal.clone();
+            let verdict = host.runtime.spawn(async move { journal.clock_verdict() }).await?;
+            if leads && verdict.may_stamp() {
+                return Ok((id, host));
+            }
+        }
+        anyhow::ensure!(Instant::now() < deadline, "no stamping leader within {WAIT:?}");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// The last log index `raft` holds.
+pub fn last_log_index(raft: &Raft) -> u64 {
+    raft.metrics().borrow().last_log_index.unwrap_or(0)
+}
+
+/// Builds the simulation seeded with `seed` and starts its three hosts.
+pub fn start(seed: u64, peers: Peers, skews: Skews) -> anyhow::Result<Simulation> {
+    let mut rng = StdRng::seed_from_u64(seed);
+    let mut sim = turmoil::Builder::new()
+        .rng_seed(seed)
+        .min_message_latency(Duration::from_millis(1))
+        .max_message_latency(Duration::from_millis(rng.gen_range(2..=10)))
+        .simulation_duration(Duration::from_secs(60))
+        .tick_duration(Duration::from_millis(2))
+        .build();
+    let clocks = Clocks::new(
+        (1..=NODES)
+            .map(|id| {
+                let magnitude_ms = rng.gen_range(100..=200);
+                let ahead = match skews {
+                    Skews::Either => rng.gen_bool(0.5),
+                    Skews::Alternating => id % 2 == 1,
+                };
+                let skew_ms = if ahead { magnitude_ms } else { -magnitude_ms };
+                let drift_ppm = rng.gen_range(-500..=500);
+                (id, HostClock { skew_ms, drift_ppm, jumped_ms: 0 })
+            })
+            .collect(),
+    );
+    let hosts = Hosts::default();
+    let cuts = OneWayCuts::default();
+    let secret = grpc::cluster_secret()?;
+    for id in 1..=NODES {
+        let disk = SimDisk::with_sync_delay(Duration::from_millis(rng.gen_range(1..=12)));
+        // One-value election windows: openraft's own draw plays no part.
+        let election_min = 150 + rng.gen_range(0..150) + id;
+        let config = Config {
+            heartbeat_interval: 50,
+            election_timeout_min: election_min,
+            election_timeout_max: election_min + 1,
+            ..Config::default()
+        }
+        .validate()?;
+        let config = Arc::new(config);
+        let (hosts, clocks, cuts, secret) =
+            (hosts.clone(), clocks.clone(), cuts.clone(), secret.clone());
+        sim.host(host_name(id), move || {
+            let (disk, config) = (disk.clone(), config.clone());
+            let (hosts, clocks, cuts, secret) =
+                (hosts.clone(), clocks.clone(), cuts.clone(), secret.clone());
+            async move {
+                let (log_store, state_machine) = disk.open();
+                let network = SimNetwork::new(id, cuts.clone());
+                let raft = Raft::new(id, config, network, log_store.clone(), state_machine.clone())
+                    .await?;
+                let journal_peers = match peers {
+                    Peers::Unused => NetworkFactory::new(),
+                    Peers::Grpc => grpc::peers(id, &secret)?,
+                };
+                let journal = Journal::new(
+                    journal_config(id),
+                    raft.clone(),
+                    Arc::new(log_store.clone()),
+                    Arc::new(state_machine),
+                    clocks.replica_clock(id),
+                    journal_peers,
+                );
+                let host = Host { journal: journal.clone(), log_store, runtime: Handle::current() };
+                hosts.insert(id, host);
+                let served_journal = journal.clone();
+                let raft_service = async move {
+                    match peers {
+                        Peers::Unused => std::future::pending().await,
+                        Peers::Grpc => grpc::serve_raft(served_journal, secret).await,
+                    }
+                };
+                // Biased: the branches are polled in order, so tokio's
+                // unseeded choice plays no part.
+                tokio::select! {
+                    biased;
+                    served = serve(id, raft, cuts) => served?,
+                    served = raft_service => served?,
+                    () = measure_peers(id, journal, clocks) => {}
+                }
+                Ok(())
+            }
+        });
+    }
+    Ok(Simulation { sim, hosts, clocks })
+}
