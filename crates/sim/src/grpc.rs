@@ -3,7 +3,8 @@
 //! (`leasehold_raft::NetworkFactory`) dialling through [`connector`];
 //! [`serve_raft`] answers the real `leasehold.v1.Raft` service
 //! (`leasehold_server::raft_service::RaftService`) behind the node's own
-//! auth layer on [`GRPC_PORT`].
+//! auth layer on [`GRPC_PORT`], and [`serve`] the real `leasehold.v1.Peer`
+//! service of a host's gate beside it (adverts and bus messages).
 //!
 //! A follower's `Journal` built on [`peers`] forwards writes and
 //! read-index requests to the leader exactly as a node does: the same
@@ -25,14 +26,16 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
+use leasehold_proto::v1::peer_server::PeerServer;
 use leasehold_proto::v1::raft_server::RaftServer;
 use leasehold_raft::network::{Connector, PeerSecurity, PeerStream};
 use leasehold_raft::{NetworkFactory, NodeId};
-use leasehold_replica::Journal;
+use leasehold_replica::{Gate, Journal};
 use leasehold_security::ClusterSecret;
 use leasehold_server::auth::{AuthConfig, AuthLayer};
 use leasehold_server::incoming::ConnectionInfo;
-use leasehold_server::limits::MAX_RAFT_MESSAGE_BYTES;
+use leasehold_server::limits::{MAX_RAFT_MESSAGE_BYTES, MAX_SMALL_REQUEST_BYTES};
+use leasehold_server::peer_service::PeerService;
 use leasehold_server::raft_service::RaftService;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tonic::metadata::AsciiMetadataValue;
@@ -160,6 +163,17 @@ impl AsyncWrite for SimConnection {
 /// under `secret`, until the host is crashed (turmoil then drops this
 /// future with the host's runtime).
 pub async fn serve_raft(journal: Journal, secret: ClusterSecret) -> Result<(), GrpcError> {
+    serve(journal, None, secret).await
+}
+
+/// [`serve_raft`], and with `gate` the real `leasehold.v1.Peer` service
+/// too (adverts and bus messages, into that gate), as a node serves both
+/// on its one port.
+pub async fn serve(
+    journal: Journal,
+    gate: Option<Gate>,
+    secret: ClusterSecret,
+) -> Result<(), GrpcError> {
     let listener =
         TcpListener::bind((Ipv4Addr::UNSPECIFIED, GRPC_PORT)).await.map_err(GrpcError::Bind)?;
     let incoming = futures::stream::unfold(listener, |listener| async move {
@@ -174,9 +188,13 @@ pub async fn serve_raft(journal: Journal, secret: ClusterSecret) -> Result<(), G
     let raft = RaftServer::new(RaftService::new(journal))
         .max_decoding_message_size(MAX_RAFT_MESSAGE_BYTES)
         .max_encoding_message_size(MAX_RAFT_MESSAGE_BYTES);
+    let peer = gate.map(|gate| {
+        PeerServer::new(PeerService::new(gate)).max_decoding_message_size(MAX_SMALL_REQUEST_BYTES)
+    });
     tonic::transport::Server::builder()
         .layer(auth)
         .add_service(raft)
+        .add_optional_service(peer)
         .serve_with_incoming(incoming)
         .await
         .map_err(GrpcError::Serve)

@@ -13,12 +13,17 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
+use leasehold_core::claim_path::GateFlags;
 use leasehold_core::{Command, JobSpec, Limits, Response};
 use leasehold_raft::{NetworkFactory, NodeId, Raft};
+use leasehold_replica::bus::Bus;
+use leasehold_replica::gate::run_adverts;
 use leasehold_replica::journal::DEFAULT_BATCHES_IN_FLIGHT;
-use leasehold_replica::{Journal, JournalConfig, JournalError};
+use leasehold_replica::{Gate, GateConfig, Journal, JournalConfig, JournalError};
+use leasehold_security::ClusterSecret;
 use leasehold_sim::clock::{Clocks, HostClock};
 use leasehold_sim::grpc::{self, grpc_address};
+use leasehold_sim::local::{SimBusTable, SimPeerStore};
 use leasehold_sim::net::{OneWayCuts, SimNetwork, host_name, serve};
 use leasehold_sim::{SimDisk, SimLogStore};
 use openraft::{BasicNode, Config, ServerState};
@@ -45,7 +50,15 @@ pub enum Peers {
     /// on `grpc::GRPC_PORT`, its member entry names that address, and its
     /// journal forwards through `grpc::peers`.
     Grpc,
+    /// As [`Peers::Grpc`], and every host runs the node's real gate: it
+    /// serves the Peer service too and sends its adverts every
+    /// [`ADVERT_INTERVAL`], and their round trips are the only clock
+    /// measurements its journal gets (no host records them itself).
+    Gate,
 }
+
+/// The gate's advert interval (the node's default).
+pub const ADVERT_INTERVAL: Duration = Duration::from_secs(1);
 
 /// How the hosts' clocks are set, each 100–200 ms off real time (from
 /// the seed): any two within the 500 ms bound, and each far enough off
@@ -59,10 +72,12 @@ pub enum Skews {
     Alternating,
 }
 
-/// One running host: its journal, its log store and the runtime it runs on.
+/// One running host: its journal, its gate (with [`Peers::Gate`]), its log
+/// store and the runtime it runs on.
 #[derive(Clone)]
 pub struct Host {
     pub journal: Journal,
+    pub gate: Option<Gate>,
     pub log_store: SimLogStore,
     pub runtime: Handle,
 }
@@ -123,6 +138,27 @@ async fn measure_peers(id: NodeId, journal: Journal, clocks: Clocks) {
     }
 }
 
+/// The node's gate over `journal`, on in-memory bus and advert tables,
+/// with the node's default settings and its journal-lease flag on.
+fn gate_of(journal: &Journal, secret: &ClusterSecret) -> Gate {
+    let config = GateConfig {
+        advert_interval: ADVERT_INTERVAL,
+        stale_after_ms: 30_000,
+        bus_window: leasehold_replica::bus::DEFAULT_WINDOW,
+        version: "sim".to_string(),
+    };
+    let flags = GateFlags { journal_lease: true, journal_lease_dry_run: false };
+    let bus = Bus::new(journal.node_id(), Arc::new(SimBusTable::default()));
+    Gate::new(
+        journal.clone(),
+        config,
+        flags,
+        secret.clone(),
+        bus,
+        Arc::new(SimPeerStore::default()),
+    )
+}
+
 /// An enqueue of one job, `job n`, on queue `q`.
 pub fn enqueue(n: u64) -> Command {
     let spec = JobSpec {
@@ -153,7 +189,7 @@ pub async fn form_group(hosts: &Hosts, peers: Peers) -> anyhow::Result<()> {
     }
     let address = |id| match peers {
         Peers::Unused => host_name(id),
-        Peers::Grpc => grpc_address(id),
+        Peers::Grpc | Peers::Gate => grpc_address(id),
     };
     let members: BTreeMap<NodeId, BasicNode> =
         (1..=NODES).map(|id| (id, BasicNode::new(address(id)))).collect();
@@ -245,7 +281,7 @@ pub fn start(seed: u64, peers: Peers, skews: Skews) -> anyhow::Result<Simulation
                     .await?;
                 let journal_peers = match peers {
                     Peers::Unused => NetworkFactory::new(),
-                    Peers::Grpc => grpc::peers(id, &secret)?,
+                    Peers::Grpc | Peers::Gate => grpc::peers(id, &secret)?,
                 };
                 let journal = Journal::new(
                     journal_config(id),
@@ -255,13 +291,29 @@ pub fn start(seed: u64, peers: Peers, skews: Skews) -> anyhow::Result<Simulation
                     clocks.replica_clock(id),
                     journal_peers,
                 );
-                let host = Host { journal: journal.clone(), log_store, runtime: Handle::current() };
+                let gate = (peers == Peers::Gate).then(|| gate_of(&journal, &secret));
+                let host = Host {
+                    journal: journal.clone(),
+                    gate: gate.clone(),
+                    log_store,
+                    runtime: Handle::current(),
+                };
                 hosts.insert(id, host);
-                let served_journal = journal.clone();
-                let raft_service = async move {
+                let (served_journal, served_gate) = (journal.clone(), gate.clone());
+                let services = async move {
                     match peers {
                         Peers::Unused => std::future::pending().await,
-                        Peers::Grpc => grpc::serve_raft(served_journal, secret).await,
+                        Peers::Grpc | Peers::Gate => {
+                            grpc::serve(served_journal, served_gate, secret).await
+                        }
+                    }
+                };
+                // Never told to stop: the host's life ends with its runtime.
+                let (_running, shutdown) = tokio::sync::watch::channel(false);
+                let measured = async move {
+                    match gate {
+                        Some(gate) => run_adverts(gate, shutdown).await,
+                        None => measure_peers(id, journal, clocks).await,
                     }
                 };
                 // Biased: the branches are polled in order, so tokio's
@@ -269,8 +321,8 @@ pub fn start(seed: u64, peers: Peers, skews: Skews) -> anyhow::Result<Simulation
                 tokio::select! {
                     biased;
                     served = serve(id, raft, cuts) => served?,
-                    served = raft_service => served?,
-                    () = measure_peers(id, journal, clocks) => {}
+                    served = services => served?,
+                    () = measured => {}
                 }
                 Ok(())
             }

@@ -7,6 +7,9 @@
 //! - `forward`: a follower's journal forwards writes and read-index
 //!   requests to the leader over the real `Raft.Forward` gRPC call on
 //!   simulated TCP; the leader stamps.
+//! - `gate`: the node's real gate measures clocks by its adverts over the
+//!   Peer gRPC service on simulated TCP, and every node switches claim
+//!   paths at one instant when a flag changes.
 //! - `journal`: the replica's real journal proposes and reads through
 //!   openraft on simulated disks.
 //! - `journal_hosts`: the turmoil hosts with a journal each that
@@ -21,6 +24,7 @@ mod cluster;
 mod conformance;
 mod crash;
 mod forward;
+mod gate;
 mod journal;
 mod journal_hosts;
 mod one_way;

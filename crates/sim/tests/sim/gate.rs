@@ -1,0 +1,167 @@
+//! Goal: the node's real cutover gate runs on the seeded simulation. Its
+//! adverts, sent over the node's real `leasehold.v1.Peer` gRPC service on
+//! turmoil, are what measures the hosts' clocks (so what lets a leader
+//! stamp), and when one node turns its journal-lease flag off, every node
+//! decides every instant the same way: the journal before the change has
+//! settled, the bus from then on — never both paths for one tick. A seed
+//! gives the same history twice.
+//!
+//! Method: the three turmoil hosts of `journal_hosts` with `Peers::Gate`:
+//! each serves the Raft and Peer services behind the node's auth layer,
+//! runs a `Gate` on in-memory bus and advert tables with the node's
+//! defaults (adverts every second, the journal-lease flag on) and sends its
+//! adverts; no host records clock offsets itself. Clocks are 100–200 ms
+//! off real time either way, from the seed. The driver forms the group,
+//! waits for a leader that may stamp and writes through it; waits until
+//! every gate decides the journal; then turns node 3's flag off (at `T` on
+//! node 3's clock), waits for the adverts to carry it, and asks every gate,
+//! on its own runtime, to decide the instants just before and at `T` plus
+//! the settle time (three advert intervals). Eight seeds, each twice.
+//!
+//! What fails if the feature goes: without the adverts no clock is
+//! measured and no leader may stamp; a gate that judged a flag change from
+//! when it heard of it, not from when it was made, would decide the
+//! instants around the settle point differently on node 3 and its peers.
+
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use leasehold_core::Response;
+use leasehold_core::claim_path::{ClaimPath, Decision};
+use leasehold_raft::NodeId;
+use leasehold_replica::Gate;
+
+use crate::journal_hosts::{
+    ADVERT_INTERVAL, Host, Hosts, NODES, Peers, Skews, WAIT, enqueue, form_group, propose, real_ms,
+    stamping_leader, start,
+};
+
+/// The seeds the story runs on.
+const SEEDS: std::ops::Range<u64> = 0..8;
+/// The node whose flag the driver turns off.
+const FLIPPED: NodeId = 3;
+
+/// What one run recorded.
+#[derive(Debug, Default, PartialEq)]
+struct Run {
+    /// One line per event, simulated milliseconds first.
+    history: Vec<String>,
+    /// Every node's decision for each instant asked, by instant.
+    decisions: Vec<(u64, Vec<(NodeId, Decision)>)>,
+    /// When the flag changed (node 3's clock) and the settle time.
+    flipped_at_ms: u64,
+    settle_ms: u64,
+}
+
+/// Runs `f` with `host`'s gate on the host's runtime (its monotonic clock
+/// is the one its adverts were aged by).
+async fn with_gate<T: Send + 'static>(
+    host: &Host,
+    f: impl FnOnce(&Gate) -> T + Send + 'static,
+) -> anyhow::Result<T> {
+    let gate = host.gate.clone().ok_or_else(|| anyhow::anyhow!("a host without a gate"))?;
+    Ok(host.runtime.spawn(async move { f(&gate) }).await?)
+}
+
+/// Every node's decision for a claim at `at_ms`.
+async fn decisions_at(hosts: &Hosts, at_ms: u64) -> anyhow::Result<Vec<(NodeId, Decision)>> {
+    let mut decisions = Vec::new();
+    for (id, host) in hosts.all() {
+        decisions.push((id, with_gate(&host, move |gate| gate.decide_at(at_ms)).await?));
+    }
+    Ok(decisions)
+}
+
+/// The driver: forms the group, writes, waits for the pool to agree on the
+/// journal, flips node 3's flag and asks every gate around the settle point.
+async fn drive(hosts: Hosts, run: Arc<Mutex<Run>>) -> anyhow::Result<()> {
+    let mut history = Vec::new();
+    form_group(&hosts, Peers::Gate).await?;
+    let (leader_id, leader) = stamping_leader(&hosts).await?;
+    history.push(format!("{} node {leader_id} leads and may stamp", real_ms()));
+    let answer = propose(&leader, enqueue(1)).await??;
+    history.push(format!("{} enqueue -> {answer:?}", real_ms()));
+    anyhow::ensure!(matches!(answer, Response::Enqueued(_)), "enqueue: {answer:?}");
+
+    tracing::info!("--- every gate decides the journal once every peer has advertised");
+    let deadline = tokio::time::Instant::now() + WAIT;
+    loop {
+        let mut decisions = Vec::new();
+        for (id, host) in hosts.all() {
+            decisions.push((id, with_gate(&host, |gate| gate.decide_at(gate.now_ms())).await?));
+        }
+        if decisions.iter().all(|(_, decision)| decision.path == ClaimPath::Journal) {
+            history.push(format!("{} every gate decides {decisions:?}", real_ms()));
+            break;
+        }
+        anyhow::ensure!(tokio::time::Instant::now() < deadline, "no agreement: {decisions:?}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+
+    tracing::info!("--- node {FLIPPED} turns its flag off; the adverts carry it");
+    let flipped = hosts.get(FLIPPED).ok_or_else(|| anyhow::anyhow!("node {FLIPPED} is down"))?;
+    let (flipped_at_ms, settle_ms) = with_gate(&flipped, |gate| {
+        let at_ms = gate.now_ms();
+        gate.set_flags(Some(false), None);
+        (at_ms, gate.config().settle_ms())
+    })
+    .await?;
+    history.push(format!("{} node {FLIPPED} flag off at {flipped_at_ms}", real_ms()));
+    // Past the settle point on every clock (they are within 400 ms of each
+    // other), and two more adverts.
+    tokio::time::sleep(Duration::from_millis(settle_ms) + 2 * ADVERT_INTERVAL).await;
+
+    let settled_ms = flipped_at_ms + settle_ms;
+    let mut asked = Vec::new();
+    for at_ms in [settled_ms - 1, settled_ms] {
+        let decisions = decisions_at(&hosts, at_ms).await?;
+        history.push(format!("{} decisions at {at_ms}: {decisions:?}", real_ms()));
+        asked.push((at_ms, decisions));
+    }
+    let mut run = run.lock().unwrap_or_else(PoisonError::into_inner);
+    *run = Run { history, decisions: asked, flipped_at_ms, settle_ms };
+    Ok(())
+}
+
+fn run(seed: u64) -> anyhow::Result<Run> {
+    let mut simulation = start(seed, Peers::Gate, Skews::Either)?;
+    let recorded = Arc::new(Mutex::new(Run::default()));
+    let (hosts, run) = (simulation.hosts.clone(), recorded.clone());
+    simulation
+        .sim
+        .client("driver", async move { drive(hosts, run).await.map_err(|error| error.into()) });
+    simulation.sim.run().map_err(|error| anyhow::anyhow!("seed {seed}: {error}"))?;
+    let run = std::mem::take(&mut *recorded.lock().unwrap_or_else(PoisonError::into_inner));
+    Ok(run)
+}
+
+#[test]
+fn the_gate_measures_clocks_by_its_adverts_and_every_node_switches_paths_at_one_instant()
+-> anyhow::Result<()> {
+    for seed in SEEDS {
+        let first = run(seed)?;
+        let text = first.history.join("\n");
+        anyhow::ensure!(first.settle_ms == 3 * 1_000, "seed {seed}: settle {}", first.settle_ms);
+        let [(before_ms, before), (at_ms, at)] = first.decisions.as_slice() else {
+            anyhow::bail!("seed {seed}: decisions {:?}\n{text}", first.decisions);
+        };
+        anyhow::ensure!(before.len() == NODES as usize && at.len() == NODES as usize);
+        // Before the settle point every node still decides the journal,
+        // the flipped one included; from it, every node the bus.
+        for (id, decision) in before {
+            anyhow::ensure!(
+                decision.path == ClaimPath::Journal,
+                "seed {seed}: node {id} at {before_ms} decided {decision:?}\n{text}"
+            );
+        }
+        for (id, decision) in at {
+            anyhow::ensure!(
+                decision.path == ClaimPath::Bus,
+                "seed {seed}: node {id} at {at_ms} decided {decision:?}\n{text}"
+            );
+        }
+        let again = run(seed)?;
+        anyhow::ensure!(first == again, "seed {seed} is not deterministic:\n{text}");
+    }
+    Ok(())
+}
