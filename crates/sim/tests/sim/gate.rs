@@ -16,12 +16,16 @@
 //! every gate decides the journal; then turns node 3's flag off (at `T` on
 //! node 3's clock), waits for the adverts to carry it, and asks every gate,
 //! on its own runtime, to decide the instants just before and at `T` plus
-//! the settle time (three advert intervals). Eight seeds, each twice.
+//! the settle time (three advert intervals). Then all three claim one bus
+//! key at once over the Peer service (one must win and every node name
+//! it), the winner releases it, and a loser's later claim must not win a
+//! released key. Eight seeds, each twice.
 //!
 //! What fails if the feature goes: without the adverts no clock is
 //! measured and no leader may stamp; a gate that judged a flag change from
 //! when it heard of it, not from when it was made, would decide the
-//! instants around the settle point differently on node 3 and its peers.
+//! instants around the settle point differently on node 3 and its peers;
+//! claims that never reach the peers leave every node winning its own.
 
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
@@ -30,6 +34,7 @@ use leasehold_core::Response;
 use leasehold_core::claim_path::{ClaimPath, Decision};
 use leasehold_raft::NodeId;
 use leasehold_replica::Gate;
+use leasehold_replica::bus::Outcome;
 
 use crate::journal_hosts::{
     ADVERT_INTERVAL, Host, Hosts, NODES, Peers, Skews, WAIT, enqueue, form_group, propose, real_ms,
@@ -51,7 +56,15 @@ struct Run {
     /// When the flag changed (node 3's clock) and the settle time.
     flipped_at_ms: u64,
     settle_ms: u64,
+    /// Every node's outcome of one bus claim of the same key, made at
+    /// once; then a later claim of it by a node that lost, after the
+    /// winner released it.
+    claims: Vec<(NodeId, Outcome)>,
+    late_claim: Option<(NodeId, Outcome)>,
 }
+
+/// The bus key the nodes claim: a cron tick's, as the node driver names it.
+const BUS_KEY: &str = "cron:tick:1000";
 
 /// Runs `f` with `host`'s gate on the host's runtime (its monotonic clock
 /// is the one its adverts were aged by).
@@ -118,8 +131,48 @@ async fn drive(hosts: Hosts, run: Arc<Mutex<Run>>) -> anyhow::Result<()> {
         history.push(format!("{} decisions at {at_ms}: {decisions:?}", real_ms()));
         asked.push((at_ms, decisions));
     }
+
+    tracing::info!("--- on the bus, every node claims one key at once: one wins");
+    let claiming: Vec<_> = hosts
+        .all()
+        .into_iter()
+        .map(|(id, host)| {
+            let gate = host.gate.clone();
+            let claimed = host.runtime.spawn(async move {
+                match gate {
+                    Some(gate) => gate.bus_claim(BUS_KEY).await.map_err(|e| e.to_string()),
+                    None => Err("a host without a gate".to_string()),
+                }
+            });
+            (id, claimed)
+        })
+        .collect();
+    let mut claims = Vec::new();
+    for (id, claimed) in claiming {
+        let outcome = claimed.await?.map_err(|e| anyhow::anyhow!("node {id}: {e}"))?;
+        history.push(format!("{} node {id} claim -> {outcome:?}", real_ms()));
+        claims.push((id, outcome));
+    }
+    let winner = claims.iter().find(|(_, outcome)| *outcome == Outcome::Won).map(|(id, _)| *id);
+    let late_claim = match winner {
+        Some(winner) => {
+            let host = hosts.get(winner).ok_or_else(|| anyhow::anyhow!("the winner is down"))?;
+            let gate = host.gate.clone().ok_or_else(|| anyhow::anyhow!("no gate"))?;
+            let released = host.runtime.spawn(async move { gate.bus_release(BUS_KEY).await });
+            let released = released.await?.map_err(|e| anyhow::anyhow!("release: {e}"))?;
+            history.push(format!("{} node {winner} released: {released}", real_ms()));
+            let late = (1..=NODES).find(|id| *id != winner).unwrap_or(1);
+            let host = hosts.get(late).ok_or_else(|| anyhow::anyhow!("node {late} is down"))?;
+            let gate = host.gate.clone().ok_or_else(|| anyhow::anyhow!("no gate"))?;
+            let claimed = host.runtime.spawn(async move { gate.bus_claim(BUS_KEY).await });
+            let outcome = claimed.await?.map_err(|e| anyhow::anyhow!("late claim: {e}"))?;
+            history.push(format!("{} node {late} claims again -> {outcome:?}", real_ms()));
+            Some((late, outcome))
+        }
+        None => None,
+    };
     let mut run = run.lock().unwrap_or_else(PoisonError::into_inner);
-    *run = Run { history, decisions: asked, flipped_at_ms, settle_ms };
+    *run = Run { history, decisions: asked, flipped_at_ms, settle_ms, claims, late_claim };
     Ok(())
 }
 
@@ -160,6 +213,28 @@ fn the_gate_measures_clocks_by_its_adverts_and_every_node_switches_paths_at_one_
                 "seed {seed}: node {id} at {at_ms} decided {decision:?}\n{text}"
             );
         }
+        // One winner, and every node names it; a released key is not won
+        // again.
+        let winners: Vec<NodeId> = first
+            .claims
+            .iter()
+            .filter(|(_, outcome)| *outcome == Outcome::Won)
+            .map(|(id, _)| *id)
+            .collect();
+        let [winner] = winners.as_slice() else {
+            anyhow::bail!("seed {seed}: winners {winners:?}\n{text}");
+        };
+        for (id, outcome) in &first.claims {
+            anyhow::ensure!(
+                id == winner || *outcome == (Outcome::Lost { winner: Some(*winner) }),
+                "seed {seed}: node {id} saw {outcome:?}, not node {winner} winning\n{text}"
+            );
+        }
+        anyhow::ensure!(
+            matches!(first.late_claim, Some((_, Outcome::Lost { .. }))),
+            "seed {seed}: a released key was claimed again: {:?}\n{text}",
+            first.late_claim
+        );
         let again = run(seed)?;
         anyhow::ensure!(first == again, "seed {seed} is not deterministic:\n{text}");
     }
