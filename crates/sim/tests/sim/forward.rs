@@ -26,16 +26,14 @@
 
 use std::sync::{Arc, Mutex, PoisonError};
 
-use leasehold_core::{Command, Proposal, QueueStats, Response};
-use leasehold_raft::TypeConfig;
+use leasehold_core::QueueStats;
 use leasehold_replica::metrics::WireLabels;
 use leasehold_sim::clock::{Clocks, HostClock};
-use openraft::{Entry, EntryPayload, RaftLogReader};
 use tokio::time::Instant;
 
 use crate::journal_hosts::{
-    Host, Hosts, Peers, Skews, WAIT, enqueue, form_group, last_log_index, propose, real_ms,
-    stamping_leader, start,
+    Host, Hosts, Peers, Skews, WAIT, claim_two_ack_one, enqueue_at_once, form_group,
+    last_log_index, real_ms, stamping_leader, stamps_and_digests, start,
 };
 
 /// How many enqueues the driver sends the follower at once.
@@ -101,33 +99,10 @@ async fn drive(hosts: Hosts, clocks: Clocks, run: Arc<Mutex<Run>>) -> anyhow::Re
 
     tracing::info!("--- eight concurrent enqueues through the follower's journal");
     let writes_from_ms = real_ms();
-    let answers = futures::future::join_all((1..=ENQUEUES).map(|n| propose(&follower, enqueue(n))));
-    for (n, answer) in (1..=ENQUEUES).zip(answers.await) {
-        let answer = answer?;
-        history.push(format!("{} enqueue {n} -> {answer:?}", real_ms()));
-        anyhow::ensure!(matches!(answer, Ok(Response::Enqueued(_))), "enqueue {n}: {answer:?}");
-    }
+    enqueue_at_once(&follower, ENQUEUES, &mut history).await?;
 
     tracing::info!("--- claim two and ack one through the follower");
-    let claim = Command::ClaimOnce {
-        request_id: "claim-1".into(),
-        worker: "w".into(),
-        queue: "q".into(),
-        max: 2,
-        lease_ttl_ms: Some(30_000),
-        selector: Vec::new(),
-    };
-    let grants = match propose(&follower, claim).await?? {
-        Response::Claimed(grants) => grants,
-        other => anyhow::bail!("the claim was answered {other:?}"),
-    };
-    history.push(format!("{} claim -> {grants:?}", real_ms()));
-    anyhow::ensure!(grants.len() == 2, "claimed {grants:?}");
-    let acked = &grants[0].lease;
-    let ack = Command::Ack { job_id: acked.job_id, token: acked.token, result: None };
-    let answer = propose(&follower, ack).await??;
-    history.push(format!("{} ack -> {answer:?}", real_ms()));
-    anyhow::ensure!(answer == Response::Acked, "the ack was answered {answer:?}");
+    claim_two_ack_one(&follower, &mut history).await?;
     let writes_to_ms = real_ms();
 
     tracing::info!("--- a linearizable read on the follower (read index from the leader)");
@@ -143,24 +118,7 @@ async fn drive(hosts: Hosts, clocks: Clocks, run: Arc<Mutex<Run>>) -> anyhow::Re
         .push(format!("leader's Raft service: {} calls for the writes, then {}", calls.0, calls.1));
 
     tracing::info!("--- the leader's entries and their stamps; every replica's digest");
-    let mut reader = leader.log_store.clone();
-    let entries: Vec<Entry<TypeConfig>> = reader.try_get_log_entries(first_index..).await?;
-    let mut stamps = Vec::new();
-    for entry in entries {
-        if let EntryPayload::Normal(Proposal { now_ms, command }) = entry.payload {
-            history.push(format!("entry {} stamped {now_ms}: {command:?}", entry.log_id.index));
-            stamps.push(now_ms);
-        }
-    }
-    let last = last_log_index(leader.journal.raft());
-    for (id, host) in hosts.all() {
-        host.journal
-            .raft()
-            .wait(Some(WAIT))
-            .applied_index_at_least(Some(last), &format!("node {id} applied"))
-            .await?;
-        history.push(format!("node {id} digest {:x}", host.journal.state_machine().digest()));
-    }
+    let stamps = stamps_and_digests(&hosts, &leader, first_index, &mut history).await?;
     let mut run = run.lock().unwrap_or_else(PoisonError::into_inner);
     *run = Run {
         history,

@@ -189,15 +189,7 @@ async fn the_journal_proposes_and_reads_through_openraft_on_simulated_disks() ->
     assert_eq!(batched, 8, "the entries carry every enqueue once");
 
     tracing::info!("--- claim two, ack one, and a stale ack is refused");
-    let claim = Command::ClaimOnce {
-        request_id: "claim-1".into(),
-        worker: "w".into(),
-        queue: "q".into(),
-        max: 2,
-        lease_ttl_ms: Some(30_000),
-        selector: Vec::new(),
-    };
-    let grants = match leader.propose(claim).await? {
+    let grants = match leader.propose(crate::journal_hosts::claim_two()).await? {
         Response::Claimed(grants) => grants,
         other => anyhow::bail!("the claim was answered {other:?}"),
     };

@@ -14,8 +14,8 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use leasehold_core::claim_path::GateFlags;
-use leasehold_core::{Command, JobSpec, Limits, Response};
-use leasehold_raft::{NetworkFactory, NodeId, Raft};
+use leasehold_core::{Command, Grant, JobSpec, Limits, Proposal, Response};
+use leasehold_raft::{NetworkFactory, NodeId, Raft, TypeConfig};
 use leasehold_replica::bus::Bus;
 use leasehold_replica::gate::run_adverts;
 use leasehold_replica::journal::DEFAULT_BATCHES_IN_FLIGHT;
@@ -26,7 +26,7 @@ use leasehold_sim::grpc::{self, grpc_address};
 use leasehold_sim::local::{SimBusTable, SimPeerStore};
 use leasehold_sim::net::{OneWayCuts, SimNetwork, host_name, serve};
 use leasehold_sim::{SimDisk, SimLogStore};
-use openraft::{BasicNode, Config, ServerState};
+use openraft::{BasicNode, Config, Entry, EntryPayload, RaftLogReader, ServerState};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use tokio::runtime::Handle;
@@ -167,6 +167,86 @@ pub fn enqueue(n: u64) -> Command {
         ..Default::default()
     };
     Command::Enqueue { jobs: vec![spec] }
+}
+
+/// A claim of two leases on queue `q` by worker `w`, answered once
+/// (request id `claim-1`).
+pub fn claim_two() -> Command {
+    Command::ClaimOnce {
+        request_id: "claim-1".into(),
+        worker: "w".into(),
+        queue: "q".into(),
+        max: 2,
+        lease_ttl_ms: Some(30_000),
+        selector: Vec::new(),
+    }
+}
+
+/// `count` enqueues proposed at once through `host`'s journal, each of
+/// which must be answered `Enqueued`; the answers go into `history`.
+pub async fn enqueue_at_once(
+    host: &Host,
+    count: u64,
+    history: &mut Vec<String>,
+) -> anyhow::Result<()> {
+    let answers = futures::future::join_all((1..=count).map(|n| propose(host, enqueue(n))));
+    for (n, answer) in (1..=count).zip(answers.await) {
+        let answer = answer?;
+        history.push(format!("{} enqueue {n} -> {answer:?}", real_ms()));
+        anyhow::ensure!(matches!(answer, Ok(Response::Enqueued(_))), "enqueue {n}: {answer:?}");
+    }
+    Ok(())
+}
+
+/// [`claim_two`] and an ack of the first lease through `host`'s journal,
+/// each required to succeed; the answers go into `history`. Answers the
+/// two grants.
+pub async fn claim_two_ack_one(
+    host: &Host,
+    history: &mut Vec<String>,
+) -> anyhow::Result<Vec<Grant>> {
+    let grants = match propose(host, claim_two()).await?? {
+        Response::Claimed(grants) => grants,
+        other => anyhow::bail!("the claim was answered {other:?}"),
+    };
+    history.push(format!("{} claim -> {grants:?}", real_ms()));
+    anyhow::ensure!(grants.len() == 2, "claimed {grants:?}");
+    let acked = &grants[0].lease;
+    let ack = Command::Ack { job_id: acked.job_id, token: acked.token, result: None };
+    let answer = propose(host, ack).await??;
+    history.push(format!("{} ack -> {answer:?}", real_ms()));
+    anyhow::ensure!(answer == Response::Acked, "the ack was answered {answer:?}");
+    Ok(grants)
+}
+
+/// The stamps of `leader`'s entries from `first_index` on, once every
+/// replica has applied them; each entry and every replica's digest go into
+/// `history`.
+pub async fn stamps_and_digests(
+    hosts: &Hosts,
+    leader: &Host,
+    first_index: u64,
+    history: &mut Vec<String>,
+) -> anyhow::Result<Vec<u64>> {
+    let mut reader = leader.log_store.clone();
+    let entries: Vec<Entry<TypeConfig>> = reader.try_get_log_entries(first_index..).await?;
+    let mut stamps = Vec::new();
+    for entry in entries {
+        if let EntryPayload::Normal(Proposal { now_ms, command }) = entry.payload {
+            history.push(format!("entry {} stamped {now_ms}: {command:?}", entry.log_id.index));
+            stamps.push(now_ms);
+        }
+    }
+    let last = last_log_index(leader.journal.raft());
+    for (id, host) in hosts.all() {
+        host.journal
+            .raft()
+            .wait(Some(WAIT))
+            .applied_index_at_least(Some(last), &format!("node {id} applied"))
+            .await?;
+        history.push(format!("node {id} digest {:x}", host.journal.state_machine().digest()));
+    }
+    Ok(stamps)
 }
 
 /// Runs `command` through `host`'s journal on the host's runtime, as the

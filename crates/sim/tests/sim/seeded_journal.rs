@@ -25,16 +25,14 @@
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
-use leasehold_core::{Command, Proposal, Refusal, Response};
-use leasehold_raft::TypeConfig;
+use leasehold_core::{Command, Refusal, Response};
 use leasehold_replica::Clock;
 use leasehold_sim::clock::{Clocks, EPOCH_MS, HostClock};
-use openraft::{Entry, EntryPayload, RaftLogReader};
 use tokio::time::Instant;
 
 use crate::journal_hosts::{
-    FRESH_FOR, Hosts, NODES, Peers, Skews, WAIT, enqueue, form_group, last_log_index, propose,
-    real_ms, stamping_leader, start,
+    FRESH_FOR, Hosts, NODES, Peers, Skews, claim_two_ack_one, enqueue_at_once, form_group,
+    last_log_index, propose, real_ms, stamping_leader, stamps_and_digests, start,
 };
 
 /// How many enqueues the driver proposes at once.
@@ -64,33 +62,11 @@ async fn drive(hosts: Hosts, clocks: Clocks, run: Arc<Mutex<Run>>) -> anyhow::Re
 
     tracing::info!("--- eight concurrent enqueues through the leader's journal");
     let writes_from_ms = real_ms();
-    let answers = futures::future::join_all((1..=ENQUEUES).map(|n| propose(&leader, enqueue(n))));
-    for (n, answer) in (1..=ENQUEUES).zip(answers.await) {
-        let answer = answer?;
-        history.push(format!("{} enqueue {n} -> {answer:?}", real_ms()));
-        anyhow::ensure!(matches!(answer, Ok(Response::Enqueued(_))), "enqueue {n}: {answer:?}");
-    }
+    enqueue_at_once(&leader, ENQUEUES, &mut history).await?;
 
     tracing::info!("--- claim two, ack one, and a stale ack is refused");
-    let claim = Command::ClaimOnce {
-        request_id: "claim-1".into(),
-        worker: "w".into(),
-        queue: "q".into(),
-        max: 2,
-        lease_ttl_ms: Some(30_000),
-        selector: Vec::new(),
-    };
-    let grants = match propose(&leader, claim).await?? {
-        Response::Claimed(grants) => grants,
-        other => anyhow::bail!("the claim was answered {other:?}"),
-    };
-    history.push(format!("{} claim -> {grants:?}", real_ms()));
-    anyhow::ensure!(grants.len() == 2, "claimed {grants:?}");
-    let (acked, held) = (&grants[0].lease, &grants[1].lease);
-    let ack = Command::Ack { job_id: acked.job_id, token: acked.token, result: None };
-    let answer = propose(&leader, ack).await??;
-    history.push(format!("{} ack -> {answer:?}", real_ms()));
-    anyhow::ensure!(answer == Response::Acked, "the ack was answered {answer:?}");
+    let grants = claim_two_ack_one(&leader, &mut history).await?;
+    let held = &grants[1].lease;
     let stale = Command::Ack { job_id: held.job_id, token: held.token + 100, result: None };
     let answer = propose(&leader, stale).await??;
     history.push(format!("{} stale ack -> {answer:?}", real_ms()));
@@ -109,24 +85,7 @@ async fn drive(hosts: Hosts, clocks: Clocks, run: Arc<Mutex<Run>>) -> anyhow::Re
     history.push(format!("{} read -> {read:?}", real_ms()));
 
     tracing::info!("--- the leader's entries and their stamps; every replica's digest");
-    let mut reader = leader.log_store.clone();
-    let entries: Vec<Entry<TypeConfig>> = reader.try_get_log_entries(first_index..).await?;
-    let mut stamps = Vec::new();
-    for entry in entries {
-        if let EntryPayload::Normal(Proposal { now_ms, command }) = entry.payload {
-            history.push(format!("entry {} stamped {now_ms}: {command:?}", entry.log_id.index));
-            stamps.push(now_ms);
-        }
-    }
-    let last = last_log_index(leader.journal.raft());
-    for (id, host) in hosts.all() {
-        host.journal
-            .raft()
-            .wait(Some(WAIT))
-            .applied_index_at_least(Some(last), &format!("node {id} applied"))
-            .await?;
-        history.push(format!("node {id} digest {:x}", host.journal.state_machine().digest()));
-    }
+    let stamps = stamps_and_digests(&hosts, &leader, first_index, &mut history).await?;
     let leader_clock = clocks.host_clock(leader_id);
     let mut run = run.lock().unwrap_or_else(PoisonError::into_inner);
     *run = Run { history, leader_clock, writes_real_ms: (writes_from_ms, writes_to_ms), stamps };
