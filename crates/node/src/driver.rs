@@ -88,7 +88,6 @@ pub async fn run(
     let mut state = Ticker::default();
     loop {
         tokio::select! {
-            biased;
             _ = shutdown.changed() => break,
             _ = sweep.tick() => sweep_once(&journal).await,
             _ = purge.tick() => purge_once(&journal).await,

@@ -148,8 +148,9 @@ impl NetworkFactory {
 
     /// This factory, with every channel it makes from now on dialled
     /// through `connector` rather than the operating system's TCP (which
-    /// also makes the local address moot). Credentials, timeouts and
-    /// keepalives are the same either way.
+    /// also makes the local address moot). Credentials, the connect
+    /// timeout and the HTTP/2 keepalives are the same either way; the TCP
+    /// settings (no delay, TCP keepalive) are the connector's to make.
     pub fn with_connector(mut self, connector: Connector) -> Self {
         self.connector = Some(connector);
         self

@@ -7,9 +7,11 @@
 //! service of a host's gate beside it (adverts and bus messages).
 //!
 //! A follower's `Journal` built on [`peers`] forwards writes and
-//! read-index requests to the leader exactly as a node does: the same
-//! envelope, the same `Raft.Forward` call, the same handler. Only the
-//! bytes travel over turmoil instead of the operating system.
+//! read-index requests to the leader as a node does: the same envelope,
+//! the same `Raft.Forward` call, the same handler behind the same auth
+//! layer. The bytes travel over turmoil instead of the operating system,
+//! and the server here leaves out the node's per-call deadline, stream
+//! and header limits and request size layer.
 //!
 //! Security is a node's without TLS: every host holds the same cluster
 //! secret ([`cluster_secret`]), its channels carry its node proof, and the

@@ -2,12 +2,13 @@
 //! kept peer adverts — in memory, behind the replica runtime's store traits
 //! ([`BusStore`], [`AdvertStore`]), so the real bus and gate run on them.
 //!
-//! They are the host's, not a life's: a restarted host reads back every
-//! record and advert its earlier life wrote, as a node whose writes all
-//! reached its disk would. (The node's own tables are not synced per
-//! write; losing some costs a bus key claimable again, or a peer counted
-//! as never heard from until it adverts, as `leasehold_storage::local`
-//! says; that loss is not modelled here.)
+//! Clones share one table. Who makes them decides what a restart keeps: a
+//! caller that hands a host's restarted life the same tables models a disk
+//! that kept every write; one that makes new tables per life (as the sim
+//! tests do) models losing them all. (The node's own tables are not synced
+//! per write; losing some costs a bus key claimable again, or a peer
+//! counted as never heard from until it adverts, as
+//! `leasehold_storage::local` says.)
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
