@@ -786,12 +786,9 @@ pub fn run(plan: &Plan) -> Result<Run, ClusterError> {
         // a majority disputes stands aside, as the jumped node does, and so
         // does a draining one.
         let config = Config {
-            heartbeat_interval: 50,
-            election_timeout_min: election_min,
-            election_timeout_max: election_min + 1,
             install_snapshot_timeout: 2_000,
             enable_elect: !bystander(plan, id),
-            ..Config::default()
+            ..crate::raft_config(election_min)
         }
         .validate()
         .map_err(|e| ClusterError::Simulation(e.to_string()))?;

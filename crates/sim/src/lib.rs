@@ -57,6 +57,21 @@ pub mod net;
 mod state_machine;
 
 pub use bugs::Bug;
+
+/// openraft's settings for a simulated node: heartbeats every 50 ms and an
+/// election window one millisecond wide from `election_min`, so openraft's
+/// draw of the timeout (`gen_range(min..max)` on a generator seeded from
+/// the operating system) has one possible value and the caller's choice of
+/// `election_min` (distinct per node, or drawn from the seed) decides
+/// everything. Not validated; callers add what their run needs.
+pub fn raft_config(election_min: u64) -> openraft::Config {
+    openraft::Config {
+        heartbeat_interval: 50,
+        election_timeout_min: election_min,
+        election_timeout_max: election_min + 1,
+        ..openraft::Config::default()
+    }
+}
 pub use disk::{Crash, SimDisk};
 pub use error::SimDiskError;
 pub use log_store::SimLogStore;

@@ -23,7 +23,7 @@ use leasehold_raft::{NetworkFactory, NodeId, Raft, TypeConfig};
 use leasehold_replica::journal::DEFAULT_BATCHES_IN_FLIGHT;
 use leasehold_replica::{Clock, Journal, JournalConfig, JournalError, Unavailable};
 use leasehold_sim::{SimDisk, SimLogStore, SimStateMachine};
-use openraft::{BasicNode, Config, Entry, EntryPayload, RaftLogReader, ServerState};
+use openraft::{BasicNode, Entry, EntryPayload, RaftLogReader, ServerState};
 use tokio::time::Instant;
 
 use crate::raft::Router;
@@ -40,13 +40,7 @@ struct Node {
 async fn start(id: NodeId, disk: &SimDisk, router: &Router) -> anyhow::Result<Node> {
     // One-millisecond election windows, as in `raft.rs`: node 1 leads.
     let min = 300 + 100 * id;
-    let config = Config {
-        heartbeat_interval: 50,
-        election_timeout_min: min,
-        election_timeout_max: min + 1,
-        ..Config::default()
-    }
-    .validate()?;
+    let config = leasehold_sim::raft_config(min).validate()?;
     let (log_store, state_machine) = disk.open();
     let raft =
         Raft::new(id, Arc::new(config), router.clone(), log_store.clone(), state_machine.clone())

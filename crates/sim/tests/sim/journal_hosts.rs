@@ -26,7 +26,7 @@ use leasehold_sim::grpc::{self, grpc_address};
 use leasehold_sim::local::{SimBusTable, SimPeerStore};
 use leasehold_sim::net::{OneWayCuts, SimNetwork, host_name, serve};
 use leasehold_sim::{SimDisk, SimLogStore};
-use openraft::{BasicNode, Config, Entry, EntryPayload, RaftLogReader, ServerState};
+use openraft::{BasicNode, Entry, EntryPayload, RaftLogReader, ServerState};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use tokio::runtime::Handle;
@@ -340,13 +340,7 @@ pub fn start(seed: u64, peers: Peers, skews: Skews) -> anyhow::Result<Simulation
         let disk = SimDisk::with_sync_delay(Duration::from_millis(rng.gen_range(1..=12)));
         // One-value election windows: openraft's own draw plays no part.
         let election_min = 150 + rng.gen_range(0..150) + id;
-        let config = Config {
-            heartbeat_interval: 50,
-            election_timeout_min: election_min,
-            election_timeout_max: election_min + 1,
-            ..Config::default()
-        }
-        .validate()?;
+        let config = leasehold_sim::raft_config(election_min).validate()?;
         let config = Arc::new(config);
         let (hosts, clocks, cuts, secret) =
             (hosts.clone(), clocks.clone(), cuts.clone(), secret.clone());

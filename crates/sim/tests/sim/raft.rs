@@ -13,13 +13,13 @@ use std::time::Duration;
 use leasehold_core::{Command, JobSpec, Proposal};
 use leasehold_raft::{NodeId, Raft, TypeConfig};
 use leasehold_sim::{Crash, SimDisk, SimStateMachine};
+use openraft::BasicNode;
 use openraft::error::{InstallSnapshotError, NetworkError, RPCError, RaftError, RemoteError};
 use openraft::network::{RPCOption, RaftNetwork, RaftNetworkFactory};
 use openraft::raft::{
     AppendEntriesRequest, AppendEntriesResponse, InstallSnapshotRequest, InstallSnapshotResponse,
     VoteRequest, VoteResponse,
 };
-use openraft::{BasicNode, Config};
 
 /// The nodes reachable now, by id (the journal test shares it).
 #[derive(Clone, Default)]
@@ -107,13 +107,7 @@ async fn start(
     // A window one millisecond wide: `gen_range(min..min + 1)` has one value,
     // whatever the generator. Distinct minimums break election ties.
     let min = 300 + 100 * id;
-    let config = Config {
-        heartbeat_interval: 50,
-        election_timeout_min: min,
-        election_timeout_max: min + 1,
-        ..Config::default()
-    }
-    .validate()?;
+    let config = leasehold_sim::raft_config(min).validate()?;
     let (log_store, state_machine) = disk.open();
     let raft =
         Raft::new(id, Arc::new(config), router.clone(), log_store, state_machine.clone()).await?;
