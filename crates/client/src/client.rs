@@ -239,6 +239,14 @@ impl ClientBuilder {
     /// an error here; bad addresses, unreadable TLS material and
     /// credentials that cannot be sent are.
     pub fn build(self) -> Result<Client, ClientError> {
+        self.build_with(|endpoint| endpoint.connect_lazy())
+    }
+
+    /// [`ClientBuilder::build`], with each address's endpoint (its TLS
+    /// and timeouts set) turned into a channel by `channel` instead of the
+    /// operating system's TCP: a simulation dials its own network with
+    /// [`Endpoint::connect_with_connector_lazy`].
+    pub fn build_with(self, channel: impl Fn(&Endpoint) -> Channel) -> Result<Client, ClientError> {
         let mut metadata = Vec::new();
         for (name, value) in &self.metadata {
             let key = AsciiMetadataKey::from_bytes(name.as_bytes())
@@ -281,7 +289,7 @@ impl ClientBuilder {
                     .tls_config(tls.clone())
                     .map_err(|e| ClientError::Tls(format!("tls: {e}")))?;
             }
-            let channel = InterceptedService::new(endpoint.connect_lazy(), credentials.clone());
+            let channel = InterceptedService::new(channel(&endpoint), credentials.clone());
             nodes.push(Stubs {
                 queue: QueueClient::new(channel.clone())
                     .max_decoding_message_size(MAX_MESSAGE_BYTES)

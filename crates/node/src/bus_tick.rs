@@ -19,19 +19,24 @@
 //! executor), and releasing it would hand that run to a second claimant
 //! while it is still going (see docs/safety.md).
 
+use std::sync::Arc;
 use std::time::Duration;
 
-use leasehold_client::exec::{self, CommandLine};
+use leasehold_client::exec::CommandLine;
 use leasehold_core::schedule::{Schedule, SkipReason, TickOutcome, TickRecord, may_run_on_bus};
 use leasehold_core::{Command, Response};
 use leasehold_replica::bus::Outcome;
 use leasehold_replica::{Gate, Journal};
+
+use crate::commands::RunCommand;
 
 /// What a bus tick needs from the node.
 #[derive(Clone, Debug)]
 pub struct BusRunner {
     /// A command running longer than this is killed.
     pub command_timeout: Duration,
+    /// What runs the command.
+    pub commands: Arc<dyn RunCommand>,
 }
 
 /// Records a bus tick this node won in the journal and answers whether it
@@ -121,7 +126,7 @@ pub async fn run_bus_tick(
                 env,
                 timeout: Some(runner.command_timeout),
             };
-            let run = exec::run(&command, Vec::new()).await;
+            let run = runner.commands.run(&command).await;
             tracing::info!(
                 event = "cron.fire",
                 path = "bus",

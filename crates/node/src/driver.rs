@@ -18,6 +18,7 @@
 //! journal's catch-up never runs them again.
 
 use std::collections::HashMap;
+use std::sync::Arc;
 use std::time::Duration;
 
 use leasehold_core::claim_path::ClaimPath;
@@ -30,6 +31,7 @@ use tokio::sync::watch;
 use tokio::task::JoinSet;
 
 use crate::bus_tick::{BusRunner, run_bus_tick};
+use crate::commands::RunCommand;
 
 /// How often the leader looks for due ticks (the fire lag of a healthy
 /// cluster is about half of this plus one commit).
@@ -57,6 +59,8 @@ pub struct DriverConfig {
     pub command_timeout: Duration,
     /// How long running bus commands may finish when the driver stops.
     pub grace: Duration,
+    /// What runs a bus tick's command ([`crate::commands::Shell`] on a node).
+    pub commands: Arc<dyn RunCommand>,
 }
 
 /// The tickers' memory between rounds.
@@ -261,7 +265,10 @@ pub async fn tick_schedules(
                     Target::Any => schedule.job_key(bucket, None),
                     Target::Each => schedule.job_key(bucket, Some(gate.node_id())),
                 };
-                let runner = BusRunner { command_timeout: config.command_timeout };
+                let runner = BusRunner {
+                    command_timeout: config.command_timeout,
+                    commands: config.commands.clone(),
+                };
                 // The ticks since the journal's last record that this bus
                 // record stands for (as skip_bus_ran counts them).
                 let ticks = ticker

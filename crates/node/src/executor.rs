@@ -5,6 +5,7 @@
 //! while it runs. Its selector carries the node's tags and `node:ID`, so a
 //! `target = each` job addressed to this node is claimable only here.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use leasehold_client::Client;
@@ -14,6 +15,8 @@ use leasehold_core::schedule::NODE_TAG_PREFIX;
 use leasehold_proto::v1;
 use tokio::sync::watch;
 use tokio::task::JoinSet;
+
+use crate::commands::RunCommand;
 
 /// Settings of the built-in executor.
 #[derive(Clone, Debug)]
@@ -30,6 +33,8 @@ pub struct ExecutorConfig {
     pub tags: Vec<String>,
     /// How long running commands may finish after shutdown is asked.
     pub grace: Duration,
+    /// What runs a job's command ([`crate::commands::Shell`] on a node).
+    pub commands: Arc<dyn RunCommand>,
 }
 
 /// The selector the executor claims with: the node's tags plus `node:ID`.
@@ -53,7 +58,11 @@ pub async fn run(config: ExecutorConfig, client: Client, shutdown: watch::Receiv
         worker_config.poll_wait_ms = 5_000;
         let timeout = config.timeout;
         let node_id = config.node_id;
-        let handler = move |grant: v1::Grant| async move { run_job(node_id, grant, timeout).await };
+        let commands = config.commands.clone();
+        let handler = move |grant: v1::Grant| {
+            let commands = commands.clone();
+            async move { run_job(node_id, grant, timeout, commands.as_ref()).await }
+        };
         workers.spawn(worker::run(client.clone(), worker_config, handler, shutdown.clone()));
     }
     while let Some(done) = workers.join_next().await {
@@ -69,7 +78,12 @@ pub async fn run(config: ExecutorConfig, client: Client, shutdown: watch::Receiv
     }
 }
 
-async fn run_job(node_id: u64, grant: v1::Grant, timeout: Duration) -> Outcome {
+async fn run_job(
+    node_id: u64,
+    grant: v1::Grant,
+    timeout: Duration,
+    commands: &dyn RunCommand,
+) -> Outcome {
     let (Some(job), Some(lease)) = (grant.job, grant.lease) else {
         return Outcome::Release;
     };
@@ -93,7 +107,7 @@ async fn run_job(node_id: u64, grant: v1::Grant, timeout: Duration) -> Outcome {
         env,
         timeout: Some(timeout),
     };
-    let run = exec::run(&command, Vec::new()).await;
+    let run = commands.run(&command).await;
     tracing::info!(
         node = node_id,
         job = job.id,

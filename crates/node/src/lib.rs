@@ -11,6 +11,7 @@
 //! bind port 0 and a simulation can pass its own.
 
 pub mod bus_tick;
+pub mod commands;
 pub mod config;
 pub mod driver;
 pub mod executor;

@@ -43,6 +43,7 @@ use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
+use crate::commands;
 use crate::config::{Config, ConfigError};
 use crate::driver::{self, DriverConfig};
 use crate::executor::{self, ExecutorConfig};
@@ -604,6 +605,7 @@ fn start_intake(
             timeout: Duration::from_millis(config.executor_timeout_ms),
             tags: config.tags.clone(),
             grace: Duration::from_millis(config.drain_grace_ms),
+            commands: commands::shell(),
         };
         tasks.push(tokio::spawn(executor::run(executor_config, client, stop.clone())));
     }
@@ -615,6 +617,7 @@ fn start_intake(
         tags: config.tags.clone(),
         command_timeout: Duration::from_millis(config.executor_timeout_ms),
         grace: Duration::from_millis(config.drain_grace_ms),
+        commands: commands::shell(),
     };
     tasks.push(tokio::spawn(driver::run(journal.clone(), gate.clone(), driver_config, stop)));
     Ok(tasks)

@@ -209,9 +209,11 @@ impl NetworkFactory {
     }
 }
 
-/// `connector` as the service a channel dials with: hyper reads and
-/// writes the stream through its tokio adapter.
-fn dial(
+/// `connector` as the service a channel dials with
+/// ([`Endpoint::connect_with_connector_lazy`]): hyper reads and writes the
+/// stream through its tokio adapter. The peer channels use it; so can a
+/// client's channels to a simulated node.
+pub fn dial(
     connector: Connector,
 ) -> impl tower::Service<
     Uri,
