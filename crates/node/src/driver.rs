@@ -341,13 +341,22 @@ fn bus_refusal(
 /// them a second time. Answers whether the journal plan may go on in this
 /// round (false after a skip was proposed: the next round plans from the
 /// updated journal, and false when the bus table cannot be read).
+///
+/// Only claims of ticks this node's gate puts on the bus count: the ticks
+/// of the time before the pool came back. A claim of a tick this node
+/// decides for the journal comes from a peer whose view of the pool
+/// differs; that claimant runs the tick only if the journal takes its own
+/// record of it, so recording the tick for it here would refuse that
+/// record and leave the tick run by nobody (found by the simulation:
+/// every tick of such a split was lost).
 async fn skip_bus_ran(
     journal: &Journal,
     gate: &Gate,
     schedule: &Schedule,
     cron: &CronSchedule,
 ) -> bool {
-    let high = match gate.bus().high_water(&schedule.spec.name) {
+    let on_bus = |bucket: u64| gate.decide_at(cron::tick_ms(bucket)).path == ClaimPath::Bus;
+    let high = match gate.bus().high_water(&schedule.spec.name, on_bus) {
         Ok(Some(high)) if high > schedule.last_fired_bucket => high,
         Ok(_) => return true,
         Err(error) => {

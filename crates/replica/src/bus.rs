@@ -138,14 +138,18 @@ impl Bus {
     }
 
     /// The highest bucket of schedule `name` any node claimed on the bus
-    /// (keys `cron:NAME:BUCKET`), read from the table.
-    pub fn high_water(&self, name: &str) -> Result<Option<u64>, BusError> {
+    /// (keys `cron:NAME:BUCKET`) that `counts`, read from the table.
+    pub fn high_water(
+        &self,
+        name: &str,
+        counts: impl Fn(u64) -> bool,
+    ) -> Result<Option<u64>, BusError> {
         let prefix = format!("cron:{name}:");
         let mut high = None;
         for key in self.table.keys_with_prefix(&prefix)? {
             let bucket =
                 key[prefix.len()..].split(':').next().and_then(|bucket| bucket.parse::<u64>().ok());
-            high = high.max(bucket);
+            high = high.max(bucket.filter(|bucket| counts(*bucket)));
         }
         Ok(high)
     }
@@ -364,8 +368,9 @@ mod tests {
             one.record_claim(&claim(&format!("cron:backup:{bucket}"), 2, 10), bucket)?;
         }
         one.record_claim(&claim("cron:backup2:1800000000", 2, 10), 1)?;
-        assert_eq!(one.high_water("backup")?, Some(1_700_000_007));
-        assert_eq!(one.high_water("none")?, None);
+        assert_eq!(one.high_water("backup", |_| true)?, Some(1_700_000_007));
+        assert_eq!(one.high_water("backup", |b| b < 1_700_000_007)?, Some(1_700_000_006));
+        assert_eq!(one.high_water("none", |_| true)?, None);
         assert_eq!(one.prune(1_700_000_007)?, 3);
         assert_eq!(one.records()?.len(), 1);
         Ok(())
