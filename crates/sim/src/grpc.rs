@@ -28,16 +28,23 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
+use leasehold_client::Client;
 use leasehold_proto::v1::peer_server::PeerServer;
+use leasehold_proto::v1::queue_server::QueueServer;
 use leasehold_proto::v1::raft_server::RaftServer;
-use leasehold_raft::network::{Connector, PeerSecurity, PeerStream};
+use leasehold_raft::network::{Connector, PeerSecurity, PeerStream, dial};
 use leasehold_raft::{NetworkFactory, NodeId};
 use leasehold_replica::{Gate, Journal};
 use leasehold_security::ClusterSecret;
+use leasehold_security::secret::NODE_PROOF_HEADER;
 use leasehold_server::auth::{AuthConfig, AuthLayer};
 use leasehold_server::incoming::ConnectionInfo;
-use leasehold_server::limits::{MAX_RAFT_MESSAGE_BYTES, MAX_SMALL_REQUEST_BYTES};
+use leasehold_server::limits::{
+    MAX_QUEUE_REQUEST_BYTES, MAX_QUEUE_RESPONSE_BYTES, MAX_RAFT_MESSAGE_BYTES,
+    MAX_SMALL_REQUEST_BYTES,
+};
 use leasehold_server::peer_service::PeerService;
+use leasehold_server::queue_service::QueueService;
 use leasehold_server::raft_service::RaftService;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tonic::metadata::AsciiMetadataValue;
@@ -76,6 +83,15 @@ pub enum GrpcError {
     /// tonic's server failed.
     #[error("serving gRPC: {0}")]
     Serve(#[source] tonic::transport::Error),
+    /// A client could not be built.
+    #[error("client of node {node}: {source}")]
+    Client {
+        /// The node.
+        node: NodeId,
+        /// Why.
+        #[source]
+        source: leasehold_client::ClientError,
+    },
 }
 
 /// Node `id`'s gRPC address, as its member entry names it (`n1:7001`):
@@ -115,6 +131,17 @@ pub fn peers(id: NodeId, secret: &ClusterSecret) -> Result<NetworkFactory, GrpcE
         .map_err(|source| GrpcError::NodeProof { node: id, source })?;
     let security = PeerSecurity { tls: None, node_proof: Some(node_proof) };
     Ok(NetworkFactory::with_security(security, None).with_connector(connector()))
+}
+
+/// A client of node `id`'s own gRPC port, as that node: its node proof
+/// under `secret`, dialled over turmoil ([`connector`]) — what the node's
+/// built-in executor calls its node with.
+pub fn own_client(id: NodeId, secret: &ClusterSecret) -> Result<Client, GrpcError> {
+    let connector = connector();
+    Client::builder(&grpc_address(id))
+        .header(NODE_PROOF_HEADER, secret.node_proof(id))
+        .build_with(|endpoint| endpoint.connect_with_connector_lazy(dial(connector.clone())))
+        .map_err(|source| GrpcError::Client { node: id, source })
 }
 
 /// One accepted simulated connection, labelled for the auth layer as the
@@ -168,9 +195,10 @@ pub async fn serve_raft(journal: Journal, secret: ClusterSecret) -> Result<(), G
     serve(journal, None, secret).await
 }
 
-/// [`serve_raft`], and with `gate` the real `leasehold.v1.Peer` service
-/// too (adverts and bus messages, into that gate), as a node serves both
-/// on its one port.
+/// [`serve_raft`] and the real `leasehold.v1.Queue` service (what a
+/// node's executor claims and acks through), and with `gate` the real
+/// `leasehold.v1.Peer` service too (adverts and bus messages, into that
+/// gate), as a node serves them all on its one port.
 pub async fn serve(
     journal: Journal,
     gate: Option<Gate>,
@@ -187,15 +215,19 @@ pub async fn serve(
         AuthConfig { tls: false, secret, tokens: None },
         journal.metrics().auth_refused.clone(),
     );
-    let raft = RaftServer::new(RaftService::new(journal))
+    let raft = RaftServer::new(RaftService::new(journal.clone()))
         .max_decoding_message_size(MAX_RAFT_MESSAGE_BYTES)
         .max_encoding_message_size(MAX_RAFT_MESSAGE_BYTES);
     let peer = gate.map(|gate| {
         PeerServer::new(PeerService::new(gate)).max_decoding_message_size(MAX_SMALL_REQUEST_BYTES)
     });
+    let queue = QueueServer::new(QueueService::new(journal))
+        .max_decoding_message_size(MAX_QUEUE_REQUEST_BYTES)
+        .max_encoding_message_size(MAX_QUEUE_RESPONSE_BYTES);
     tonic::transport::Server::builder()
         .layer(auth)
         .add_service(raft)
+        .add_service(queue)
         .add_optional_service(peer)
         .serve_with_incoming(incoming)
         .await

@@ -1,6 +1,7 @@
 //! A simulated node's local, unreplicated tables — the bus table and the
 //! kept peer adverts — in memory, behind the replica runtime's store traits
-//! ([`BusStore`], [`AdvertStore`]), so the real bus and gate run on them.
+//! ([`BusStore`], [`AdvertStore`]), so the real bus and gate run on them;
+//! and a bus table with a planted bug ([`ReleaseBothPaths`]).
 //!
 //! Clones share one table. Who makes them decides what a restart keeps: a
 //! caller that hands a host's restarted life the same tables models a disk
@@ -13,7 +14,9 @@
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
+use leasehold_core::Command;
 use leasehold_core::bus::BusRecord;
+use leasehold_replica::Journal;
 use leasehold_replica::stores::{AdvertStore, BusStore, KeptAdvert, StoreError};
 
 /// One host's bus table, in memory. Clones share it.
@@ -53,6 +56,78 @@ impl BusStore for SimBusTable {
         let before = records.len();
         records.retain(|_, record| keep(record));
         Ok(before - records.len())
+    }
+}
+
+/// A planted bug: a host's bus table whose release also releases the
+/// journal lease its executor holds on the job with the same key — a
+/// release that "calls both stores", as SPEC §4 once had it, so a bus tick
+/// that lost the tick to the journal hands the journal's run of it to a
+/// second claimant while it is still going (docs/safety.md, "5 and 6").
+/// The shipped bus tick releases only its bus claim; this wrapper puts the
+/// other release back where the node's bus release lands: the moment this
+/// host marks a key it won as released.
+#[derive(Clone)]
+pub struct ReleaseBothPaths {
+    table: SimBusTable,
+    node: u64,
+    journal: Journal,
+}
+
+impl ReleaseBothPaths {
+    /// `node`'s bus table that releases, with each bus key it won, the
+    /// lease `node`'s executor (worker `node-ID`) holds on that key's job
+    /// in `journal`.
+    pub fn new(node: u64, journal: Journal) -> ReleaseBothPaths {
+        ReleaseBothPaths { table: SimBusTable::default(), node, journal }
+    }
+
+    fn release_journal_lease(&self, key: &str) {
+        let holder = format!("node-{}", self.node);
+        let held = self.journal.read_stale(|state| state.leases_held_by(&holder, Some(key)));
+        for (job_id, token) in held {
+            let journal = self.journal.clone();
+            tracing::info!(
+                job = job_id,
+                token,
+                key,
+                "planted: the bus release releases a journal lease"
+            );
+            tokio::spawn(async move { journal.propose(Command::Release { job_id, token }).await });
+        }
+    }
+}
+
+impl std::fmt::Debug for ReleaseBothPaths {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ReleaseBothPaths").field("node", &self.node).finish_non_exhaustive()
+    }
+}
+
+impl BusStore for ReleaseBothPaths {
+    fn get(&self, key: &str) -> Result<BusRecord, StoreError> {
+        self.table.get(key)
+    }
+
+    fn update(&self, key: &str, change: &dyn Fn(&mut BusRecord)) -> Result<BusRecord, StoreError> {
+        let before = self.table.get(key)?;
+        let after = self.table.update(key, change)?;
+        if !before.released && after.released && after.winner() == Some(self.node) {
+            self.release_journal_lease(key);
+        }
+        Ok(after)
+    }
+
+    fn keys_with_prefix(&self, prefix: &str) -> Result<Vec<String>, StoreError> {
+        self.table.keys_with_prefix(prefix)
+    }
+
+    fn records(&self) -> Result<Vec<(String, BusRecord)>, StoreError> {
+        BusStore::records(&self.table)
+    }
+
+    fn retain(&self, keep: &dyn Fn(&BusRecord) -> bool) -> Result<usize, StoreError> {
+        self.table.retain(keep)
     }
 }
 

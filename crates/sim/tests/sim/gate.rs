@@ -33,12 +33,11 @@ use std::time::Duration;
 use leasehold_core::Response;
 use leasehold_core::claim_path::{ClaimPath, Decision};
 use leasehold_raft::NodeId;
-use leasehold_replica::Gate;
 use leasehold_replica::bus::Outcome;
 
 use crate::journal_hosts::{
-    ADVERT_INTERVAL, Host, Hosts, NODES, Peers, Skews, WAIT, enqueue, form_group, propose, real_ms,
-    stamping_leader, start,
+    ADVERT_INTERVAL, Hosts, NODES, Peers, Skews, enqueue, every_gate_decides, form_group, propose,
+    real_ms, stamping_leader, start, with_gate,
 };
 
 /// The seeds the story runs on.
@@ -66,16 +65,6 @@ struct Run {
 /// The bus key the nodes claim: a cron tick's, as the node driver names it.
 const BUS_KEY: &str = "cron:tick:1000";
 
-/// Runs `f` with `host`'s gate on the host's runtime (its monotonic clock
-/// is the one its adverts were aged by).
-async fn with_gate<T: Send + 'static>(
-    host: &Host,
-    f: impl FnOnce(&Gate) -> T + Send + 'static,
-) -> anyhow::Result<T> {
-    let gate = host.gate.clone().ok_or_else(|| anyhow::anyhow!("a host without a gate"))?;
-    Ok(host.runtime.spawn(async move { f(&gate) }).await?)
-}
-
 /// Every node's decision for a claim at `at_ms`.
 async fn decisions_at(hosts: &Hosts, at_ms: u64) -> anyhow::Result<Vec<(NodeId, Decision)>> {
     let mut decisions = Vec::new();
@@ -97,19 +86,7 @@ async fn drive(hosts: Hosts, run: Arc<Mutex<Run>>) -> anyhow::Result<()> {
     anyhow::ensure!(matches!(answer, Response::Enqueued(_)), "enqueue: {answer:?}");
 
     tracing::info!("--- every gate decides the journal once every peer has advertised");
-    let deadline = tokio::time::Instant::now() + WAIT;
-    loop {
-        let mut decisions = Vec::new();
-        for (id, host) in hosts.all() {
-            decisions.push((id, with_gate(&host, |gate| gate.decide_at(gate.now_ms())).await?));
-        }
-        if decisions.iter().all(|(_, decision)| decision.path == ClaimPath::Journal) {
-            history.push(format!("{} every gate decides {decisions:?}", real_ms()));
-            break;
-        }
-        anyhow::ensure!(tokio::time::Instant::now() < deadline, "no agreement: {decisions:?}");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    every_gate_decides(&hosts, ClaimPath::Journal, &mut history).await?;
 
     tracing::info!("--- node {FLIPPED} turns its flag off; the adverts carry it");
     let flipped = hosts.get(FLIPPED).ok_or_else(|| anyhow::anyhow!("node {FLIPPED} is down"))?;

@@ -13,17 +13,25 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
-use leasehold_core::claim_path::GateFlags;
+use leasehold_client::Outcome;
+use leasehold_client::exec::{CommandLine, Run};
+use leasehold_cluster_tests::execlog::{ExecEvent, RunPhase};
+use leasehold_core::claim_path::{ClaimPath, GateFlags};
+use leasehold_core::schedule::DEFAULT_COMMAND_QUEUE;
 use leasehold_core::{Command, Grant, JobSpec, Limits, Proposal, Response};
+use leasehold_node::commands::{RunCommand, Running};
+use leasehold_node::driver::{self, DriverConfig};
+use leasehold_node::executor::{self, ExecutorConfig};
 use leasehold_raft::{NetworkFactory, NodeId, Raft, TypeConfig};
 use leasehold_replica::bus::Bus;
 use leasehold_replica::gate::run_adverts;
 use leasehold_replica::journal::DEFAULT_BATCHES_IN_FLIGHT;
+use leasehold_replica::stores::BusStore;
 use leasehold_replica::{Gate, GateConfig, Journal, JournalConfig, JournalError};
 use leasehold_security::ClusterSecret;
 use leasehold_sim::clock::{Clocks, HostClock};
 use leasehold_sim::grpc::{self, grpc_address};
-use leasehold_sim::local::{SimBusTable, SimPeerStore};
+use leasehold_sim::local::{ReleaseBothPaths, SimBusTable, SimPeerStore};
 use leasehold_sim::net::{OneWayCuts, SimNetwork, host_name, serve};
 use leasehold_sim::{SimDisk, SimLogStore};
 use openraft::{BasicNode, Entry, EntryPayload, RaftLogReader, ServerState};
@@ -70,6 +78,9 @@ pub enum Skews {
     /// Odd hosts ahead, even hosts behind: every host has a host 200–400 ms
     /// away from it, so a stamp shows whose clock it came from.
     Alternating,
+    /// Node 1 behind, the others ahead: they reach a tick 200–400 ms
+    /// before node 1 does.
+    FirstBehind,
 }
 
 /// One running host: its journal, its gate (with [`Peers::Gate`]), its log
@@ -98,6 +109,128 @@ impl Hosts {
     pub fn get(&self, id: NodeId) -> Option<Host> {
         self.0.lock().unwrap_or_else(PoisonError::into_inner).get(&id).cloned()
     }
+}
+
+/// The node's duties, run on every host of [`start_with_duties`]: the
+/// node's real driver (sweeps, purges, cron ticks on either path) and, on
+/// `executors`, its real built-in executor claiming the command queue
+/// through the host's own Queue service. Every command they run is
+/// recorded in `runs` by [`SimCommands`] instead of being started.
+#[derive(Clone)]
+pub struct Duties {
+    /// Every run of a command, by every host.
+    pub runs: RunLog,
+    /// The hosts whose executor is on (the driver takes bus claims only
+    /// there, as a node without an executor does not).
+    pub executors: Vec<NodeId>,
+    /// How long each command runs, in simulated time.
+    pub run_for: Duration,
+    /// Plants [`ReleaseBothPaths`] in every host's bus table.
+    pub release_both_paths: bool,
+}
+
+/// Every run of a command, shared by the hosts and the test.
+#[derive(Clone, Debug, Default)]
+pub struct RunLog(Arc<Mutex<Vec<ExecEvent>>>);
+
+impl RunLog {
+    fn record(&self, event: ExecEvent) {
+        self.0.lock().unwrap_or_else(PoisonError::into_inner).push(event);
+    }
+
+    /// The runs so far, in the order they were recorded.
+    pub fn events(&self) -> Vec<ExecEvent> {
+        self.0.lock().unwrap_or_else(PoisonError::into_inner).clone()
+    }
+}
+
+impl Duties {
+    /// Starts host `id`'s driver and (when on here) its executor, on the
+    /// host's runtime, until `shutdown` turns true or the host's life ends.
+    fn start(
+        &self,
+        id: NodeId,
+        journal: &Journal,
+        gate: &Gate,
+        secret: &ClusterSecret,
+        shutdown: &tokio::sync::watch::Receiver<bool>,
+    ) -> anyhow::Result<()> {
+        let commands: Arc<dyn RunCommand> =
+            Arc::new(SimCommands { node: id, runs: self.runs.clone(), run_for: self.run_for });
+        let executor = self.executors.contains(&id);
+        let driver_config = DriverConfig {
+            sweep_interval: Duration::from_millis(500),
+            purge_interval: Duration::from_secs(60),
+            run_commands: executor,
+            tags: Vec::new(),
+            command_timeout: Duration::from_secs(10),
+            grace: Duration::from_secs(1),
+            commands: commands.clone(),
+        };
+        tokio::spawn(driver::run(journal.clone(), gate.clone(), driver_config, shutdown.clone()));
+        if executor {
+            let config = ExecutorConfig {
+                node_id: id,
+                queues: vec![DEFAULT_COMMAND_QUEUE.to_string()],
+                concurrency: 4,
+                timeout: Duration::from_secs(10),
+                tags: Vec::new(),
+                grace: Duration::from_secs(1),
+                commands,
+            };
+            let client = grpc::own_client(id, secret)?;
+            tokio::spawn(executor::run(config, client, shutdown.clone()));
+        }
+        Ok(())
+    }
+}
+
+/// Runs a command as the simulation's: records its start, waits
+/// `run_for` on the host's simulated clock, records its end and acks. The
+/// run's facts come from the environment the node gives the command (the
+/// job, its fencing token and attempt from the executor; the schedule, the
+/// bucket, the claim path and the node from either).
+#[derive(Debug)]
+pub struct SimCommands {
+    node: NodeId,
+    runs: RunLog,
+    run_for: Duration,
+}
+
+impl RunCommand for SimCommands {
+    fn run<'a>(&'a self, command: &'a CommandLine) -> Running<'a> {
+        Box::pin(async move {
+            let var = |name: &str| {
+                command.env.iter().find(|(key, _)| key == name).map(|(_, value)| value.as_str())
+            };
+            let number = |name: &str| var(name).and_then(|value| value.parse().ok()).unwrap_or(0);
+            let event = |phase| ExecEvent {
+                phase,
+                wall_ns: sim_ns(),
+                schedule: var("LEASEHOLD_SCHEDULE").unwrap_or("none").to_string(),
+                bucket: number("LEASEHOLD_BUCKET"),
+                node: self.node,
+                token: number("LEASEHOLD_FENCING_TOKEN"),
+                job_id: number("LEASEHOLD_JOB_ID"),
+                attempt: u32::try_from(number("LEASEHOLD_ATTEMPT")).unwrap_or(0),
+                path: var("LEASEHOLD_CLAIM_PATH").unwrap_or("journal").to_string(),
+            };
+            self.runs.record(event(RunPhase::Start));
+            tokio::time::sleep(self.run_for).await;
+            self.runs.record(event(RunPhase::End));
+            Run {
+                outcome: Outcome::Ack { result: Vec::new() },
+                stdout: String::new(),
+                stderr: String::new(),
+            }
+        })
+    }
+}
+
+/// Simulated nanoseconds since the start of the simulation, on any host.
+pub fn sim_ns() -> u64 {
+    turmoil::sim_elapsed()
+        .map_or(0, |elapsed| u64::try_from(elapsed.as_nanos()).unwrap_or(u64::MAX))
 }
 
 /// A simulation with the hosts added and no driver yet.
@@ -138,9 +271,10 @@ async fn measure_peers(id: NodeId, journal: Journal, clocks: Clocks) {
     }
 }
 
-/// The node's gate over `journal`, on in-memory bus and advert tables,
-/// with the node's default settings and its journal-lease flag on.
-fn gate_of(journal: &Journal, secret: &ClusterSecret) -> Gate {
+/// The node's gate over `journal`, on the bus table `bus_table` and an
+/// in-memory advert table, with the node's default settings and its
+/// journal-lease flag on.
+fn gate_of(journal: &Journal, secret: &ClusterSecret, bus_table: Arc<dyn BusStore>) -> Gate {
     let config = GateConfig {
         advert_interval: ADVERT_INTERVAL,
         stale_after_ms: 30_000,
@@ -148,7 +282,7 @@ fn gate_of(journal: &Journal, secret: &ClusterSecret) -> Gate {
         version: "sim".to_string(),
     };
     let flags = GateFlags { journal_lease: true, journal_lease_dry_run: false };
-    let bus = Bus::new(journal.node_id(), Arc::new(SimBusTable::default()));
+    let bus = Bus::new(journal.node_id(), bus_table);
     Gate::new(
         journal.clone(),
         config,
@@ -304,6 +438,38 @@ pub async fn stamping_leader(hosts: &Hosts) -> anyhow::Result<(NodeId, Host)> {
     }
 }
 
+/// Runs `f` with `host`'s gate on the host's runtime (its monotonic clock
+/// is the one its adverts were aged by).
+pub async fn with_gate<T: Send + 'static>(
+    host: &Host,
+    f: impl FnOnce(&Gate) -> T + Send + 'static,
+) -> anyhow::Result<T> {
+    let gate = host.gate.clone().ok_or_else(|| anyhow::anyhow!("a host without a gate"))?;
+    Ok(host.runtime.spawn(async move { f(&gate) }).await?)
+}
+
+/// Waits until every host's gate decides `path` for a claim now (once
+/// every peer has advertised); the decisions go into `history`.
+pub async fn every_gate_decides(
+    hosts: &Hosts,
+    path: ClaimPath,
+    history: &mut Vec<String>,
+) -> anyhow::Result<()> {
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let mut decisions = Vec::new();
+        for (id, host) in hosts.all() {
+            decisions.push((id, with_gate(&host, |gate| gate.decide_at(gate.now_ms())).await?));
+        }
+        if decisions.iter().all(|(_, decision)| decision.path == path) {
+            history.push(format!("{} every gate decides {decisions:?}", real_ms()));
+            return Ok(());
+        }
+        anyhow::ensure!(Instant::now() < deadline, "no agreement on {path:?}: {decisions:?}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
 /// The last log index `raft` holds.
 pub fn last_log_index(raft: &Raft) -> u64 {
     raft.metrics().borrow().last_log_index.unwrap_or(0)
@@ -311,6 +477,21 @@ pub fn last_log_index(raft: &Raft) -> u64 {
 
 /// Builds the simulation seeded with `seed` and starts its three hosts.
 pub fn start(seed: u64, peers: Peers, skews: Skews) -> anyhow::Result<Simulation> {
+    start_hosts(seed, peers, skews, None)
+}
+
+/// [`start`] with [`Peers::Gate`], every host also running the node's
+/// duties (`duties`).
+pub fn start_with_duties(seed: u64, skews: Skews, duties: Duties) -> anyhow::Result<Simulation> {
+    start_hosts(seed, Peers::Gate, skews, Some(duties))
+}
+
+fn start_hosts(
+    seed: u64,
+    peers: Peers,
+    skews: Skews,
+    duties: Option<Duties>,
+) -> anyhow::Result<Simulation> {
     let mut rng = StdRng::seed_from_u64(seed);
     let mut sim = turmoil::Builder::new()
         .rng_seed(seed)
@@ -326,6 +507,7 @@ pub fn start(seed: u64, peers: Peers, skews: Skews) -> anyhow::Result<Simulation
                 let ahead = match skews {
                     Skews::Either => rng.gen_bool(0.5),
                     Skews::Alternating => id % 2 == 1,
+                    Skews::FirstBehind => id != 1,
                 };
                 let skew_ms = if ahead { magnitude_ms } else { -magnitude_ms };
                 let drift_ppm = rng.gen_range(-500..=500);
@@ -344,10 +526,12 @@ pub fn start(seed: u64, peers: Peers, skews: Skews) -> anyhow::Result<Simulation
         let config = Arc::new(config);
         let (hosts, clocks, cuts, secret) =
             (hosts.clone(), clocks.clone(), cuts.clone(), secret.clone());
+        let duties = duties.clone();
         sim.host(host_name(id), move || {
             let (disk, config) = (disk.clone(), config.clone());
             let (hosts, clocks, cuts, secret) =
                 (hosts.clone(), clocks.clone(), cuts.clone(), secret.clone());
+            let duties = duties.clone();
             async move {
                 let (log_store, state_machine) = disk.open();
                 let network = SimNetwork::new(id, cuts.clone());
@@ -365,7 +549,13 @@ pub fn start(seed: u64, peers: Peers, skews: Skews) -> anyhow::Result<Simulation
                     clocks.replica_clock(id),
                     journal_peers,
                 );
-                let gate = (peers == Peers::Gate).then(|| gate_of(&journal, &secret));
+                let bus_table: Arc<dyn BusStore> = match &duties {
+                    Some(duties) if duties.release_both_paths => {
+                        Arc::new(ReleaseBothPaths::new(id, journal.clone()))
+                    }
+                    _ => Arc::new(SimBusTable::default()),
+                };
+                let gate = (peers == Peers::Gate).then(|| gate_of(&journal, &secret, bus_table));
                 let host = Host {
                     journal: journal.clone(),
                     gate: gate.clone(),
@@ -373,6 +563,11 @@ pub fn start(seed: u64, peers: Peers, skews: Skews) -> anyhow::Result<Simulation
                     runtime: Handle::current(),
                 };
                 hosts.insert(id, host);
+                // Never told to stop: the host's life ends with its runtime.
+                let (_running, shutdown) = tokio::sync::watch::channel(false);
+                if let (Some(duties), Some(gate)) = (&duties, &gate) {
+                    duties.start(id, &journal, gate, &secret, &shutdown)?;
+                }
                 let (served_journal, served_gate) = (journal.clone(), gate.clone());
                 let services = async move {
                     match peers {
@@ -382,8 +577,7 @@ pub fn start(seed: u64, peers: Peers, skews: Skews) -> anyhow::Result<Simulation
                         }
                     }
                 };
-                // Never told to stop: the host's life ends with its runtime.
-                let (_running, shutdown) = tokio::sync::watch::channel(false);
+
                 let measured = async move {
                     match gate {
                         Some(gate) => run_adverts(gate, shutdown).await,

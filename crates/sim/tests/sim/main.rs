@@ -4,6 +4,9 @@
 //! - `conformance`: openraft's own storage suite over the simulated stores.
 //! - `crash`: what the stores reported durable survives a crash; what they
 //!   did not may be lost, torn, but never half-reported.
+//! - `duties`: the node's real driver and executor on the simulation; both
+//!   claim paths contend for ticks and each runs once; a bus release that
+//!   also releases the journal lease is found.
 //! - `forward`: a follower's journal forwards writes and read-index
 //!   requests to the leader over the real `Raft.Forward` gRPC call on
 //!   simulated TCP; the leader stamps.
@@ -23,6 +26,7 @@
 mod cluster;
 mod conformance;
 mod crash;
+mod duties;
 mod forward;
 mod gate;
 mod journal;

@@ -1,0 +1,291 @@
+//! Goal: the node's real driver and built-in executor run on the seeded
+//! simulation, and when the nodes' views of their peers differ — the
+//! leader on the journal path, a follower on the bus for the same ticks —
+//! every tick still runs once, and no job is run by a second holder while
+//! its first is still running. Planted: a bus release that also releases
+//! the journal lease of the same key (`ReleaseBothPaths`) is found.
+//!
+//! Method: the three turmoil hosts of `journal_hosts` with the gate, each
+//! running the node's driver (`leasehold_node::driver::run`); nodes 2 and
+//! 3 also run the node's executor (`leasehold_node::executor::run`) with a
+//! client of their own Queue service over simulated TCP. Commands are not
+//! started: each run is recorded (start and end, with its schedule, bucket,
+//! job, token and claim path) and takes 400 ms of simulated time. The
+//! driver puts an every-second schedule whose ticks run a command and lets
+//! the journal path run them; then it cuts one follower off from the
+//! leader and turns that follower's journal-lease flag off behind the cut.
+//! The leader never hears of it and keeps firing on the journal; the other
+//! follower hears it and, from the settle point, claims the same ticks on
+//! the bus — the split SPEC §7.8 guards against (docs/safety.md, "5 and
+//! 6"). Six more seconds of ticks run so.
+//!
+//! Checks: the runs as the chaos harness's `journal_once` and `cron_once`
+//! read an execution log (no tick on both paths, no bucket run as two
+//! jobs, no token run twice); no two runs of one job overlap in simulated
+//! time (leases last 30 s and every run 400 ms, so no lease can lapse
+//! mid-run: an overlap is a lease taken from a running holder); every seed
+//! runs ticks on the journal; across the seeds the bus runs some and the
+//! journal records bus ticks and fires after the flag change (both paths
+//! contended); a seed gives the same history twice.
+//!
+//! What fails if the feature goes: a bus tick that runs without the
+//! journal admitting it runs ticks the leader fired too (`journal_once`);
+//! with `ReleaseBothPaths` planted, the follower's executor loses its
+//! running lease to the bus release and runs the job again (overlap).
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use leasehold_cluster_tests::checkers::{self, Checker, RunRecord, Severity};
+use leasehold_cluster_tests::execlog::{ExecEvent, RunPhase};
+use leasehold_cluster_tests::plan::CronSchedulePlan;
+use leasehold_core::claim_path::ClaimPath;
+use leasehold_core::schedule::{Catchup, JobTemplate, Overlap, ScheduleSpec, TickOutcome};
+use leasehold_core::{Command, Response};
+use leasehold_raft::NodeId;
+use leasehold_sim::net::host_name;
+
+use crate::journal_hosts::Peers;
+use crate::journal_hosts::{
+    Duties, Hosts, NODES, RunLog, Skews, every_gate_decides, form_group, propose, real_ms,
+    stamping_leader, start_with_duties, with_gate,
+};
+
+/// The seeds the story runs on, each twice.
+const SEEDS: std::ops::Range<u64> = 0..4;
+/// The seeds the planted bug gets to be found in.
+const PLANTED_SEEDS: std::ops::Range<u64> = 0..8;
+/// The schedule every host's driver ticks.
+const SCHEDULE: &str = "tick";
+/// How long each command runs.
+const RUN_FOR: Duration = Duration::from_millis(400);
+/// The lease a tick's job is claimed with.
+const LEASE_TTL_MS: u64 = 30_000;
+
+/// What one run recorded.
+#[derive(Debug, Default, PartialEq)]
+struct Run {
+    /// One line per event, simulated milliseconds first.
+    history: Vec<String>,
+    /// Every command run, by every node.
+    runs: Vec<ExecEvent>,
+    /// The leader's records of the ticks after the flag changed: fired on
+    /// the journal, and recorded for the bus.
+    fired_after_flip: usize,
+    bus_records_after_flip: usize,
+    /// Ticks the journal recorded as fired, or as run on the bus, that no
+    /// node ran on that path.
+    not_run: Vec<u64>,
+}
+
+/// The schedule as the checkers' plan names it: every second, overlap
+/// allowed, catch-up coalesced.
+fn plan() -> CronSchedulePlan {
+    CronSchedulePlan {
+        name: SCHEDULE.to_string(),
+        period_s: 1,
+        catchup: "coalesce".to_string(),
+        overlap: "allow".to_string(),
+        run_ms: u64::try_from(RUN_FOR.as_millis()).unwrap_or(u64::MAX),
+        lease_ttl_ms: LEASE_TTL_MS,
+    }
+}
+
+fn put_schedule() -> Command {
+    let plan = plan();
+    let spec = ScheduleSpec {
+        name: plan.name.clone(),
+        cron: plan.cron(),
+        template: JobTemplate {
+            lease_ttl_ms: Some(plan.lease_ttl_ms),
+            command: Some("work".to_string()),
+            ..JobTemplate::default()
+        },
+        overlap: Overlap::Allow,
+        catchup: Catchup::Coalesce,
+        ..ScheduleSpec::default()
+    };
+    Command::PutSchedule { spec }
+}
+
+/// The driver: forms the group, puts the schedule, lets the journal run
+/// it, then splits the nodes' views and lets both paths contend.
+async fn drive(hosts: Hosts, runs: RunLog, run: Arc<Mutex<Run>>) -> anyhow::Result<()> {
+    let mut history = Vec::new();
+    form_group(&hosts, Peers::Gate).await?;
+    let (leader_id, leader) = stamping_leader(&hosts).await?;
+    history.push(format!("{} node {leader_id} leads and may stamp", real_ms()));
+    every_gate_decides(&hosts, ClaimPath::Journal, &mut history).await?;
+    let answer = propose(&leader, put_schedule()).await??;
+    history.push(format!("{} put schedule -> {answer:?}", real_ms()));
+    anyhow::ensure!(answer == Response::ScheduleChanged, "put schedule: {answer:?}");
+    tokio::time::sleep(Duration::from_secs(4)).await;
+
+    let followers: Vec<NodeId> = (1..=NODES).filter(|id| *id != leader_id).collect();
+    let [other, muted] = followers.as_slice() else {
+        anyhow::bail!("followers {followers:?}");
+    };
+    tracing::info!("--- node {muted} is cut off from the leader and turns its flag off");
+    turmoil::partition(host_name(*muted), host_name(leader_id));
+    let muted_host = hosts.get(*muted).ok_or_else(|| anyhow::anyhow!("node {muted} is down"))?;
+    let (flipped_at_ms, settle_ms) = with_gate(&muted_host, |gate| {
+        let at_ms = gate.now_ms();
+        gate.set_flags(Some(false), None);
+        (at_ms, gate.config().settle_ms())
+    })
+    .await?;
+    history.push(format!(
+        "{} node {muted} cut off from node {leader_id}, its flag off at {flipped_at_ms}; \
+         node {other} hears it",
+        real_ms()
+    ));
+    tokio::time::sleep(Duration::from_millis(settle_ms) + Duration::from_secs(6)).await;
+
+    // The leader's tick records after the settle point: fires, and ticks
+    // the bus recorded.
+    let settled_bucket = (flipped_at_ms + settle_ms) / 1_000;
+    let records = leader.journal.read_stale(|state| {
+        state.schedules().get(SCHEDULE).map(|schedule| schedule.history.clone()).unwrap_or_default()
+    });
+    let events = runs.events();
+    let ran = |bucket: u64, path: &str| {
+        events.iter().any(|event| {
+            event.phase == RunPhase::Start && event.bucket == bucket && event.path == path
+        })
+    };
+    // The newest two ticks may not have been claimed yet.
+    let judged_until =
+        records.iter().map(|record| record.bucket).max().unwrap_or(0).saturating_sub(2);
+    let (mut fired_after_flip, mut bus_records_after_flip) = (0, 0);
+    let mut not_run = Vec::new();
+    for record in records {
+        history.push(format!("record {}: {:?}", record.bucket, record.outcome));
+        let path = match record.outcome {
+            TickOutcome::Fired { .. } => "journal",
+            TickOutcome::Skipped { reason, .. } if reason.as_str() == "bus" => "bus",
+            TickOutcome::Skipped { .. } => continue,
+        };
+        if record.bucket >= settled_bucket {
+            if path == "bus" { bus_records_after_flip += 1 } else { fired_after_flip += 1 }
+        }
+        if record.bucket <= judged_until && !ran(record.bucket, path) {
+            not_run.push(record.bucket);
+        }
+    }
+    let mut run = run.lock().unwrap_or_else(PoisonError::into_inner);
+    *run = Run { history, runs: events, fired_after_flip, bus_records_after_flip, not_run };
+    Ok(())
+}
+
+fn run(seed: u64, skews: Skews, release_both_paths: bool) -> anyhow::Result<Run> {
+    let runs = RunLog::default();
+    let duties =
+        Duties { runs: runs.clone(), executors: vec![2, 3], run_for: RUN_FOR, release_both_paths };
+    let mut simulation = start_with_duties(seed, skews, duties)?;
+    let recorded = Arc::new(Mutex::new(Run::default()));
+    let (hosts, run) = (simulation.hosts.clone(), recorded.clone());
+    simulation.sim.client("driver", async move {
+        drive(hosts, runs, run).await.map_err(|error| error.into())
+    });
+    simulation.sim.run().map_err(|error| anyhow::anyhow!("seed {seed}: {error}"))?;
+    let run = std::mem::take(&mut *recorded.lock().unwrap_or_else(PoisonError::into_inner));
+    Ok(run)
+}
+
+/// Why `run` breaks safety: the checkers' safety anomalies, and runs of
+/// one job that overlap.
+fn violations(run: &Run) -> Vec<String> {
+    let record = RunRecord {
+        history: Vec::new(),
+        sink: Vec::new(),
+        final_jobs: None,
+        samples: Vec::new(),
+        nodes: NODES,
+        runs: run.runs.clone(),
+        final_exec_jobs: None,
+        cron: vec![plan()],
+        clock_bound_ms: 500,
+    };
+    let mut found = Vec::new();
+    let applicable: [&dyn Checker; 2] =
+        [&checkers::journal_once::JournalOnce, &checkers::cron_once::CronOnce];
+    for checker in applicable {
+        let verdict = checker.check(&record);
+        for anomaly in verdict.anomalies.iter().filter(|a| a.severity == Severity::Safety) {
+            found.push(format!("{}: {}", verdict.checker, anomaly.message));
+        }
+    }
+    found.extend(overlapping_runs(&run.runs));
+    found
+}
+
+/// Runs of one job (on the journal path) whose spans overlap.
+fn overlapping_runs(events: &[ExecEvent]) -> Vec<String> {
+    let mut spans: BTreeMap<(u64, u64), (u64, Option<u64>, NodeId)> = BTreeMap::new();
+    for event in events.iter().filter(|event| event.job_id != 0) {
+        let span = spans.entry((event.job_id, event.token)).or_insert((0, None, event.node));
+        match event.phase {
+            RunPhase::Start => span.0 = event.wall_ns,
+            RunPhase::End => span.1 = Some(event.wall_ns),
+        }
+    }
+    let mut found = Vec::new();
+    for ((job, token), (start, end, node)) in &spans {
+        for ((other_job, other_token), (other_start, _, other_node)) in &spans {
+            let still_running = end.is_none_or(|end| *other_start < end);
+            if job == other_job && token != other_token && start <= other_start && still_running {
+                found.push(format!(
+                    "job {job} ran under token {other_token} on node {other_node} from \
+                     {other_start} ns while its run under token {token} on node {node} \
+                     (from {start} ns) was still going"
+                ));
+            }
+        }
+    }
+    found
+}
+
+#[test]
+fn both_paths_contend_for_ticks_and_each_runs_once() -> anyhow::Result<()> {
+    let (mut bus_runs, mut fired, mut bus_records) = (0, 0, 0);
+    let stories = SEEDS.flat_map(|seed| [(seed, Skews::FirstBehind), (seed, Skews::Either)]);
+    for (seed, skews) in stories {
+        let first = run(seed, skews, false)?;
+        let text = first.history.join("\n");
+        let violations = violations(&first);
+        anyhow::ensure!(violations.is_empty(), "seed {seed}: {violations:#?}\n{text}");
+        let starts = |path: &str| {
+            first.runs.iter().filter(|e| e.phase == RunPhase::Start && e.path == path).count()
+        };
+        anyhow::ensure!(starts("journal") >= 2, "seed {seed}: runs {:?}\n{text}", first.runs);
+        anyhow::ensure!(
+            first.not_run.is_empty(),
+            "seed {seed}: ticks recorded and not run: {:?}\n{text}",
+            first.not_run
+        );
+        bus_runs += starts("bus");
+        fired += first.fired_after_flip;
+        bus_records += first.bus_records_after_flip;
+        let again = run(seed, skews, false)?;
+        anyhow::ensure!(first == again, "seed {seed} is not deterministic:\n{text}");
+    }
+    // Both paths took part: ticks ran on the bus, and after the settle
+    // point the journal holds fires and bus records alike.
+    anyhow::ensure!(bus_runs > 0, "no tick ran on the bus in {SEEDS:?}");
+    anyhow::ensure!(fired > 0 && bus_records > 0, "fired {fired}, bus records {bus_records}");
+    Ok(())
+}
+
+#[test]
+fn a_bus_release_that_releases_the_journal_lease_is_found() -> anyhow::Result<()> {
+    for seed in PLANTED_SEEDS {
+        let planted = run(seed, Skews::Either, true)?;
+        let violations = violations(&planted);
+        if !violations.is_empty() {
+            eprintln!("release-both-paths: found on seed {seed}: {violations:#?}");
+            return Ok(());
+        }
+    }
+    anyhow::bail!("release-both-paths was not found in seeds {PLANTED_SEEDS:?}")
+}
