@@ -140,7 +140,7 @@ impl QueueService {
     ) -> Result<Reply<v1::ClaimResponse>, Status> {
         // The node's hold on the call is measured from here, on its
         // monotonic clock, and told to the client (`waited_ms`).
-        let received = std::time::Instant::now();
+        let received = tokio::time::Instant::now();
         let caller = Caller::of(&request)?.clone();
         let request = request.into_inner();
         if is_command_queue(&request.queue) {
