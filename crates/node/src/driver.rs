@@ -91,7 +91,13 @@ pub async fn run(
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut state = Ticker::default();
     loop {
+        // Biased, so tokio's unseeded choice between branches ready at once
+        // plays no part (a simulation replays the same order from its
+        // seed). The ticks cannot starve one another: each interval, once
+        // taken, is not ready again for its period, and the rare sweep and
+        // purge come before the 25 ms ticker.
         tokio::select! {
+            biased;
             _ = shutdown.changed() => break,
             _ = sweep.tick() => sweep_once(&journal).await,
             _ = purge.tick() => purge_once(&journal).await,
