@@ -253,7 +253,7 @@ pub async fn tick_schedules(
                 journal_fires.spawn(async move {
                     // A proposal that did not commit ends this schedule's
                     // round; the next round plans again from the journal.
-                    if skip_bus_ran(&journal, &gate, &schedule, &cron).await {
+                    if skip_bus_ran(&journal, &gate, &schedule, &cron, bucket).await {
                         fire_on_journal(&journal, &gate, &schedule, &cron, now_ms).await;
                     }
                 });
@@ -348,21 +348,23 @@ fn bus_refusal(
 /// round (false after a skip was proposed: the next round plans from the
 /// updated journal, and false when the bus table cannot be read).
 ///
-/// Only claims of ticks this node's gate puts on the bus count: the ticks
-/// of the time before the pool came back. A claim of a tick this node
-/// decides for the journal comes from a peer whose view of the pool
-/// differs; that claimant runs the tick only if the journal takes its own
-/// record of it, so recording the tick for it here would refuse that
-/// record and leave the tick run by nobody (found by the simulation:
-/// every tick of such a split was lost).
+/// Only claims of ticks before `planned` (the tick this round plans) count.
+/// A claim of the tick being planned, or a later one, comes from a peer
+/// whose view of the pool differs from this node's, claiming the same tick
+/// at the same time: that claimant runs it only if the journal takes its
+/// own record of it, so recording the tick for it here would refuse that
+/// record and leave the tick run by nobody (found by the simulation: every
+/// tick of such a split was lost). Earlier claims are kept counting: a
+/// node of an older version may have run them on the bus without any
+/// record in the journal.
 async fn skip_bus_ran(
     journal: &Journal,
     gate: &Gate,
     schedule: &Schedule,
     cron: &CronSchedule,
+    planned: u64,
 ) -> bool {
-    let on_bus = |bucket: u64| gate.decide_at(cron::tick_ms(bucket)).path == ClaimPath::Bus;
-    let high = match gate.bus().high_water(&schedule.spec.name, on_bus) {
+    let high = match gate.bus().high_water(&schedule.spec.name, |bucket| bucket < planned) {
         Ok(Some(high)) if high > schedule.last_fired_bucket => high,
         Ok(_) => return true,
         Err(error) => {
