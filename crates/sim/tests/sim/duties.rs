@@ -2,8 +2,10 @@
 //! simulation, and when the nodes' views of their peers differ — the
 //! leader on the journal path, a follower on the bus for the same ticks —
 //! every tick still runs once, and no job is run by a second holder while
-//! its first is still running. Planted: a bus release that also releases
-//! the journal lease of the same key (`ReleaseBothPaths`) is found.
+//! its first is still running; a leader crash and a power cut do not stop
+//! the duties or run anything twice. Planted: a bus release that also
+//! releases the journal lease of the same key (`ReleaseBothPaths`) is
+//! found.
 //!
 //! Method: the three turmoil hosts of `journal_hosts` with the gate, each
 //! running the node's driver (`leasehold_node::driver::run`); nodes 2 and
@@ -28,6 +30,12 @@
 //! journal records bus ticks and fires after the flag change (both paths
 //! contended); a seed gives the same history twice.
 //!
+//! The crash story (skews either way, 2 s leases): after the journal has
+//! run a while the leader crashes and comes back, then every host loses
+//! power for 300 ms; ten seconds follow. A run the node cut off (lease
+//! lost) or a crash ended counts as ended there. Checks: as above, no tick
+//! recorded and not run, runs after the power cut, the same history twice.
+//!
 //! What fails if the feature goes: a bus tick that runs without the
 //! journal admitting it runs ticks the leader fired too (`journal_once`);
 //! with `ReleaseBothPaths` planted, the follower's executor loses its
@@ -46,10 +54,10 @@ use leasehold_core::{Command, Response};
 use leasehold_raft::NodeId;
 use leasehold_sim::net::host_name;
 
-use crate::journal_hosts::Peers;
 use crate::journal_hosts::{
-    Duties, Hosts, NODES, RunLog, Skews, every_gate_decides, form_group, propose, real_ms,
-    stamping_leader, start_with_duties, with_gate,
+    Duties, FaultQueue, HostFault, Hosts, NODES, Peers, RunCut, RunLog, Skews, WAIT,
+    every_gate_decides, form_group, propose, real_ms, stamping_leader, start_with_duties,
+    with_gate,
 };
 
 /// The seeds the story runs on, each twice.
@@ -62,6 +70,11 @@ const SCHEDULE: &str = "tick";
 const RUN_FOR: Duration = Duration::from_millis(400);
 /// The lease a tick's job is claimed with.
 const LEASE_TTL_MS: u64 = 30_000;
+/// The lease in the crash story: short, so a job whose holder crashed goes
+/// out again within the run (still five runs long).
+const CRASH_LEASE_TTL_MS: u64 = 2_000;
+/// The seeds of the crash story, each twice.
+const CRASH_SEEDS: std::ops::Range<u64> = 0..16;
 
 /// What one run recorded.
 #[derive(Debug, Default, PartialEq)]
@@ -77,23 +90,42 @@ struct Run {
     /// Ticks the journal recorded as fired, or as run on the bus, that no
     /// node ran on that path.
     not_run: Vec<u64>,
+    /// Which host crashed when (simulated ns): its runs stopped there.
+    crashes: Vec<(NodeId, u64)>,
+    /// The runs the node cut off (it lost the lease) and when.
+    cuts: Vec<RunCut>,
+}
+
+/// What the driver does after the journal has run the schedule a while.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Story {
+    /// One follower is cut off from the leader and turns its flag off
+    /// behind the cut: the leader on the journal, the other follower on
+    /// the bus, for the same ticks.
+    Split,
+    /// The leader crashes and comes back; later the whole cluster loses
+    /// power and comes back; the duties go on.
+    Crashes,
 }
 
 /// The schedule as the checkers' plan names it: every second, overlap
 /// allowed, catch-up coalesced.
-fn plan() -> CronSchedulePlan {
+fn plan(story: Story) -> CronSchedulePlan {
     CronSchedulePlan {
         name: SCHEDULE.to_string(),
         period_s: 1,
         catchup: "coalesce".to_string(),
         overlap: "allow".to_string(),
         run_ms: u64::try_from(RUN_FOR.as_millis()).unwrap_or(u64::MAX),
-        lease_ttl_ms: LEASE_TTL_MS,
+        lease_ttl_ms: match story {
+            Story::Split => LEASE_TTL_MS,
+            Story::Crashes => CRASH_LEASE_TTL_MS,
+        },
     }
 }
 
-fn put_schedule() -> Command {
-    let plan = plan();
+fn put_schedule(story: Story) -> Command {
+    let plan = plan(story);
     let spec = ScheduleSpec {
         name: plan.name.clone(),
         cron: plan.cron(),
@@ -110,41 +142,34 @@ fn put_schedule() -> Command {
 }
 
 /// The driver: forms the group, puts the schedule, lets the journal run
-/// it, then splits the nodes' views and lets both paths contend.
-async fn drive(hosts: Hosts, runs: RunLog, run: Arc<Mutex<Run>>) -> anyhow::Result<()> {
+/// it for four seconds, then plays `story` and reads the leader's tick
+/// records.
+async fn drive(
+    hosts: Hosts,
+    runs: RunLog,
+    faults: FaultQueue,
+    story: Story,
+    run: Arc<Mutex<Run>>,
+) -> anyhow::Result<()> {
     let mut history = Vec::new();
     form_group(&hosts, Peers::Gate).await?;
     let (leader_id, leader) = stamping_leader(&hosts).await?;
     history.push(format!("{} node {leader_id} leads and may stamp", real_ms()));
     every_gate_decides(&hosts, ClaimPath::Journal, &mut history).await?;
-    let answer = propose(&leader, put_schedule()).await??;
+    let answer = propose(&leader, put_schedule(story)).await??;
     history.push(format!("{} put schedule -> {answer:?}", real_ms()));
     anyhow::ensure!(answer == Response::ScheduleChanged, "put schedule: {answer:?}");
     tokio::time::sleep(Duration::from_secs(4)).await;
 
-    let followers: Vec<NodeId> = (1..=NODES).filter(|id| *id != leader_id).collect();
-    let [other, muted] = followers.as_slice() else {
-        anyhow::bail!("followers {followers:?}");
+    // The bucket from which both paths contend (the split), or 0.
+    let contended_from = match story {
+        Story::Split => split(&hosts, leader_id, &mut history).await?,
+        Story::Crashes => {
+            crashes(&hosts, &faults, leader_id, &mut history).await?;
+            0
+        }
     };
-    tracing::info!("--- node {muted} is cut off from the leader and turns its flag off");
-    turmoil::partition(host_name(*muted), host_name(leader_id));
-    let muted_host = hosts.get(*muted).ok_or_else(|| anyhow::anyhow!("node {muted} is down"))?;
-    let (flipped_at_ms, settle_ms) = with_gate(&muted_host, |gate| {
-        let at_ms = gate.now_ms();
-        gate.set_flags(Some(false), None);
-        (at_ms, gate.config().settle_ms())
-    })
-    .await?;
-    history.push(format!(
-        "{} node {muted} cut off from node {leader_id}, its flag off at {flipped_at_ms}; \
-         node {other} hears it",
-        real_ms()
-    ));
-    tokio::time::sleep(Duration::from_millis(settle_ms) + Duration::from_secs(6)).await;
-
-    // The leader's tick records after the settle point: fires, and ticks
-    // the bus recorded.
-    let settled_bucket = (flipped_at_ms + settle_ms) / 1_000;
+    let (_, leader) = stamping_leader(&hosts).await?;
     let records = leader.journal.read_stale(|state| {
         state.schedules().get(SCHEDULE).map(|schedule| schedule.history.clone()).unwrap_or_default()
     });
@@ -166,7 +191,7 @@ async fn drive(hosts: Hosts, runs: RunLog, run: Arc<Mutex<Run>>) -> anyhow::Resu
             TickOutcome::Skipped { reason, .. } if reason.as_str() == "bus" => "bus",
             TickOutcome::Skipped { .. } => continue,
         };
-        if record.bucket >= settled_bucket {
+        if contended_from > 0 && record.bucket >= contended_from {
             if path == "bus" { bus_records_after_flip += 1 } else { fired_after_flip += 1 }
         }
         if record.bucket <= judged_until && !ran(record.bucket, path) {
@@ -174,28 +199,97 @@ async fn drive(hosts: Hosts, runs: RunLog, run: Arc<Mutex<Run>>) -> anyhow::Resu
         }
     }
     let mut run = run.lock().unwrap_or_else(PoisonError::into_inner);
-    *run = Run { history, runs: events, fired_after_flip, bus_records_after_flip, not_run };
+    *run = Run {
+        history,
+        runs: events,
+        fired_after_flip,
+        bus_records_after_flip,
+        not_run,
+        crashes: Vec::new(),
+        cuts: runs.cuts(),
+    };
     Ok(())
 }
 
-fn run(seed: u64, skews: Skews, release_both_paths: bool) -> anyhow::Result<Run> {
+/// The split: one follower cut off from the leader turns its flag off;
+/// six seconds of ticks past the settle point. Answers the first bucket
+/// past the settle point.
+async fn split(hosts: &Hosts, leader_id: NodeId, history: &mut Vec<String>) -> anyhow::Result<u64> {
+    let followers: Vec<NodeId> = (1..=NODES).filter(|id| *id != leader_id).collect();
+    let [other, muted] = followers.as_slice() else {
+        anyhow::bail!("followers {followers:?}");
+    };
+    tracing::info!("--- node {muted} is cut off from the leader and turns its flag off");
+    turmoil::partition(host_name(*muted), host_name(leader_id));
+    let muted_host = hosts.get(*muted).ok_or_else(|| anyhow::anyhow!("node {muted} is down"))?;
+    let (flipped_at_ms, settle_ms) = with_gate(&muted_host, |gate| {
+        let at_ms = gate.now_ms();
+        gate.set_flags(Some(false), None);
+        (at_ms, gate.config().settle_ms())
+    })
+    .await?;
+    history.push(format!(
+        "{} node {muted} cut off from node {leader_id}, its flag off at {flipped_at_ms}; \
+         node {other} hears it",
+        real_ms()
+    ));
+    tokio::time::sleep(Duration::from_millis(settle_ms) + Duration::from_secs(6)).await;
+    Ok((flipped_at_ms + settle_ms) / 1_000)
+}
+
+/// The crashes: the leader goes down for 1.5 s; three seconds later every
+/// host loses power for 300 ms; then ten seconds (past the 5 s start
+/// grace a new term gives earlier terms' leases, and a lease's lapse).
+async fn crashes(
+    hosts: &Hosts,
+    faults: &FaultQueue,
+    leader_id: NodeId,
+    history: &mut Vec<String>,
+) -> anyhow::Result<()> {
+    faults.ask(HostFault::Crash(leader_id));
+    history.push(format!("{} node {leader_id} (the leader) crashes", real_ms()));
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    faults.ask(HostFault::Restart(leader_id));
+    history.push(format!("{} node {leader_id} restarts", real_ms()));
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    for id in 1..=NODES {
+        faults.ask(HostFault::Crash(id));
+    }
+    history.push(format!("{} power cut", real_ms()));
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    for id in 1..=NODES {
+        faults.ask(HostFault::Restart(id));
+    }
+    history.push(format!("{} power back", real_ms()));
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    let deadline = tokio::time::Instant::now() + WAIT;
+    while hosts.all().len() < NODES as usize {
+        anyhow::ensure!(tokio::time::Instant::now() < deadline, "the hosts did not come back");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    Ok(())
+}
+
+fn run(seed: u64, skews: Skews, story: Story, release_both_paths: bool) -> anyhow::Result<Run> {
     let runs = RunLog::default();
     let duties =
         Duties { runs: runs.clone(), executors: vec![2, 3], run_for: RUN_FOR, release_both_paths };
     let mut simulation = start_with_duties(seed, skews, duties)?;
     let recorded = Arc::new(Mutex::new(Run::default()));
-    let (hosts, run) = (simulation.hosts.clone(), recorded.clone());
+    let (hosts, faults, run) =
+        (simulation.hosts.clone(), simulation.faults.clone(), recorded.clone());
     simulation.sim.client("driver", async move {
-        drive(hosts, runs, run).await.map_err(|error| error.into())
+        drive(hosts, runs, faults, story, run).await.map_err(|error| error.into())
     });
-    simulation.sim.run().map_err(|error| anyhow::anyhow!("seed {seed}: {error}"))?;
-    let run = std::mem::take(&mut *recorded.lock().unwrap_or_else(PoisonError::into_inner));
+    let crashes = simulation.run().map_err(|error| anyhow::anyhow!("seed {seed}: {error}"))?;
+    let mut run = std::mem::take(&mut *recorded.lock().unwrap_or_else(PoisonError::into_inner));
+    run.crashes = crashes;
     Ok(run)
 }
 
 /// Why `run` breaks safety: the checkers' safety anomalies, and runs of
 /// one job that overlap.
-fn violations(run: &Run) -> Vec<String> {
+fn violations(run: &Run, story: Story) -> Vec<String> {
     let record = RunRecord {
         history: Vec::new(),
         sink: Vec::new(),
@@ -204,7 +298,7 @@ fn violations(run: &Run) -> Vec<String> {
         nodes: NODES,
         runs: run.runs.clone(),
         final_exec_jobs: None,
-        cron: vec![plan()],
+        cron: vec![plan(story)],
         clock_bound_ms: 500,
     };
     let mut found = Vec::new();
@@ -216,18 +310,37 @@ fn violations(run: &Run) -> Vec<String> {
             found.push(format!("{}: {}", verdict.checker, anomaly.message));
         }
     }
-    found.extend(overlapping_runs(&run.runs));
+    found.extend(overlapping_runs(&run.runs, &run.crashes, &run.cuts));
     found
 }
 
-/// Runs of one job (on the journal path) whose spans overlap.
-fn overlapping_runs(events: &[ExecEvent]) -> Vec<String> {
+/// Runs of one job (on the journal path) whose spans overlap. A run the
+/// node cut off, or its host's crash, ends there.
+fn overlapping_runs(
+    events: &[ExecEvent],
+    crashes: &[(NodeId, u64)],
+    cuts: &[RunCut],
+) -> Vec<String> {
     let mut spans: BTreeMap<(u64, u64), (u64, Option<u64>, NodeId)> = BTreeMap::new();
     for event in events.iter().filter(|event| event.job_id != 0) {
         let span = spans.entry((event.job_id, event.token)).or_insert((0, None, event.node));
         match event.phase {
             RunPhase::Start => span.0 = event.wall_ns,
             RunPhase::End => span.1 = Some(event.wall_ns),
+        }
+    }
+    for cut in cuts {
+        if let Some(span) = spans.get_mut(&(cut.job_id, cut.token)) {
+            span.1 = span.1.or(Some(cut.at_ns));
+        }
+    }
+    for (start, end, node) in spans.values_mut() {
+        if end.is_none() {
+            *end = crashes
+                .iter()
+                .filter(|(crashed, at_ns)| crashed == node && at_ns >= start)
+                .map(|(_, at_ns)| *at_ns)
+                .min();
         }
     }
     let mut found = Vec::new();
@@ -251,9 +364,9 @@ fn both_paths_contend_for_ticks_and_each_runs_once() -> anyhow::Result<()> {
     let (mut bus_runs, mut fired, mut bus_records) = (0, 0, 0);
     let stories = SEEDS.flat_map(|seed| [(seed, Skews::FirstBehind), (seed, Skews::Either)]);
     for (seed, skews) in stories {
-        let first = run(seed, skews, false)?;
+        let first = run(seed, skews, Story::Split, false)?;
         let text = first.history.join("\n");
-        let violations = violations(&first);
+        let violations = violations(&first, Story::Split);
         anyhow::ensure!(violations.is_empty(), "seed {seed}: {violations:#?}\n{text}");
         let starts = |path: &str| {
             first.runs.iter().filter(|e| e.phase == RunPhase::Start && e.path == path).count()
@@ -267,7 +380,7 @@ fn both_paths_contend_for_ticks_and_each_runs_once() -> anyhow::Result<()> {
         bus_runs += starts("bus");
         fired += first.fired_after_flip;
         bus_records += first.bus_records_after_flip;
-        let again = run(seed, skews, false)?;
+        let again = run(seed, skews, Story::Split, false)?;
         anyhow::ensure!(first == again, "seed {seed} is not deterministic:\n{text}");
     }
     // Both paths took part: ticks ran on the bus, and after the settle
@@ -280,12 +393,43 @@ fn both_paths_contend_for_ticks_and_each_runs_once() -> anyhow::Result<()> {
 #[test]
 fn a_bus_release_that_releases_the_journal_lease_is_found() -> anyhow::Result<()> {
     for seed in PLANTED_SEEDS {
-        let planted = run(seed, Skews::Either, true)?;
-        let violations = violations(&planted);
+        let planted = run(seed, Skews::Either, Story::Split, true)?;
+        let violations = violations(&planted, Story::Split);
         if !violations.is_empty() {
             eprintln!("release-both-paths: found on seed {seed}: {violations:#?}");
             return Ok(());
         }
     }
     anyhow::bail!("release-both-paths was not found in seeds {PLANTED_SEEDS:?}")
+}
+
+#[test]
+fn the_duties_survive_a_leader_crash_and_a_power_cut() -> anyhow::Result<()> {
+    for seed in CRASH_SEEDS {
+        let first = run(seed, Skews::Either, Story::Crashes, false)?;
+        let text = first.history.join("\n");
+        let violations = violations(&first, Story::Crashes);
+        anyhow::ensure!(violations.is_empty(), "seed {seed}: {violations:#?}\n{text}");
+        anyhow::ensure!(
+            first.crashes.len() == 1 + NODES as usize,
+            "seed {seed}: crashes {:?}\n{text}",
+            first.crashes
+        );
+        anyhow::ensure!(
+            first.not_run.is_empty(),
+            "seed {seed}: ticks recorded and not run: {:?}\n{text}",
+            first.not_run
+        );
+        // The duties went on after the power cut: ticks ran after it.
+        let power_back_ns = first.crashes.iter().map(|(_, at_ns)| *at_ns).max().unwrap_or(0);
+        let later = first
+            .runs
+            .iter()
+            .filter(|e| e.phase == RunPhase::End && e.wall_ns > power_back_ns)
+            .count();
+        anyhow::ensure!(later >= 3, "seed {seed}: {later} runs after the power cut\n{text}");
+        let again = run(seed, Skews::Either, Story::Crashes, false)?;
+        anyhow::ensure!(first == again, "seed {seed} is not deterministic:\n{text}");
+    }
+    Ok(())
 }

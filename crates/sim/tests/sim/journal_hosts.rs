@@ -19,7 +19,7 @@ use leasehold_cluster_tests::execlog::{ExecEvent, RunPhase};
 use leasehold_core::claim_path::{ClaimPath, GateFlags};
 use leasehold_core::schedule::DEFAULT_COMMAND_QUEUE;
 use leasehold_core::{Command, Grant, JobSpec, Limits, Proposal, Response};
-use leasehold_node::commands::{RunCommand, Running};
+use leasehold_node::commands::{self, RunCommand};
 use leasehold_node::driver::{self, DriverConfig};
 use leasehold_node::executor::{self, ExecutorConfig};
 use leasehold_raft::{NetworkFactory, NodeId, Raft, TypeConfig};
@@ -33,7 +33,7 @@ use leasehold_sim::clock::{Clocks, HostClock};
 use leasehold_sim::grpc::{self, grpc_address};
 use leasehold_sim::local::{ReleaseBothPaths, SimBusTable, SimPeerStore};
 use leasehold_sim::net::{OneWayCuts, SimNetwork, host_name, serve};
-use leasehold_sim::{SimDisk, SimLogStore};
+use leasehold_sim::{Crash, SimDisk, SimLogStore};
 use openraft::{BasicNode, Entry, EntryPayload, RaftLogReader, ServerState};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -102,6 +102,10 @@ impl Hosts {
         self.0.lock().unwrap_or_else(PoisonError::into_inner).insert(id, host);
     }
 
+    fn remove(&self, id: NodeId) {
+        self.0.lock().unwrap_or_else(PoisonError::into_inner).remove(&id);
+    }
+
     pub fn all(&self) -> BTreeMap<NodeId, Host> {
         self.0.lock().unwrap_or_else(PoisonError::into_inner).clone()
     }
@@ -129,18 +133,62 @@ pub struct Duties {
     pub release_both_paths: bool,
 }
 
-/// Every run of a command, shared by the hosts and the test.
+/// Every run of a command, shared by the hosts and the test: its start
+/// and end, and the runs cut off before their end (the node dropped the
+/// run, as it kills a command whose lease it lost).
 #[derive(Clone, Debug, Default)]
-pub struct RunLog(Arc<Mutex<Vec<ExecEvent>>>);
+pub struct RunLog {
+    events: Arc<Mutex<Vec<ExecEvent>>>,
+    cuts: Arc<Mutex<Vec<RunCut>>>,
+}
+
+/// A run cut off: its job and token (0 for a bus run), and when.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub struct RunCut {
+    pub job_id: u64,
+    pub token: u64,
+    pub at_ns: u64,
+}
 
 impl RunLog {
     fn record(&self, event: ExecEvent) {
-        self.0.lock().unwrap_or_else(PoisonError::into_inner).push(event);
+        self.events.lock().unwrap_or_else(PoisonError::into_inner).push(event);
     }
 
     /// The runs so far, in the order they were recorded.
     pub fn events(&self) -> Vec<ExecEvent> {
-        self.0.lock().unwrap_or_else(PoisonError::into_inner).clone()
+        self.events.lock().unwrap_or_else(PoisonError::into_inner).clone()
+    }
+
+    /// The runs cut off so far, in order (a crash drops a host's runs in
+    /// no set order).
+    pub fn cuts(&self) -> Vec<RunCut> {
+        let mut cuts = self.cuts.lock().unwrap_or_else(PoisonError::into_inner).clone();
+        cuts.sort_unstable();
+        cuts
+    }
+}
+
+/// Records a run as cut off when dropped before [`RunGuard::finish`].
+struct RunGuard<'a> {
+    log: &'a RunLog,
+    job_id: u64,
+    token: u64,
+    finished: bool,
+}
+
+impl RunGuard<'_> {
+    fn finish(mut self) {
+        self.finished = true;
+    }
+}
+
+impl Drop for RunGuard<'_> {
+    fn drop(&mut self) {
+        if !self.finished {
+            let cut = RunCut { job_id: self.job_id, token: self.token, at_ns: sim_ns() };
+            self.log.cuts.lock().unwrap_or_else(PoisonError::into_inner).push(cut);
+        }
     }
 }
 
@@ -198,7 +246,7 @@ pub struct SimCommands {
 }
 
 impl RunCommand for SimCommands {
-    fn run<'a>(&'a self, command: &'a CommandLine) -> Running<'a> {
+    fn run<'a>(&'a self, command: &'a CommandLine) -> commands::Running<'a> {
         Box::pin(async move {
             let var = |name: &str| {
                 command.env.iter().find(|(key, _)| key == name).map(|(_, value)| value.as_str())
@@ -215,9 +263,17 @@ impl RunCommand for SimCommands {
                 attempt: u32::try_from(number("LEASEHOLD_ATTEMPT")).unwrap_or(0),
                 path: var("LEASEHOLD_CLAIM_PATH").unwrap_or("journal").to_string(),
             };
-            self.runs.record(event(RunPhase::Start));
+            let start = event(RunPhase::Start);
+            let running = RunGuard {
+                log: &self.runs,
+                job_id: start.job_id,
+                token: start.token,
+                finished: false,
+            };
+            self.runs.record(start);
             tokio::time::sleep(self.run_for).await;
             self.runs.record(event(RunPhase::End));
+            running.finish();
             Run {
                 outcome: Outcome::Ack { result: Vec::new() },
                 stdout: String::new(),
@@ -238,6 +294,88 @@ pub struct Simulation {
     pub sim: turmoil::Sim<'static>,
     pub hosts: Hosts,
     pub clocks: Clocks,
+    /// Each host's disk.
+    pub disks: BTreeMap<NodeId, SimDisk>,
+    /// The crashes and restarts the driver asks for.
+    pub faults: FaultQueue,
+    seed: u64,
+}
+
+/// A crash or a restart of a host, which a driver running inside the
+/// simulation cannot do itself: it asks, and [`Simulation::run`] does it
+/// between two steps.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum HostFault {
+    /// The host loses power: its runtime and every task on it are gone,
+    /// and its disk loses what it had not synced (or tears it, from the
+    /// seed).
+    Crash(NodeId),
+    /// The host starts a new life on what its disk kept.
+    Restart(NodeId),
+}
+
+/// The faults asked for and not yet done.
+#[derive(Clone, Debug, Default)]
+pub struct FaultQueue(Arc<Mutex<Vec<HostFault>>>);
+
+impl FaultQueue {
+    /// Asks for `fault`, done before the next step.
+    pub fn ask(&self, fault: HostFault) {
+        self.0.lock().unwrap_or_else(PoisonError::into_inner).push(fault);
+    }
+
+    fn take(&self) -> Vec<HostFault> {
+        std::mem::take(&mut *self.0.lock().unwrap_or_else(PoisonError::into_inner))
+    }
+}
+
+impl Simulation {
+    /// Runs the simulation to its end, doing the faults asked for between
+    /// steps. Answers when each crash happened (simulated ns since the
+    /// start) and which host it took.
+    pub fn run(mut self) -> anyhow::Result<Vec<(NodeId, u64)>> {
+        let mut rng = StdRng::seed_from_u64(self.seed ^ 0xc4a5);
+        let mut crashes = Vec::new();
+        loop {
+            let finished = self.sim.step().map_err(|error| anyhow::anyhow!("{error}"))?;
+            if finished {
+                return Ok(crashes);
+            }
+            for fault in self.faults.take() {
+                match fault {
+                    HostFault::Crash(id) => {
+                        // Cut off first, as a host that loses power sends
+                        // nothing more: the crash drops the host's sockets
+                        // in the runtime's task order, which is not the
+                        // seed's (tokio numbers tasks process-wide), and
+                        // the messages those drops would send must not
+                        // reach the network.
+                        for other in (1..=NODES).filter(|other| *other != id) {
+                            self.sim.partition(host_name(id), host_name(other));
+                        }
+                        self.sim.crash(host_name(id));
+                        self.hosts.remove(id);
+                        let crash = if rng.gen_bool(0.5) {
+                            Crash::Torn { whole_writes: 0, torn_entries: 1 }
+                        } else {
+                            Crash::LoseUnsynced
+                        };
+                        if let Some(disk) = self.disks.get(&id) {
+                            disk.crash(crash);
+                        }
+                        let at_ns = u64::try_from(self.sim.elapsed().as_nanos()).unwrap_or(0);
+                        crashes.push((id, at_ns));
+                    }
+                    HostFault::Restart(id) => {
+                        for other in (1..=NODES).filter(|other| *other != id) {
+                            self.sim.repair(host_name(id), host_name(other));
+                        }
+                        self.sim.bounce(host_name(id));
+                    }
+                }
+            }
+        }
+    }
 }
 
 /// Simulated milliseconds since the start of the run (real time).
@@ -516,10 +654,12 @@ fn start_hosts(
             .collect(),
     );
     let hosts = Hosts::default();
+    let mut disks = BTreeMap::new();
     let cuts = OneWayCuts::default();
     let secret = grpc::cluster_secret()?;
     for id in 1..=NODES {
         let disk = SimDisk::with_sync_delay(Duration::from_millis(rng.gen_range(1..=12)));
+        disks.insert(id, disk.clone());
         // One-value election windows: openraft's own draw plays no part.
         let election_min = 150 + rng.gen_range(0..150) + id;
         let config = leasehold_sim::raft_config(election_min).validate()?;
@@ -596,5 +736,5 @@ fn start_hosts(
             }
         });
     }
-    Ok(Simulation { sim, hosts, clocks })
+    Ok(Simulation { sim, hosts, clocks, disks, faults: FaultQueue::default(), seed })
 }

@@ -5,8 +5,9 @@
 //! - `crash`: what the stores reported durable survives a crash; what they
 //!   did not may be lost, torn, but never half-reported.
 //! - `duties`: the node's real driver and executor on the simulation; both
-//!   claim paths contend for ticks and each runs once; a bus release that
-//!   also releases the journal lease is found.
+//!   claim paths contend for ticks and each runs once; the duties go on
+//!   through a leader crash and a power cut; a bus release that also
+//!   releases the journal lease is found.
 //! - `forward`: a follower's journal forwards writes and read-index
 //!   requests to the leader over the real `Raft.Forward` gRPC call on
 //!   simulated TCP; the leader stamps.
