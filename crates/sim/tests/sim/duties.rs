@@ -55,10 +55,10 @@ use leasehold_raft::NodeId;
 use leasehold_sim::net::host_name;
 
 use crate::journal_hosts::{
-    Duties, FaultQueue, HostFault, Hosts, NODES, Peers, RunCut, RunLog, Skews, WAIT,
-    every_gate_decides, form_group, propose, real_ms, stamping_leader, start_with_duties,
-    with_gate,
+    FaultQueue, HostFault, Hosts, NODES, Peers, Skews, WAIT, every_gate_decides, form_group,
+    propose, real_ms, stamping_leader, start_with_duties, with_gate,
 };
+use crate::node_duties::{Duties, RunCut, RunLog};
 
 /// The seeds the story runs on, each twice.
 const SEEDS: std::ops::Range<u64> = 0..4;

@@ -18,6 +18,8 @@
 //!   openraft on simulated disks.
 //! - `journal_hosts`: the turmoil hosts with a journal each that
 //!   `seeded_journal` and `forward` run on.
+//! - `node_duties`: the node's driver and executor on a simulated host,
+//!   its commands recorded, not started (for `duties`).
 //! - `one_way`: a link cut in one direction loses that direction only.
 //! - `raft`: three openraft nodes on simulated disks survive a follower crash.
 //! - `seeded_journal`: the journal on turmoil, stamping with its host's
@@ -32,6 +34,7 @@ mod forward;
 mod gate;
 mod journal;
 mod journal_hosts;
+mod node_duties;
 mod one_way;
 mod planted;
 mod raft;
