@@ -87,7 +87,7 @@ fn measure(jobs: usize, ack: bool) {
             }
             let acks = grants
                 .iter()
-                .map(|grant| Command::Ack {
+                .map(|grant| Command::AckLean {
                     job_id: grant.job.id,
                     token: grant.lease.token,
                     result: None,

@@ -65,6 +65,19 @@ pub enum Command {
         /// Kept on the job as its result (at most `max_result_bytes`).
         result: Option<Vec<u8>>,
     },
+    /// `Ack` whose tombstone keeps no payload: the job's bytes are the
+    /// producer's input to the worker, not part of the audit record (who
+    /// finished it, with which token, when, and what it reported), and
+    /// they are most of what a day of tombstones would hold. A leader
+    /// writes every ack as this once every member decodes format 3.
+    AckLean {
+        /// The job.
+        job_id: u64,
+        /// Fencing token of the lease.
+        token: u64,
+        /// Kept on the job as its result (at most `max_result_bytes`).
+        result: Option<Vec<u8>>,
+    },
     /// Fail an attempt: attempts+1, back to ready after backoff, or dead.
     Nack {
         /// The job.
@@ -235,10 +248,11 @@ pub enum Command {
 /// The newest log format this build writes and reads. Format 1 is the
 /// journal's first command set; format 2 adds [`Command::Ruled`],
 /// [`Command::FireEach`], [`Command::ClaimOnce`], [`Command::TriggerOnce`]
-/// and [`Command::SweepBounded`]. A leader writes the format every member
+/// and [`Command::SweepBounded`]; format 3 adds [`Command::AckLean`] and
+/// writes every ack as one. A leader writes the format every member
 /// advertises ([`agreed_log_format`]), so no replica meets an entry it
 /// cannot decode.
-pub const LOG_FORMAT: u32 = 2;
+pub const LOG_FORMAT: u32 = 3;
 
 /// The newest format every member decodes: the least of this build's and
 /// each member's advertised one. A member that advertised no format (a
@@ -263,29 +277,38 @@ pub const MAX_CLOCK_OFFSET_MS: u64 = 60_000;
 pub const MAX_BATCH_COMMANDS: usize = 256;
 
 impl Command {
-    /// This command as a log of `format` can carry it: at format 1,
-    /// `ClaimOnce` and `TriggerOnce` lose their request id (a retry is not
-    /// recognised), `SweepBounded` sweeps without the clock bound, and
-    /// `FireEach` makes jobs for its live targets without recording the
-    /// offline ones; a `Ruled` command is unwrapped. What the older format
-    /// lacks is lost for as long as an older build is a member, and
-    /// nothing else changes.
+    /// This command as a log of `format` writes it. At format 3 an ack is
+    /// an [`Command::AckLean`] (its tombstone keeps no payload). Below 3 an
+    /// `AckLean` is a plain `Ack`. At format 1, `ClaimOnce` and
+    /// `TriggerOnce` lose their request id (a retry is not recognised),
+    /// `SweepBounded` sweeps without the clock bound, and `FireEach` makes
+    /// jobs for its live targets without recording the offline ones; a
+    /// `Ruled` command is unwrapped. What the older format lacks is lost
+    /// for as long as an older build is a member, and nothing else changes.
     pub fn for_log_format(self, format: u32) -> Command {
-        if format >= LOG_FORMAT {
-            return self;
-        }
         match self {
-            Command::ClaimOnce { request_id: _, worker, queue, max, lease_ttl_ms, selector } => {
+            Command::Ack { job_id, token, result } if format >= 3 => {
+                Command::AckLean { job_id, token, result }
+            }
+            Command::AckLean { job_id, token, result } if format < 3 => {
+                Command::Ack { job_id, token, result }
+            }
+            Command::ClaimOnce { request_id: _, worker, queue, max, lease_ttl_ms, selector }
+                if format < 2 =>
+            {
                 Command::Claim { worker, queue, max, lease_ttl_ms, selector }
             }
-            Command::TriggerOnce { request_id: _, schedule, force, targets } => {
+            Command::TriggerOnce { request_id: _, schedule, force, targets } if format < 2 => {
                 Command::Trigger { schedule, force, targets }
             }
-            Command::SweepBounded { .. } => Command::Sweep,
-            Command::FireEach { schedule, bucket, targets, offline: _ } => {
+            Command::SweepBounded { .. } if format < 2 => Command::Sweep,
+            Command::FireEach { schedule, bucket, targets, offline: _ } if format < 2 => {
                 Command::Fire { schedule, bucket, targets }
             }
-            Command::Ruled { command, .. } => command.for_log_format(format),
+            Command::Ruled { command, .. } if format < 2 => command.for_log_format(format),
+            Command::Ruled { limits, command } => {
+                Command::Ruled { limits, command: Box::new(command.for_log_format(format)) }
+            }
             Command::Batch { commands } => Command::Batch {
                 commands: commands.into_iter().map(|c| c.for_log_format(format)).collect(),
             },
@@ -373,5 +396,23 @@ mod tests {
         assert_eq!(ruled.clone().for_log_format(1), expected);
         assert_eq!(ruled.clone().for_log_format(LOG_FORMAT), ruled, "current: unchanged");
         assert_eq!(claim.clone().for_log_format(2), claim);
+    }
+
+    #[test]
+    fn from_format_3_an_ack_keeps_no_payload_and_below_it_is_a_plain_ack() {
+        let ack = Command::Ack { job_id: 4, token: 9, result: Some(b"out".to_vec()) };
+        let lean = Command::AckLean { job_id: 4, token: 9, result: Some(b"out".to_vec()) };
+        let ruled = |command: Command| Command::Ruled {
+            limits: Limits::default(),
+            command: Box::new(Command::Batch { commands: vec![command, Command::Purge] }),
+        };
+        assert_eq!(ruled(ack.clone()).for_log_format(3), ruled(lean.clone()));
+        assert_eq!(ruled(lean.clone()).for_log_format(2), ruled(ack.clone()));
+        assert_eq!(
+            ruled(lean.clone()).for_log_format(1),
+            Command::Batch { commands: vec![ack.clone(), Command::Purge] }
+        );
+        assert_eq!(lean.clone().for_log_format(3), lean);
+        assert_eq!(ack.clone().for_log_format(2), ack);
     }
 }

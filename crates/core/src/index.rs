@@ -1,6 +1,7 @@
 //! Secondary indexes over the job table, so `apply` never scans every job:
 //! claim order per queue and tag set, due times per queue, ids per queue and state,
-//! lease expiries, acked tombstones by finish time, and idempotency keys.
+//! lease expiries and idempotency keys. Acked tombstones need no index of
+//! their own for a purge: their table finds the old ones (`TombTable`).
 //!
 //! Every index is a pure function of the job table ([`Indexes::rebuild`]).
 //! The state machine keeps them up to date by removing a job's entries
@@ -15,8 +16,9 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::ops::Bound;
 use std::sync::Arc;
 
+use crate::id_set::IdSet;
 use crate::job::{JobState, StoredJob};
-use crate::job_table::JobTable;
+use crate::jobs::JobTable;
 
 /// Claim order of a ready job: priority descending, then `not_before_ms`
 /// ascending, then id ascending. `Reverse` turns the set's ascending order
@@ -44,18 +46,18 @@ pub(crate) struct QueueIndex {
     /// one will be.
     pub(crate) due_order: BTreeSet<TimedId>,
     /// Ids of ready jobs.
-    pub(crate) ready: BTreeSet<u64>,
+    pub(crate) ready: IdSet,
     /// Ids of claimed jobs.
-    pub(crate) claimed: BTreeSet<u64>,
+    pub(crate) claimed: IdSet,
     /// Ids of acked tombstones.
-    pub(crate) acked: BTreeSet<u64>,
+    pub(crate) acked: IdSet,
     /// Ids of dead jobs.
-    pub(crate) dead: BTreeSet<u64>,
+    pub(crate) dead: IdSet,
 }
 
 impl QueueIndex {
     /// Ids of this queue's jobs in `state`, ascending.
-    pub(crate) fn ids(&self, state: JobState) -> &BTreeSet<u64> {
+    pub(crate) fn ids(&self, state: JobState) -> &IdSet {
         match state {
             JobState::Ready => &self.ready,
             JobState::Claimed => &self.claimed,
@@ -64,7 +66,7 @@ impl QueueIndex {
         }
     }
 
-    fn ids_mut(&mut self, state: JobState) -> &mut BTreeSet<u64> {
+    fn ids_mut(&mut self, state: JobState) -> &mut IdSet {
         match state {
             JobState::Ready => &mut self.ready,
             JobState::Claimed => &mut self.claimed,
@@ -141,9 +143,6 @@ pub(crate) struct Indexes {
     /// Current leases of claimed jobs by `(expires_at_ms, job_id)`: what
     /// `Sweep` must return, and when the next lease lapses.
     pub(crate) expiries: BTreeSet<TimedId>,
-    /// Acked tombstones by `(finished_at_ms, job_id)`. Retention is one
-    /// constant, so this is also the order in which `Purge` drops them.
-    pub(crate) tombstones: BTreeSet<TimedId>,
     /// Idempotency keys: queue → key → id of the job that first used it.
     /// Independent of job state: an entry lives as long as its job.
     pub(crate) idempotency: BTreeMap<Arc<str>, BTreeMap<String, u64>>,
@@ -155,9 +154,9 @@ impl Indexes {
     /// would have at enqueue time.
     pub(crate) fn rebuild(jobs: &JobTable) -> Indexes {
         let mut indexes = Indexes::default();
-        for (&id, job) in jobs {
-            indexes.insert(id, job);
-            indexes.insert_key(id, job);
+        for (id, job) in jobs.iter() {
+            indexes.insert(id, &job);
+            indexes.insert_key(id, &job);
         }
         indexes
     }
@@ -197,12 +196,7 @@ impl Indexes {
                     self.expiries.insert((lease.expires_at_ms, id));
                 }
             }
-            JobState::Acked => {
-                if let Some(finished_at_ms) = job.finished_at_ms() {
-                    self.tombstones.insert((finished_at_ms, id));
-                }
-            }
-            JobState::Dead => {}
+            JobState::Acked | JobState::Dead => {}
         }
     }
 
@@ -210,7 +204,7 @@ impl Indexes {
     /// [`Indexes::insert`] added for it in its current state.
     pub(crate) fn remove(&mut self, id: u64, job: &StoredJob) {
         if let Some(queue) = self.queues.get_mut(&*job.queue) {
-            queue.ids_mut(job.state).remove(&id);
+            queue.ids_mut(job.state).remove(id);
             if job.state == JobState::Ready {
                 let tags = job.tags();
                 if let Some(group) = queue.claim_order.get_mut(tags) {
@@ -231,12 +225,7 @@ impl Indexes {
                     self.expiries.remove(&(lease.expires_at_ms, id));
                 }
             }
-            JobState::Acked => {
-                if let Some(finished_at_ms) = job.finished_at_ms() {
-                    self.tombstones.remove(&(finished_at_ms, id));
-                }
-            }
-            JobState::Ready | JobState::Dead => {}
+            JobState::Ready | JobState::Acked | JobState::Dead => {}
         }
     }
 

@@ -327,6 +327,178 @@ impl StoredJob {
     }
 }
 
+/// A tombstone as the tombstone table keeps it: every field of the job
+/// but its id (the table's key) and its state (acked), in postcard's
+/// encoding (LEB128 varints), times as differences from the finish time
+/// (small numbers, a byte or three each), texts and bytes borrowed when
+/// read. The finish time comes first and the queue second, so a purge and
+/// a queue lookup read only the front. Only memory: snapshots and
+/// everything else still see the [`Job`].
+#[derive(Serialize, Deserialize)]
+struct TombRecord<'a> {
+    finished_at_ms: Option<u64>,
+    queue: &'a str,
+    #[serde(borrow)]
+    payload: Bytes<'a>,
+    priority: i32,
+    not_before_ms: i64,
+    enqueued_at_ms: i64,
+    attempts: u32,
+    #[serde(borrow)]
+    settings: Option<SettingsRecord<'a>>,
+    last_error: Option<&'a str>,
+    #[serde(borrow)]
+    lease: Option<LeaseRecord<'a>>,
+    #[serde(borrow)]
+    result: Option<Bytes<'a>>,
+}
+
+/// The settings of a [`TombRecord`], when not the common ones.
+#[derive(Serialize, Deserialize)]
+struct SettingsRecord<'a> {
+    max_attempts: u32,
+    backoff_base_ms: u64,
+    backoff_cap_ms: u64,
+    lease_ttl_ms: u64,
+    idempotency_key: Option<&'a str>,
+    #[serde(borrow)]
+    tags: Vec<&'a str>,
+}
+
+/// The lease of a [`TombRecord`]: its job id as a difference from the
+/// job's own, its times from the finish time.
+#[derive(Serialize, Deserialize)]
+struct LeaseRecord<'a> {
+    job_id: i64,
+    holder: &'a str,
+    token: u64,
+    epoch: u64,
+    granted_at_ms: i64,
+    expires_at_ms: i64,
+}
+
+/// Bytes written as one length and the bytes (not a sequence of numbers),
+/// read back borrowed.
+struct Bytes<'a>(&'a [u8]);
+
+impl Serialize for Bytes<'_> {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.serialize_bytes(self.0)
+    }
+}
+
+impl<'de: 'a, 'a> Deserialize<'de> for Bytes<'a> {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        <&'de [u8]>::deserialize(deserializer).map(Bytes)
+    }
+}
+
+/// `time` as a difference from `base` (wrapping: any two times round-trip).
+fn delta(time: u64, base: u64) -> i64 {
+    time.wrapping_sub(base) as i64
+}
+
+/// The time `delta` away from `base` (the inverse of [`delta`]).
+fn undelta(delta: i64, base: u64) -> u64 {
+    base.wrapping_add(delta as u64)
+}
+
+/// What a tombstone record starts with: its finish time and queue.
+type RecordFront<'a> = (Option<u64>, &'a str);
+
+/// The finish time of a tombstone record ([`StoredJob::to_record`]).
+pub(crate) fn tomb_finished_at(record: &[u8]) -> Option<u64> {
+    postcard::take_from_bytes::<Option<u64>>(record).ok().and_then(|(finished, _)| finished)
+}
+
+/// The queue of a tombstone record ([`StoredJob::to_record`]).
+pub(crate) fn tomb_queue(record: &[u8]) -> &str {
+    postcard::take_from_bytes::<RecordFront<'_>>(record).map_or("", |((_, queue), _)| queue)
+}
+
+impl StoredJob {
+    /// This job as a tombstone record (see [`TombRecord`]); `id` is the
+    /// job's, which the record leaves out.
+    pub(crate) fn to_record(&self, id: u64) -> Box<[u8]> {
+        let rare = self.rare();
+        let base = rare.finished_at_ms.unwrap_or(0);
+        let record = TombRecord {
+            finished_at_ms: rare.finished_at_ms,
+            queue: &self.queue,
+            payload: Bytes(&self.payload),
+            priority: self.priority,
+            not_before_ms: delta(self.not_before_ms, base),
+            enqueued_at_ms: delta(self.enqueued_at_ms, base),
+            attempts: self.attempts,
+            settings: rare.settings.as_deref().map(|settings| SettingsRecord {
+                max_attempts: settings.max_attempts,
+                backoff_base_ms: settings.backoff.base_ms,
+                backoff_cap_ms: settings.backoff.cap_ms,
+                lease_ttl_ms: settings.lease_ttl_ms,
+                idempotency_key: settings.idempotency_key.as_deref(),
+                tags: settings.tags.iter().map(String::as_str).collect(),
+            }),
+            last_error: rare.last_error.as_deref(),
+            lease: rare.lease.as_ref().map(|lease| LeaseRecord {
+                job_id: delta(lease.job_id, id),
+                holder: &lease.holder,
+                token: lease.token,
+                epoch: lease.epoch,
+                granted_at_ms: delta(lease.granted_at_ms, base),
+                expires_at_ms: delta(lease.expires_at_ms, base),
+            }),
+            result: rare.result.as_deref().map(Bytes),
+        };
+        // Every field has a known length: writing to memory cannot fail.
+        postcard::to_allocvec(&record)
+            .map(Vec::into_boxed_slice)
+            .expect("a tombstone record encodes (every length is known)")
+    }
+
+    /// The acked job `id` a tombstone record holds, its queue named by
+    /// `queue` (the record's queue name gives the allocation when `None`).
+    /// Records are only ever this build's own ([`StoredJob::to_record`]),
+    /// so one that does not decode is a bug, not input.
+    pub(crate) fn from_record(id: u64, record: &[u8], queue: Option<Arc<str>>) -> StoredJob {
+        let record: TombRecord<'_> =
+            postcard::from_bytes(record).expect("a tombstone record is this build's own encoding");
+        let base = record.finished_at_ms.unwrap_or(0);
+        let settings = record.settings.map(|settings| {
+            Box::new(Settings {
+                max_attempts: settings.max_attempts,
+                backoff: Backoff { base_ms: settings.backoff_base_ms, cap_ms: settings.backoff_cap_ms },
+                lease_ttl_ms: settings.lease_ttl_ms,
+                idempotency_key: settings.idempotency_key.map(Box::from),
+                tags: settings.tags.into_iter().map(String::from).collect(),
+            })
+        });
+        let rare = Rare {
+            settings,
+            last_error: record.last_error.map(Box::from),
+            lease: record.lease.map(|lease| Lease {
+                job_id: undelta(lease.job_id, id),
+                holder: lease.holder.to_owned(),
+                token: lease.token,
+                epoch: lease.epoch,
+                granted_at_ms: undelta(lease.granted_at_ms, base),
+                expires_at_ms: undelta(lease.expires_at_ms, base),
+            }),
+            finished_at_ms: record.finished_at_ms,
+            result: record.result.map(|result| Box::from(result.0)),
+        };
+        StoredJob {
+            queue: queue.unwrap_or_else(|| Arc::from(record.queue)),
+            payload: Box::from(record.payload.0),
+            not_before_ms: undelta(record.not_before_ms, base),
+            enqueued_at_ms: undelta(record.enqueued_at_ms, base),
+            priority: record.priority,
+            attempts: record.attempts,
+            state: JobState::Acked,
+            rare: (rare != *COMMON).then(|| Box::new(rare)),
+        }
+    }
+}
+
 /// A [`Job`] borrowed from its [`StoredJob`]: the same fields in the same
 /// order, so it serializes to the same bytes.
 #[derive(Serialize)]

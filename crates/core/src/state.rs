@@ -16,7 +16,7 @@ use serde::{Deserialize, Serialize};
 use crate::command::{Command, Proposal, RedriveTarget};
 use crate::index::Indexes;
 use crate::job::{Job, JobSpec, JobState, StoredJob};
-use crate::job_table::JobTable;
+use crate::jobs::JobTable;
 use crate::lease::Lease;
 use crate::limits::Limits;
 use crate::node_info::NodeInfo;
@@ -158,7 +158,7 @@ impl Serialize for JobsAsWritten<'_> {
         // the table's iterator cannot promise an exact size hint.
         use serde::ser::SerializeMap;
         let mut map = serializer.serialize_map(Some(self.0.len()))?;
-        for (&id, job) in self.0 {
+        for (id, job) in self.0.iter() {
             map.serialize_entry(&id, &job.as_written(id))?;
         }
         map.end()
@@ -352,7 +352,10 @@ impl State {
             Command::Refresh { worker: _, leases, lease_ttl_ms } => {
                 self.refresh(leases, *lease_ttl_ms)
             }
-            Command::Ack { job_id, token, result } => self.ack(*job_id, *token, result),
+            Command::Ack { job_id, token, result } => self.ack(*job_id, *token, result, true),
+            Command::AckLean { job_id, token, result } => {
+                self.ack(*job_id, *token, result, false)
+            }
             Command::Nack { job_id, token, error, retry_after_ms } => {
                 self.nack(*job_id, *token, error, *retry_after_ms, limits)
             }
@@ -410,7 +413,7 @@ impl State {
 
     /// The queue of the job with this id, while retained (no copy).
     pub fn job_queue(&self, job_id: u64) -> Option<&str> {
-        self.jobs.get(&job_id).map(|job| &*job.queue)
+        self.jobs.queue_of(job_id)
     }
 
     /// How many jobs are retained, tombstones included.
@@ -431,11 +434,11 @@ impl State {
                     .jobs
                     .range(first_id..)
                     .take(limit)
-                    .map(|(&id, job)| job.to_job(id))
+                    .map(|(id, job)| job.to_job(id))
                     .collect();
             }
             (Some(queue), Some(state)) => match self.indexes.queues.get(queue.as_str()) {
-                Some(index) => index.ids(state).range(first_id..).take(limit).copied().collect(),
+                Some(index) => index.ids(state).from(first_id).take(limit).collect(),
                 None => Vec::new(),
             },
             (Some(queue), None) => match self.indexes.queues.get(queue.as_str()) {
@@ -515,7 +518,7 @@ impl State {
             }
             let prior = self
                 .jobs
-                .get(&job_id)
+                .live(&job_id)
                 .and_then(StoredJob::lease)
                 .is_some_and(|lease| lease.epoch < self.epoch);
             let deadline = if prior {
@@ -538,9 +541,10 @@ impl State {
     pub fn has_purgeable(&self, now_ms: u64) -> bool {
         let at_ms = self.cluster_time_ms.max(now_ms);
         let retention_ms = Limits::default().retention_ms;
-        self.indexes.tombstones.first().is_some_and(|&(finished_at_ms, _)| {
-            finished_at_ms.saturating_add(retention_ms) <= at_ms
-        })
+        self.jobs
+            .tombs()
+            .earliest_finish_ms()
+            .is_some_and(|finished_at_ms| finished_at_ms.saturating_add(retention_ms) <= at_ms)
     }
 
     /// Checks every structural invariant and returns the first violation:
@@ -552,7 +556,8 @@ impl State {
     pub fn check_invariants(&self) -> Result<(), String> {
         let mut tokens = BTreeMap::new();
         let mut keys = BTreeMap::new();
-        for (&job_id, stored) in &self.jobs {
+        self.jobs.check()?;
+        for (job_id, stored) in self.jobs.iter() {
             let job = &stored.to_job(job_id);
             check_job(job_id, job, self.last_job_id, self.last_token)?;
             if StoredJob::from_job(job.clone(), stored.queue.clone()) != *stored {
@@ -673,7 +678,7 @@ impl State {
         let mut renewed = Vec::new();
         let mut lost = Vec::new();
         for &(job_id, token) in leases {
-            let current = self.jobs.get(&job_id).is_some_and(|job| holds_current_lease(job, token));
+            let current = self.jobs.get(&job_id).is_some_and(|job| holds_current_lease(&job, token));
             let lease = if current {
                 self.change_job(job_id, |job| {
                     let ttl_ms = lease_ttl_ms.unwrap_or(job.lease_ttl_ms);
@@ -698,11 +703,19 @@ impl State {
     /// Finishes a job held under `token`. Acking again with the same token is
     /// answered `Acked` again, so a worker whose first ack response was lost
     /// can retry safely; the retry's result does not replace the first one.
-    fn ack(&mut self, job_id: u64, token: u64, result: &Option<Vec<u8>>) -> Response {
+    /// The tombstone keeps the payload only when `keep_payload` (a plain
+    /// `Ack`; an `AckLean` drops it).
+    fn ack(
+        &mut self,
+        job_id: u64,
+        token: u64,
+        result: &Option<Vec<u8>>,
+        keep_payload: bool,
+    ) -> Response {
         let Some(job) = self.jobs.get(&job_id) else {
             return Response::Refused(Refusal::NotFound { job_id });
         };
-        if holds_current_lease(job, token) {
+        if holds_current_lease(&job, token) {
             let now_ms = self.cluster_time_ms;
             self.change_job(job_id, |job| {
                 // The lease stays on the tombstone: it is the audit record of
@@ -710,6 +723,9 @@ impl State {
                 job.state = JobState::Acked;
                 job.finished_at_ms = Some(now_ms);
                 job.result = result.clone();
+                if !keep_payload {
+                    job.payload = Vec::new();
+                }
             });
             return Response::Acked;
         }
@@ -734,7 +750,7 @@ impl State {
         let Some(job) = self.jobs.get(&job_id) else {
             return Response::Refused(Refusal::NotFound { job_id });
         };
-        if !holds_current_lease(job, token) {
+        if !holds_current_lease(&job, token) {
             return stale(job_id, token);
         }
         let now_ms = self.cluster_time_ms;
@@ -757,7 +773,7 @@ impl State {
         let Some(job) = self.jobs.get(&job_id) else {
             return Response::Refused(Refusal::NotFound { job_id });
         };
-        if !holds_current_lease(job, token) {
+        if !holds_current_lease(&job, token) {
             return stale(job_id, token);
         }
         let now_ms = self.cluster_time_ms;
@@ -787,7 +803,7 @@ impl State {
             .filter(|&&(expires_at_ms, job_id)| {
                 let prior = self
                     .jobs
-                    .get(&job_id)
+                    .live(&job_id)
                     .and_then(StoredJob::lease)
                     .is_some_and(|lease| lease.epoch < self.epoch);
                 !prior || expires_at_ms.saturating_add(prior_term_margin_ms) <= now_ms
@@ -821,7 +837,7 @@ impl State {
                 .indexes
                 .queues
                 .get(queue.as_str())
-                .map(|index| index.dead.iter().copied().collect())
+                .map(|index| index.dead.from(0).collect())
                 .unwrap_or_default(),
             RedriveTarget::Ids(ids) => ids.clone(),
         };
@@ -848,15 +864,14 @@ impl State {
     /// their idempotency keys: after that a producer may reuse the key.
     fn purge(&mut self, limits: &Limits) -> Response {
         let now_ms = self.cluster_time_ms;
-        let expired: Vec<u64> = self
-            .indexes
-            .tombstones
-            .iter()
-            .take_while(|&&(finished_at_ms, _)| {
-                finished_at_ms.saturating_add(limits.retention_ms) <= now_ms
-            })
-            .map(|&(_, job_id)| job_id)
-            .collect();
+        // Finished at least `retention` ago: `finished + retention <= now`,
+        // the sum saturating, so at the end of time every tombstone is old
+        // enough and none before `retention` has passed since time began.
+        let cutoff_ms = match now_ms {
+            u64::MAX => Some(u64::MAX),
+            _ => now_ms.checked_sub(limits.retention_ms),
+        };
+        let expired = cutoff_ms.map_or_else(Vec::new, |cutoff| self.jobs.tombs().finished_by(cutoff));
         let mut purged = 0u64;
         for job_id in expired {
             if let Some(job) = self.jobs.remove(&job_id) {
@@ -897,12 +912,11 @@ const ALL_STATES: [JobState; 4] =
 /// sets. Each set contributes at most `limit`, so the work is bounded by
 /// `sets × limit`, not by the number of jobs.
 fn first_page<'a>(
-    sets: impl Iterator<Item = &'a std::collections::BTreeSet<u64>>,
+    sets: impl Iterator<Item = &'a crate::id_set::IdSet>,
     first_id: u64,
     limit: usize,
 ) -> Vec<u64> {
-    let mut ids: Vec<u64> =
-        sets.flat_map(|set| set.range(first_id..).take(limit).copied()).collect();
+    let mut ids: Vec<u64> = sets.flat_map(|set| set.from(first_id).take(limit)).collect();
     ids.sort_unstable();
     ids.truncate(limit);
     ids

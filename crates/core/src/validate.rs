@@ -126,7 +126,7 @@ pub fn validate_command(command: &Command, limits: &Limits) -> Result<(), Valida
         // job or a stale token is a refusal decided by `apply`, not bad
         // input. The nack's error text is truncated, never refused, so a
         // failing worker can always report its failure.
-        Command::Ack { job_id, result, .. } => {
+        Command::Ack { job_id, result, .. } | Command::AckLean { job_id, result, .. } => {
             job_id_field("job_id", *job_id)?;
             match result {
                 Some(result) if result.len() > limits.max_result_bytes => {

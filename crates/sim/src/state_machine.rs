@@ -104,7 +104,7 @@ fn ack_with_current_token(state: &State, mut entry: Entry<TypeConfig>) -> Entry<
 
 fn give_acks_current_tokens(state: &State, command: &mut Command) {
     match command {
-        Command::Ack { job_id, token, .. } => {
+        Command::Ack { job_id, token, .. } | Command::AckLean { job_id, token, .. } => {
             if let Some(current) = state.job(*job_id).and_then(|job| job.lease.map(|l| l.token)) {
                 *token = current;
             }

@@ -17,6 +17,7 @@
 //! serialized, not compared and not cloned, and it changes nothing `apply`
 //! decides.
 
+use std::borrow::Cow;
 use std::collections::BTreeMap;
 
 use serde::Serialize;
@@ -188,21 +189,23 @@ impl State {
             let (id, job) = match (live.peek(), kept.peek()) {
                 (None, None) => break true,
                 _ if handed >= max => break false,
-                (Some(&(&live_id, _)), Some(&(&kept_id, kept_job))) if kept_id <= live_id => {
+                (Some(&(live_id, _)), Some(&(&kept_id, _))) if kept_id <= live_id => {
                     if kept_id == live_id {
                         live.next();
                     }
-                    kept.next();
-                    (kept_id, kept_job)
+                    match kept.next() {
+                        Some((_, kept_job)) => (kept_id, Cow::Borrowed(kept_job)),
+                        None => break true,
+                    }
                 }
-                (Some(&(&live_id, live_job)), _) => {
-                    live.next();
-                    (live_id, live_job)
-                }
-                (None, Some(&(&kept_id, kept_job))) => {
-                    kept.next();
-                    (kept_id, kept_job)
-                }
+                (Some(_), _) => match live.next() {
+                    Some(next) => next,
+                    None => break true,
+                },
+                (None, Some(_)) => match kept.next() {
+                    Some((&kept_id, kept_job)) => (kept_id, Cow::Borrowed(kept_job)),
+                    None => break true,
+                },
             };
             let more = match write(FrozenJob(id, job.as_written(id))) {
                 Ok(more) => more,

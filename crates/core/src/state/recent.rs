@@ -5,7 +5,8 @@
 //! The Stats call answers these, and the status page reads them there.
 
 use super::{LEASE_EXPIRED_ERROR, State};
-use crate::job::{JobState, StoredJob};
+use crate::job::JobState;
+use crate::jobs::JobRead;
 
 /// At most this many entries in each recent list.
 pub const RECENT_LIMIT: usize = 20;
@@ -103,8 +104,8 @@ impl State {
             .collect()
     }
 
-    fn newest_jobs(&self) -> impl Iterator<Item = (u64, &StoredJob)> {
-        self.jobs.iter().rev().take(RECENT_SCAN).map(|(&id, job)| (id, job))
+    fn newest_jobs(&self) -> impl Iterator<Item = (u64, JobRead<'_>)> {
+        self.jobs.newest(RECENT_SCAN).into_iter()
     }
 }
 

@@ -162,7 +162,7 @@ impl State {
                 .iter()
                 .copied()
                 .filter(|id| {
-                    self.jobs.get(id).is_some_and(|job| {
+                    self.jobs.live(id).is_some_and(|job| {
                         job.tags().contains(&tag)
                             && matches!(job.state, JobState::Ready | JobState::Claimed)
                     })

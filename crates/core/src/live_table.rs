@@ -29,7 +29,7 @@ type Page = Vec<(u64, StoredJob)>;
 
 /// Every retained job by id (see the module docs).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub(crate) struct JobTable {
+pub(crate) struct LiveTable {
     pages: BTreeMap<u64, Page>,
     len: usize,
 }
@@ -39,7 +39,7 @@ fn page_of(id: u64) -> u64 {
     id / PAGE_IDS
 }
 
-impl JobTable {
+impl LiveTable {
     /// Jobs in the table.
     pub(crate) fn len(&self) -> usize {
         self.len
@@ -128,9 +128,9 @@ impl JobTable {
     }
 }
 
-impl FromIterator<(u64, StoredJob)> for JobTable {
+impl FromIterator<(u64, StoredJob)> for LiveTable {
     fn from_iter<I: IntoIterator<Item = (u64, StoredJob)>>(jobs: I) -> Self {
-        let mut table = JobTable::default();
+        let mut table = LiveTable::default();
         for (id, job) in jobs {
             table.insert(id, job);
         }
@@ -138,7 +138,7 @@ impl FromIterator<(u64, StoredJob)> for JobTable {
     }
 }
 
-impl<'a> IntoIterator for &'a JobTable {
+impl<'a> IntoIterator for &'a LiveTable {
     type Item = (&'a u64, &'a StoredJob);
     type IntoIter = Box<dyn DoubleEndedIterator<Item = (&'a u64, &'a StoredJob)> + 'a>;
 
@@ -182,7 +182,7 @@ mod tests {
     /// every read, ranges of every shape included.
     #[test]
     fn the_table_reads_like_an_ordered_map() {
-        let mut table = JobTable::default();
+        let mut table = LiveTable::default();
         let mut map = BTreeMap::new();
         // Ids in order, out of order, across page edges, then removals that
         // empty some pages and thin others.
@@ -252,7 +252,7 @@ mod tests {
     /// is dropped.
     #[test]
     fn thinned_pages_give_memory_back() {
-        let mut table: JobTable = (0..PAGE_IDS).map(|id| (id, job(0))).collect();
+        let mut table: LiveTable = (0..PAGE_IDS).map(|id| (id, job(0))).collect();
         assert_eq!(table.pages.len(), 1);
         let full = table.pages.get(&0).map_or(0, Vec::capacity);
         assert!(full >= PAGE_IDS as usize);
