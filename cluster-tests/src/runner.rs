@@ -603,10 +603,11 @@ async fn read_final(security: &Security, addrs: &[String], queue: &str) -> Optio
                 }
             };
             for job in page.jobs {
+                let state = state_name(job.state);
                 jobs.push(FinalJob {
                     id: job.id,
-                    value: String::from_utf8_lossy(&job.payload).into_owned(),
-                    state: state_name(job.state),
+                    value: FinalJob::value_of(&job.payload, &state, job.idempotency_key.as_deref()),
+                    state,
                     attempts: job.attempts,
                     lease_token: job.lease.as_ref().map(|l| l.token),
                     key: job.idempotency_key.clone(),

@@ -394,7 +394,13 @@ impl Resolver<'_> {
             }
             Leaf::Ack(job, token, result) => {
                 let (job_id, token) = self.job_and_token(*job, *token);
-                Command::Ack { job_id, token, result: result.clone() }
+                let result = result.clone();
+                // Every third token's ack is lean (log format 3).
+                if token.is_multiple_of(3) {
+                    Command::AckLean { job_id, token, result }
+                } else {
+                    Command::Ack { job_id, token, result }
+                }
             }
             Leaf::Nack(job, token, error, retry_after) => {
                 let (job_id, token) = self.job_and_token(*job, *token);
@@ -644,7 +650,10 @@ impl Model {
                     }
                 }
             }
-            (Command::Ack { job_id, token, .. }, Response::Acked) => {
+            (
+                Command::Ack { job_id, token, .. } | Command::AckLean { job_id, token, .. },
+                Response::Acked,
+            ) => {
                 let current = self.live.get(job_id) == Some(token);
                 let retry = self.acked.get(job_id) == Some(token);
                 assert!(current || retry, "{context}: ack with a token that is not current");
@@ -662,6 +671,7 @@ impl Model {
             }
             (
                 Command::Ack { token, .. }
+                | Command::AckLean { token, .. }
                 | Command::Nack { token, .. }
                 | Command::Release { token, .. },
                 Response::Refused(Refusal::StaleToken { job_id, presented }),

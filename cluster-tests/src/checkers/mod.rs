@@ -40,7 +40,9 @@ pub mod none_lost;
 pub struct FinalJob {
     /// Job id.
     pub id: u64,
-    /// The payload (the workload's unique value).
+    /// The workload's unique value: the payload, or, for an acked job
+    /// whose tombstone keeps no payload (log format 3), the idempotency
+    /// key, which the workload sets to the value ([`FinalJob::value_of`]).
     pub value: String,
     /// "ready", "claimed", "acked" or "dead".
     pub state: String,
@@ -52,6 +54,21 @@ pub struct FinalJob {
     /// The idempotency key (cron jobs: `cron:NAME:BUCKET`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub key: Option<String>,
+}
+
+impl FinalJob {
+    /// The value a final read reports for a job with this payload, state
+    /// and idempotency key: the payload, unless the job is acked and its
+    /// tombstone kept none, then the key. Every workload enqueue names its
+    /// value as its key, so an acked job is still found by value; a job
+    /// with neither reports an empty value, which no enqueue sent (a loud
+    /// anomaly, not a silent pass).
+    pub fn value_of(payload: &[u8], state: &str, key: Option<&str>) -> String {
+        match key {
+            Some(key) if payload.is_empty() && state == "acked" => key.to_string(),
+            _ => String::from_utf8_lossy(payload).into_owned(),
+        }
+    }
 }
 
 /// One read of one node's own status in a sampling round (each round reads

@@ -173,6 +173,36 @@ mod tests {
         assert_eq!(verdict.checked, 3);
     }
 
+    /// A lean tombstone (no payload) is found by its key, which the
+    /// workload sets to the value; a payload-less job with no key reports
+    /// an empty value, which no enqueue sent.
+    #[test]
+    fn a_tombstone_without_its_payload_is_found_by_its_key() {
+        let value = |payload: &str, state: &str, key: Option<&str>| {
+            FinalJob::value_of(payload.as_bytes(), state, key)
+        };
+        assert_eq!(value("", "acked", Some("job-a")), "job-a");
+        assert_eq!(value("job-b", "acked", Some("job-b")), "job-b", "a kept payload wins");
+        assert_eq!(value("", "ready", Some("job-c")), "", "only a tombstone drops it");
+        let mut b = Builder::default();
+        b.enqueue(1, 2, "p", "job-a", false, OpType::Ok, Some(1)).enqueue(
+            3,
+            4,
+            "p",
+            "job-b",
+            false,
+            OpType::Ok,
+            Some(2),
+        );
+        let jobs = vec![
+            job(1, &value("", "acked", Some("job-a")), "acked"),
+            job(2, &value("", "acked", None), "acked"),
+        ];
+        let verdict = check(&b, Some(jobs));
+        assert_eq!(verdict.anomalies.len(), 1, "{:?}", verdict.anomalies);
+        assert_anomaly(&verdict, Severity::Safety, "no enqueue");
+    }
+
     #[test]
     fn lost_duplicated_stuck_and_phantom_jobs_are_caught() {
         let mut b = Builder::default();

@@ -329,9 +329,11 @@ impl StoredJob {
 
 /// A tombstone as the tombstone table keeps it: every field of the job
 /// but its id (the table's key) and its state (acked), in postcard's
-/// encoding (LEB128 varints), times as differences from the finish time
-/// (small numbers, a byte or three each), texts and bytes borrowed when
-/// read. The finish time comes first and the queue second, so a purge and
+/// encoding (LEB128 varints), each time as a difference from the one it
+/// usually follows (the enqueue and the grant from the finish, the due
+/// time from the enqueue, the lease's end from its grant plus the job's
+/// lease length), so most take a byte or three; texts and bytes borrowed
+/// when read. The finish time comes first and the queue second, so a purge and
 /// a queue lookup read only the front. Only memory: snapshots and
 /// everything else still see the [`Job`].
 #[derive(Serialize, Deserialize)]
@@ -427,7 +429,7 @@ impl StoredJob {
             queue: &self.queue,
             payload: Bytes(&self.payload),
             priority: self.priority,
-            not_before_ms: delta(self.not_before_ms, base),
+            not_before_ms: delta(self.not_before_ms, self.enqueued_at_ms),
             enqueued_at_ms: delta(self.enqueued_at_ms, base),
             attempts: self.attempts,
             settings: rare.settings.as_deref().map(|settings| SettingsRecord {
@@ -445,7 +447,10 @@ impl StoredJob {
                 token: lease.token,
                 epoch: lease.epoch,
                 granted_at_ms: delta(lease.granted_at_ms, base),
-                expires_at_ms: delta(lease.expires_at_ms, base),
+                expires_at_ms: delta(
+                    lease.expires_at_ms,
+                    lease.granted_at_ms.wrapping_add(self.settings().lease_ttl_ms),
+                ),
             }),
             result: rare.result.as_deref().map(Bytes),
         };
@@ -466,31 +471,43 @@ impl StoredJob {
         let settings = record.settings.map(|settings| {
             Box::new(Settings {
                 max_attempts: settings.max_attempts,
-                backoff: Backoff { base_ms: settings.backoff_base_ms, cap_ms: settings.backoff_cap_ms },
+                backoff: Backoff {
+                    base_ms: settings.backoff_base_ms,
+                    cap_ms: settings.backoff_cap_ms,
+                },
                 lease_ttl_ms: settings.lease_ttl_ms,
                 idempotency_key: settings.idempotency_key.map(Box::from),
                 tags: settings.tags.into_iter().map(String::from).collect(),
             })
         });
+        let lease_ttl_ms =
+            settings.as_deref().map_or(COMMON_LEASE_TTL_MS, |settings| settings.lease_ttl_ms);
         let rare = Rare {
             settings,
             last_error: record.last_error.map(Box::from),
-            lease: record.lease.map(|lease| Lease {
-                job_id: undelta(lease.job_id, id),
-                holder: lease.holder.to_owned(),
-                token: lease.token,
-                epoch: lease.epoch,
-                granted_at_ms: undelta(lease.granted_at_ms, base),
-                expires_at_ms: undelta(lease.expires_at_ms, base),
+            lease: record.lease.map(|lease| {
+                let granted_at_ms = undelta(lease.granted_at_ms, base);
+                Lease {
+                    job_id: undelta(lease.job_id, id),
+                    holder: lease.holder.to_owned(),
+                    token: lease.token,
+                    epoch: lease.epoch,
+                    granted_at_ms,
+                    expires_at_ms: undelta(
+                        lease.expires_at_ms,
+                        granted_at_ms.wrapping_add(lease_ttl_ms),
+                    ),
+                }
             }),
             finished_at_ms: record.finished_at_ms,
             result: record.result.map(|result| Box::from(result.0)),
         };
+        let enqueued_at_ms = undelta(record.enqueued_at_ms, base);
         StoredJob {
             queue: queue.unwrap_or_else(|| Arc::from(record.queue)),
             payload: Box::from(record.payload.0),
-            not_before_ms: undelta(record.not_before_ms, base),
-            enqueued_at_ms: undelta(record.enqueued_at_ms, base),
+            not_before_ms: undelta(record.not_before_ms, enqueued_at_ms),
+            enqueued_at_ms,
             priority: record.priority,
             attempts: record.attempts,
             state: JobState::Acked,

@@ -353,9 +353,7 @@ impl State {
                 self.refresh(leases, *lease_ttl_ms)
             }
             Command::Ack { job_id, token, result } => self.ack(*job_id, *token, result, true),
-            Command::AckLean { job_id, token, result } => {
-                self.ack(*job_id, *token, result, false)
-            }
+            Command::AckLean { job_id, token, result } => self.ack(*job_id, *token, result, false),
             Command::Nack { job_id, token, error, retry_after_ms } => {
                 self.nack(*job_id, *token, error, *retry_after_ms, limits)
             }
@@ -678,7 +676,8 @@ impl State {
         let mut renewed = Vec::new();
         let mut lost = Vec::new();
         for &(job_id, token) in leases {
-            let current = self.jobs.get(&job_id).is_some_and(|job| holds_current_lease(&job, token));
+            let current =
+                self.jobs.get(&job_id).is_some_and(|job| holds_current_lease(&job, token));
             let lease = if current {
                 self.change_job(job_id, |job| {
                     let ttl_ms = lease_ttl_ms.unwrap_or(job.lease_ttl_ms);
@@ -871,7 +870,8 @@ impl State {
             u64::MAX => Some(u64::MAX),
             _ => now_ms.checked_sub(limits.retention_ms),
         };
-        let expired = cutoff_ms.map_or_else(Vec::new, |cutoff| self.jobs.tombs().finished_by(cutoff));
+        let expired =
+            cutoff_ms.map_or_else(Vec::new, |cutoff| self.jobs.tombs().finished_by(cutoff));
         let mut purged = 0u64;
         for job_id in expired {
             if let Some(job) = self.jobs.remove(&job_id) {

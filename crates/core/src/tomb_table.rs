@@ -174,7 +174,7 @@ impl TombTable {
         let finished = tomb_finished_at(record).unwrap_or(u64::MAX);
         let page = self.pages.entry(number).or_insert_with(Page::empty);
         let at = rank(page.present, bit);
-        let replaced = if page.present & bit != 0 {
+        if page.present & bit != 0 {
             let old = page.remove(at);
             page.insert(at, record);
             page.earliest_finish_ms = page.earliest();
@@ -185,8 +185,7 @@ impl TombTable {
             page.earliest_finish_ms = page.earliest_finish_ms.min(finished);
             self.len = self.len.saturating_add(1);
             None
-        };
-        replaced
+        }
     }
 
     /// Takes tombstone `id` out of the table.

@@ -571,7 +571,11 @@ fn final_jobs_of(state: &State, queue: &str) -> Vec<FinalJob> {
         .into_iter()
         .map(|job| FinalJob {
             id: job.id,
-            value: String::from_utf8_lossy(&job.payload).into_owned(),
+            value: FinalJob::value_of(
+                &job.payload,
+                job.state.as_str(),
+                job.idempotency_key.as_deref(),
+            ),
             state: job.state.as_str().to_string(),
             attempts: job.attempts,
             lease_token: job.lease.as_ref().map(|lease| lease.token),
@@ -1571,9 +1575,13 @@ impl Driver {
     fn next_enqueue(&mut self) -> Planned {
         self.next_value += 1;
         let value = format!("v{}", self.next_value);
+        // The value is its key too, as in the chaos workload: a retried
+        // enqueue dedups, and an acked job whose tombstone keeps no payload
+        // is still found by value (`FinalJob::value_of`).
         let spec = JobSpec {
             queue: QUEUE.into(),
             payload: value.clone().into_bytes(),
+            idempotency_key: Some(value.clone()),
             ..Default::default()
         };
         let op = OpValue { value: Some(value), poison: Some(false), ..OpValue::default() };

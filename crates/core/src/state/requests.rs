@@ -92,7 +92,8 @@ impl State {
             let grants = granted
                 .iter()
                 .filter_map(|(job_id, token)| {
-                    let job = self.jobs.live(job_id).filter(|job| job.state == JobState::Claimed)?;
+                    let job =
+                        self.jobs.live(job_id).filter(|job| job.state == JobState::Claimed)?;
                     let lease = job.lease().filter(|lease| lease.token == *token)?;
                     Some(Grant { job: job.to_job(*job_id), lease: lease.clone() })
                 })

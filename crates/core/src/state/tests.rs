@@ -561,6 +561,54 @@ mod ack {
         assert_eq!(job(&state, id).result.as_deref(), Some(&b"out"[..]));
     }
 
+    /// A lean ack (log format 3) leaves a tombstone with everything but
+    /// the payload: the result, the lease that finished it, the key that
+    /// still dedups; a retry is answered `Acked`, a stale token refused,
+    /// and a snapshot carries it unchanged. A plain ack keeps the payload.
+    #[test]
+    fn a_lean_ack_keeps_everything_but_the_payload() {
+        let mut state = State::new();
+        let lean =
+            enqueue_one(&mut state, 0, JobSpec { payload: b"in".to_vec(), ..keyed("q", "k") });
+        let plain = enqueue_one(&mut state, 0, JobSpec { payload: b"in".to_vec(), ..spec("q") });
+        let lease = claim_one(&mut state, 1_000, "q");
+        let other = claim_one(&mut state, 1_000, "q");
+        let before = job(&state, lean);
+        let ack = |token, result: &[u8]| Command::AckLean {
+            job_id: lean,
+            token,
+            result: Some(result.to_vec()),
+        };
+        assert_eq!(apply(&mut state, 2_000, ack(lease.token, b"out")), Response::Acked);
+        let tomb = job(&state, lean);
+        assert_eq!(
+            tomb,
+            Job {
+                payload: Vec::new(),
+                state: JobState::Acked,
+                finished_at_ms: Some(2_000),
+                result: Some(b"out".to_vec()),
+                ..before
+            }
+        );
+        assert_eq!(apply(&mut state, 3_000, ack(lease.token, b"x")), Response::Acked);
+        assert_eq!(
+            apply(&mut state, 3_000, ack(other.token, b"x")),
+            stale_refusal(lean, other.token)
+        );
+        assert_eq!(job(&state, lean), tomb, "a retry changes nothing");
+        let again = enqueue(&mut state, 3_000, vec![keyed("q", "k")]);
+        assert_eq!((again[0].job_id, again[0].duplicate), (lean, true), "the key still dedups");
+        let plain_ack = Command::Ack { job_id: plain, token: other.token, result: None };
+        assert_eq!(apply(&mut state, 4_000, plain_ack), Response::Acked);
+        assert_eq!(job(&state, plain).payload, b"in".to_vec(), "a plain ack keeps the payload");
+        let loaded: State =
+            bincode::deserialize(&bincode::serialize(&state).expect("encodes")).expect("decodes");
+        assert_eq!(loaded, state);
+        assert_eq!(loaded.job(lean), Some(tomb));
+        state.check_invariants().expect("invariants");
+    }
+
     #[test]
     fn an_oversized_result_is_refused_and_changes_nothing() {
         let mut state = State::new();

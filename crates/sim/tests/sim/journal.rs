@@ -227,6 +227,59 @@ async fn the_journal_proposes_and_reads_through_openraft_on_simulated_disks() ->
     assert!(leader.committed_index().await >= first, "the committed index is not recorded");
     leader.log_store().probe().await?;
 
+    tracing::info!(
+        "--- at format 3 the ack was written lean; at format 2 an ack keeps the payload"
+    );
+    let entries = proposals(&nodes[&1].log_store, first).await?;
+    let written_acks: Vec<&Command> = entries
+        .iter()
+        .filter_map(|proposal| match &proposal.command {
+            Command::Ruled { command, .. } => Some(&**command),
+            _ => None,
+        })
+        .flat_map(|command| match command {
+            Command::Batch { commands } => commands.iter().collect::<Vec<_>>(),
+            other => vec![other],
+        })
+        .filter(|command| matches!(command, Command::Ack { .. } | Command::AckLean { .. }))
+        .collect();
+    assert!(
+        !written_acks.is_empty()
+            && written_acks.iter().all(|command| matches!(command, Command::AckLean { .. })),
+        "the journal proposed a plain Ack and wrote {written_acks:?}"
+    );
+    leader.set_log_format(2);
+    let ack_kept = Command::Ack { job_id: held.job_id, token: held.token, result: None };
+    let from = last_log_index(leader.raft()) + 1;
+    assert_eq!(leader.propose(ack_kept).await?, Response::Acked);
+    let at_format_2 = proposals(&nodes[&1].log_store, from).await?;
+    assert!(
+        at_format_2.iter().any(|proposal| matches!(&proposal.command,
+            Command::Ruled { command, .. } if matches!(&**command, Command::Ack { .. }))),
+        "at format 2 the ack was not written plain: {at_format_2:?}"
+    );
+    leader.set_log_format(leasehold_core::command::LOG_FORMAT);
+    let last = last_log_index(leader.raft());
+    for (id, node) in &nodes {
+        node.raft
+            .wait(WAIT)
+            .applied_index_at_least(Some(last), &format!("node {id} applied"))
+            .await?;
+        let payloads = node.state_machine.read(|state| {
+            [acked.job_id, held.job_id].map(|id| state.job(id).map(|job| (job.state, job.payload)))
+        });
+        assert_eq!(
+            payloads,
+            [Some((JobState::Acked, Vec::new())), Some((JobState::Acked, b"job 2".to_vec()))],
+            "node {id}: the lean ack's tombstone has no payload, the plain one's has"
+        );
+    }
+    let leader_digest = leader.state_machine().digest();
+    for (id, node) in &nodes {
+        let digest = leasehold_replica::ReplicaStateMachine::digest(&node.state_machine);
+        assert_eq!(digest, leader_digest, "node {id} diverged after the two acks");
+    }
+
     tracing::info!("--- a follower's journal reads locally, and cannot forward without gRPC");
     let follower = journal(2, &nodes[&2], clock.clone());
     assert_eq!(follower.read_stale(|state| state.last_job_id()), 8);
