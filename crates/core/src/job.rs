@@ -328,7 +328,9 @@ impl StoredJob {
 }
 
 /// A tombstone as the tombstone table keeps it: every field of the job
-/// but its id (the table's key) and its state (acked), in postcard's
+/// but its id (the table's key) and its state (acked), the queue and the
+/// lease holder as numbers the table names (most tombstones share a few
+/// of each), in postcard's
 /// encoding (LEB128 varints), each time as a difference from the one it
 /// usually follows (the enqueue and the grant from the finish, the due
 /// time from the enqueue, the lease's end from its grant plus the job's
@@ -339,7 +341,7 @@ impl StoredJob {
 #[derive(Serialize, Deserialize)]
 struct TombRecord<'a> {
     finished_at_ms: Option<u64>,
-    queue: &'a str,
+    queue: u32,
     #[serde(borrow)]
     payload: Bytes<'a>,
     priority: i32,
@@ -349,8 +351,7 @@ struct TombRecord<'a> {
     #[serde(borrow)]
     settings: Option<SettingsRecord<'a>>,
     last_error: Option<&'a str>,
-    #[serde(borrow)]
-    lease: Option<LeaseRecord<'a>>,
+    lease: Option<LeaseRecord>,
     #[serde(borrow)]
     result: Option<Bytes<'a>>,
 }
@@ -370,9 +371,9 @@ struct SettingsRecord<'a> {
 /// The lease of a [`TombRecord`]: its job id as a difference from the
 /// job's own, its times from the finish time.
 #[derive(Serialize, Deserialize)]
-struct LeaseRecord<'a> {
+struct LeaseRecord {
     job_id: i64,
-    holder: &'a str,
+    holder: u32,
     token: u64,
     epoch: u64,
     granted_at_ms: i64,
@@ -406,27 +407,37 @@ fn undelta(delta: i64, base: u64) -> u64 {
 }
 
 /// What a tombstone record starts with: its finish time and queue.
-type RecordFront<'a> = (Option<u64>, &'a str);
+type RecordFront = (Option<u64>, u32);
 
 /// The finish time of a tombstone record ([`StoredJob::to_record`]).
 pub(crate) fn tomb_finished_at(record: &[u8]) -> Option<u64> {
     postcard::take_from_bytes::<Option<u64>>(record).ok().and_then(|(finished, _)| finished)
 }
 
-/// The queue of a tombstone record ([`StoredJob::to_record`]).
-pub(crate) fn tomb_queue(record: &[u8]) -> &str {
-    postcard::take_from_bytes::<RecordFront<'_>>(record).map_or("", |((_, queue), _)| queue)
+/// The number of a tombstone record's queue ([`StoredJob::to_record`]).
+pub(crate) fn tomb_queue(record: &[u8]) -> Option<u32> {
+    postcard::take_from_bytes::<RecordFront>(record).ok().map(|((_, queue), _)| queue)
+}
+
+/// The names a tombstone record refers to by number: its queue, and its
+/// lease's holder if it has a lease.
+pub(crate) fn tomb_names(record: &[u8]) -> (u32, Option<u32>) {
+    match postcard::from_bytes::<TombRecord<'_>>(record) {
+        Ok(record) => (record.queue, record.lease.map(|lease| lease.holder)),
+        Err(_) => (u32::MAX, None),
+    }
 }
 
 impl StoredJob {
     /// This job as a tombstone record (see [`TombRecord`]); `id` is the
-    /// job's, which the record leaves out.
-    pub(crate) fn to_record(&self, id: u64) -> Box<[u8]> {
+    /// job's, which the record leaves out, and `name` numbers its queue
+    /// and its lease's holder.
+    pub(crate) fn to_record(&self, id: u64, mut name: impl FnMut(&str) -> u32) -> Box<[u8]> {
         let rare = self.rare();
         let base = rare.finished_at_ms.unwrap_or(0);
         let record = TombRecord {
             finished_at_ms: rare.finished_at_ms,
-            queue: &self.queue,
+            queue: name(&self.queue),
             payload: Bytes(&self.payload),
             priority: self.priority,
             not_before_ms: delta(self.not_before_ms, self.enqueued_at_ms),
@@ -443,7 +454,7 @@ impl StoredJob {
             last_error: rare.last_error.as_deref(),
             lease: rare.lease.as_ref().map(|lease| LeaseRecord {
                 job_id: delta(lease.job_id, id),
-                holder: &lease.holder,
+                holder: name(&lease.holder),
                 token: lease.token,
                 epoch: lease.epoch,
                 granted_at_ms: delta(lease.granted_at_ms, base),
@@ -460,11 +471,15 @@ impl StoredJob {
             .expect("a tombstone record encodes (every length is known)")
     }
 
-    /// The acked job `id` a tombstone record holds, its queue named by
-    /// `queue` (the record's queue name gives the allocation when `None`).
-    /// Records are only ever this build's own ([`StoredJob::to_record`]),
-    /// so one that does not decode is a bug, not input.
-    pub(crate) fn from_record(id: u64, record: &[u8], queue: Option<Arc<str>>) -> StoredJob {
+    /// The acked job `id` a tombstone record holds, `name` giving the
+    /// names its numbers stand for. Records are only ever this build's own
+    /// ([`StoredJob::to_record`]), so one that does not decode is a bug,
+    /// not input.
+    pub(crate) fn from_record<'n>(
+        id: u64,
+        record: &[u8],
+        name: impl Fn(u32) -> &'n str,
+    ) -> StoredJob {
         let record: TombRecord<'_> =
             postcard::from_bytes(record).expect("a tombstone record is this build's own encoding");
         let base = record.finished_at_ms.unwrap_or(0);
@@ -489,7 +504,7 @@ impl StoredJob {
                 let granted_at_ms = undelta(lease.granted_at_ms, base);
                 Lease {
                     job_id: undelta(lease.job_id, id),
-                    holder: lease.holder.to_owned(),
+                    holder: name(lease.holder).to_owned(),
                     token: lease.token,
                     epoch: lease.epoch,
                     granted_at_ms,
@@ -504,7 +519,7 @@ impl StoredJob {
         };
         let enqueued_at_ms = undelta(record.enqueued_at_ms, base);
         StoredJob {
-            queue: queue.unwrap_or_else(|| Arc::from(record.queue)),
+            queue: Arc::from(name(record.queue)),
             payload: Box::from(record.payload.0),
             not_before_ms: undelta(record.not_before_ms, enqueued_at_ms),
             enqueued_at_ms,

@@ -9,19 +9,97 @@
 //! listings, answers) is what one table of [`StoredJob`]s gave.
 
 use std::borrow::Cow;
+use std::collections::BTreeMap;
 use std::iter::Peekable;
 use std::ops::{Bound, RangeBounds};
 
-use crate::job::{JobState, StoredJob, tomb_queue};
+use crate::job::{JobState, StoredJob, tomb_names, tomb_queue};
 use crate::live_table::LiveTable;
 use crate::tomb_table::TombTable;
 
 /// Every retained job by id (see the module docs).
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default)]
 pub(crate) struct JobTable {
     live: LiveTable,
     tombs: TombTable,
+    /// The queue and holder names the tombstone records refer to.
+    names: Names,
 }
+
+/// Names by number, counted: a tombstone record names its queue and its
+/// lease's holder by number (a byte or two) instead of spelling them out,
+/// and a name is forgotten with the last record that uses it. Which
+/// number a name gets depends on the order records came in, so two
+/// tables are compared by what their records say, never by the numbers.
+#[derive(Clone, Debug, Default)]
+struct Names {
+    /// Number → name and how many record fields use it (`None`: free).
+    slots: Vec<Option<(Box<str>, u64)>>,
+    /// Name → number.
+    numbers: BTreeMap<Box<str>, u32>,
+    /// Numbers free for reuse.
+    free: Vec<u32>,
+}
+
+impl Names {
+    /// The number of `name`, counting one more use of it.
+    fn take(&mut self, name: &str) -> u32 {
+        if let Some(&number) = self.numbers.get(name) {
+            if let Some(Some((_, uses))) = self.slots.get_mut(number as usize) {
+                *uses = uses.saturating_add(1);
+            }
+            return number;
+        }
+        let slot = Some((Box::from(name), 1));
+        let number = match self.free.pop() {
+            Some(number) => {
+                if let Some(free) = self.slots.get_mut(number as usize) {
+                    *free = slot;
+                }
+                number
+            }
+            None => {
+                self.slots.push(slot);
+                u32::try_from(self.slots.len() - 1).unwrap_or(u32::MAX)
+            }
+        };
+        self.numbers.insert(Box::from(name), number);
+        number
+    }
+
+    /// Counts one use of `number` less, forgetting the name at none.
+    fn give_back(&mut self, number: u32) {
+        let Some(slot) = self.slots.get_mut(number as usize) else { return };
+        let Some((name, uses)) = slot else { return };
+        *uses = uses.saturating_sub(1);
+        if *uses == 0 {
+            self.numbers.remove(&**name);
+            *slot = None;
+            self.free.push(number);
+        }
+    }
+
+    /// The name of `number` (empty if none: records only use numbers they
+    /// took).
+    fn name(&self, number: u32) -> &str {
+        match self.slots.get(number as usize) {
+            Some(Some((name, _))) => name,
+            _ => "",
+        }
+    }
+}
+
+impl PartialEq for JobTable {
+    /// Equal when they hold the same jobs: the tombstones are compared as
+    /// the jobs they decode to, whatever numbers their names got.
+    fn eq(&self, other: &Self) -> bool {
+        self.live == other.live
+            && self.tombs.len() == other.tombs.len()
+            && self.tomb_jobs(0, u64::MAX).eq(other.tomb_jobs(0, u64::MAX))
+    }
+}
+
+impl Eq for JobTable {}
 
 /// A job read from the table: borrowed when live, decoded when a tombstone.
 pub(crate) type JobRead<'a> = Cow<'a, StoredJob>;
@@ -36,7 +114,7 @@ impl JobTable {
     pub(crate) fn get(&self, id: &u64) -> Option<JobRead<'_>> {
         match self.live.get(id) {
             Some(job) => Some(Cow::Borrowed(job)),
-            None => self.tombs.get(*id).map(|record| Cow::Owned(decode(*id, record))),
+            None => self.tombs.get(*id).map(|record| Cow::Owned(self.decode(*id, record))),
         }
     }
 
@@ -60,7 +138,7 @@ impl JobTable {
     pub(crate) fn queue_of(&self, id: u64) -> Option<&str> {
         match self.live.get(&id) {
             Some(job) => Some(&job.queue),
-            None => self.tombs.get(id).map(tomb_queue),
+            None => self.tombs.get(id).and_then(tomb_queue).map(|number| self.names.name(number)),
         }
     }
 
@@ -68,9 +146,15 @@ impl JobTable {
     pub(crate) fn insert(&mut self, id: u64, job: StoredJob) {
         if job.state == JobState::Acked {
             self.live.remove(&id);
-            self.tombs.insert(id, &job.to_record(id));
+            let names = &mut self.names;
+            let record = job.to_record(id, |name| names.take(name));
+            if let Some(old) = self.tombs.insert(id, &record) {
+                self.forget(&old);
+            }
         } else {
-            self.tombs.remove(id);
+            if let Some(old) = self.tombs.remove(id) {
+                self.forget(&old);
+            }
             self.live.insert(id, job);
         }
     }
@@ -79,8 +163,37 @@ impl JobTable {
     pub(crate) fn remove(&mut self, id: &u64) -> Option<StoredJob> {
         match self.live.remove(id) {
             Some(job) => Some(job),
-            None => self.tombs.remove(*id).map(|record| decode(*id, &record)),
+            None => {
+                let record = self.tombs.remove(*id)?;
+                let job = self.decode(*id, &record);
+                self.forget(&record);
+                Some(job)
+            }
         }
+    }
+
+    /// Gives back the names a record that left the table used.
+    fn forget(&mut self, record: &[u8]) {
+        let (queue, holder) = tomb_names(record);
+        self.names.give_back(queue);
+        if let Some(holder) = holder {
+            self.names.give_back(holder);
+        }
+    }
+
+    /// A tombstone record back in its stored form.
+    fn decode(&self, id: u64, record: &[u8]) -> StoredJob {
+        StoredJob::from_record(id, record, |number| self.names.name(number))
+    }
+
+    /// The tombstones with ids in `low..=high`, decoded, in id order (and
+    /// back).
+    fn tomb_jobs(
+        &self,
+        low: u64,
+        high: u64,
+    ) -> impl DoubleEndedIterator<Item = (u64, StoredJob)> + '_ {
+        self.tombs.range(low, high).map(|(id, record)| (id, self.decode(id, record)))
     }
 
     /// Every job in id order.
@@ -109,16 +222,15 @@ impl JobTable {
             _ => (1, 0),
         };
         let live = self.live.range(low..=high).map(|(&id, job)| (id, Cow::Borrowed(job)));
-        let tombs =
-            self.tombs.range(low, high).map(|(id, record)| (id, Cow::Owned(decode(id, record))));
+        let tombs = self.tomb_jobs(low, high).map(|(id, job)| (id, Cow::Owned(job)));
         Merge { a: live.peekable(), b: tombs.peekable() }
     }
 
     /// The `n` jobs with the largest ids, largest first.
     pub(crate) fn newest(&self, n: usize) -> Vec<(u64, JobRead<'_>)> {
         let live = self.live.iter().rev().take(n).map(|(&id, job)| (id, Cow::Borrowed(job)));
-        let tombs = self.tombs.range(0, u64::MAX).rev().take(n);
-        let tombs = tombs.map(|(id, record)| (id, Cow::Owned(decode(id, record))));
+        let tombs = self.tomb_jobs(0, u64::MAX).rev().take(n);
+        let tombs = tombs.map(|(id, job)| (id, Cow::Owned(job)));
         let mut newest: Vec<(u64, JobRead<'_>)> = live.chain(tombs).collect();
         newest.sort_unstable_by(|(a, _), (b, _)| b.cmp(a));
         newest.truncate(n);
@@ -129,11 +241,6 @@ impl JobTable {
     pub(crate) fn tombs(&self) -> &TombTable {
         &self.tombs
     }
-}
-
-/// A tombstone record back in its stored form.
-fn decode(id: u64, record: &[u8]) -> StoredJob {
-    StoredJob::from_record(id, record, None)
 }
 
 /// Two iterators ascending by id, with no id in both, read as one.
@@ -284,21 +391,42 @@ mod tests {
                 ids(table.newest(7).into_iter().map(|(id, _)| id).collect()),
                 ids(map.keys().rev().take(7).copied().collect())
             );
+            // Built in another order its names get other numbers; it is
+            // still the same table.
+            let rebuilt: JobTable = map.iter().rev().map(|(id, job)| (*id, job.clone())).collect();
+            prop_assert_eq!(&rebuilt, &table);
+            // A name is kept exactly while a record uses it.
+            let used: std::collections::BTreeSet<String> = map
+                .values()
+                .filter(|job| job.state == JobState::Acked)
+                .flat_map(|job| {
+                    std::iter::once(job.queue.to_string())
+                        .chain(job.lease().map(|lease| lease.holder.clone()))
+                })
+                .collect();
+            let kept: std::collections::BTreeSet<String> =
+                table.names.numbers.keys().map(|name| name.to_string()).collect();
+            prop_assert_eq!(kept, used);
+            for id in map.keys().copied().collect::<Vec<_>>() {
+                table.remove(&id);
+            }
+            prop_assert!(table.names.numbers.is_empty(), "names outlived their records");
         }
     }
 
     #[test]
     fn a_default_tombstone_record_is_small() {
         let tomb = job(1_000_000, 2);
-        let record = tomb.to_record(1_000_000);
-        assert_eq!(StoredJob::from_record(1_000_000, &record, None), tomb);
-        // Without a payload, a default tombstone is its finish time,
-        // queue, lease (holder, token, epoch, two times) and a few small
-        // numbers.
+        let mut table = JobTable::default();
+        table.insert(1_000_000, tomb.clone());
+        assert_eq!(table.get(&1_000_000).map(Cow::into_owned), Some(tomb));
+        // Without a payload, a default tombstone is its finish time, its
+        // queue's and holder's numbers, the lease's token, epoch and two
+        // times as differences, and a few small numbers.
         let bare = job(1_000_000, 12);
         assert!(bare.payload.is_empty() && bare.state == JobState::Acked);
-        let size = bare.to_record(1_000_000).len();
-        assert!(size <= 40, "a default tombstone's record is {size} bytes");
+        let size = bare.to_record(1_000_000, |_| 0).len();
+        assert!(size <= 30, "a default tombstone's record is {size} bytes");
     }
 
     #[test]

@@ -1,4 +1,4 @@
-//! The job table: every retained job by id, packed in pages of
+//! The live jobs (ready, claimed, dead) by id, packed in pages of
 //! [`PAGE_IDS`] consecutive ids.
 //!
 //! Ids are handed out in order and jobs mostly leave in order (acked, then
@@ -27,7 +27,7 @@ const PAGE_IDS: u64 = 32;
 /// One page: its jobs sorted by id, with their ids.
 type Page = Vec<(u64, StoredJob)>;
 
-/// Every retained job by id (see the module docs).
+/// Every live job by id (see the module docs).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub(crate) struct LiveTable {
     pages: BTreeMap<u64, Page>,

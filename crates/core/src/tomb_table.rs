@@ -2,7 +2,7 @@
 //! ([`StoredJob::to_record`]) in pages of [`PAGE_IDS`] consecutive ids.
 //!
 //! A tombstone is read rarely (GetJob, a retried ack, a listing, a
-//! snapshot) and kept for a day, so it is kept as its encoding, about 45
+//! snapshot) and kept for a day, so it is kept as its encoding, about 30
 //! bytes for a job with default settings and no payload, instead of the
 //! 72-byte live form with its 128-byte side part. A page keeps a bitmap of
 //! which of its ids are present, their records back to back in one buffer
@@ -277,7 +277,7 @@ mod tests {
             finished_at_ms: Some(finished_at_ms),
             result: None,
         };
-        StoredJob::from_job(job, Arc::from("q")).to_record(id)
+        StoredJob::from_job(job, Arc::from("q")).to_record(id, |_| 0)
     }
 
     proptest! {
