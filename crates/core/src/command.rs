@@ -65,19 +65,6 @@ pub enum Command {
         /// Kept on the job as its result (at most `max_result_bytes`).
         result: Option<Vec<u8>>,
     },
-    /// `Ack` whose tombstone keeps no payload: the job's bytes are the
-    /// producer's input to the worker, not part of the audit record (who
-    /// finished it, with which token, when, and what it reported), and
-    /// they are most of what a day of tombstones would hold. A leader
-    /// writes every ack as this once every member decodes format 3.
-    AckLean {
-        /// The job.
-        job_id: u64,
-        /// Fencing token of the lease.
-        token: u64,
-        /// Kept on the job as its result (at most `max_result_bytes`).
-        result: Option<Vec<u8>>,
-    },
     /// Fail an attempt: attempts+1, back to ready after backoff, or dead.
     Nack {
         /// The job.
@@ -243,6 +230,22 @@ pub enum Command {
         /// The command (a batch, or one command).
         command: Box<Command>,
     },
+    /// `Ack` whose tombstone keeps no payload: the job's bytes are the
+    /// producer's input to the worker, not part of the audit record (who
+    /// finished it, with which token, when, and what it reported), and
+    /// they are most of what a day of tombstones would hold. A leader
+    /// writes every ack as this once every member decodes format 3.
+    ///
+    /// New variants go last: the log and the wire encode a variant by its
+    /// position, so one inserted before others would renumber them.
+    AckLean {
+        /// The job.
+        job_id: u64,
+        /// Fencing token of the lease.
+        token: u64,
+        /// Kept on the job as its result (at most `max_result_bytes`).
+        result: Option<Vec<u8>>,
+    },
 }
 
 /// The newest log format this build writes and reads. Format 1 is the
@@ -396,6 +399,89 @@ mod tests {
         assert_eq!(ruled.clone().for_log_format(1), expected);
         assert_eq!(ruled.clone().for_log_format(LOG_FORMAT), ruled, "current: unchanged");
         assert_eq!(claim.clone().for_log_format(2), claim);
+    }
+
+    /// The log and the node-to-node wire encode a command's variant by its
+    /// position (bincode): an older build reads the same number as the same
+    /// command only if no variant moved. Every variant's number is pinned
+    /// here; a new one goes last, with the next number.
+    #[test]
+    fn every_variant_keeps_its_number_on_the_wire() {
+        let s = String::new;
+        let pinned: Vec<(u32, Command)> = vec![
+            (0, Command::Enqueue { jobs: vec![] }),
+            (
+                1,
+                Command::Claim {
+                    worker: s(),
+                    queue: s(),
+                    max: 1,
+                    lease_ttl_ms: None,
+                    selector: vec![],
+                },
+            ),
+            (2, Command::Refresh { worker: s(), leases: vec![], lease_ttl_ms: None }),
+            (3, Command::Ack { job_id: 1, token: 1, result: None }),
+            (4, Command::Nack { job_id: 1, token: 1, error: s(), retry_after_ms: None }),
+            (5, Command::Release { job_id: 1, token: 1 }),
+            (6, Command::Sweep),
+            (7, Command::Redrive { target: RedriveTarget::Ids(vec![]) }),
+            (8, Command::Purge),
+            (
+                9,
+                Command::PutSchedule {
+                    spec: ScheduleSpec {
+                        name: s(),
+                        cron: s(),
+                        timezone: s(),
+                        template: Default::default(),
+                        overlap: Default::default(),
+                        catchup: Default::default(),
+                        catchup_window_ms: 0,
+                        catchup_max: 0,
+                        target: Default::default(),
+                        paused: false,
+                    },
+                },
+            ),
+            (10, Command::DeleteSchedule { name: s() }),
+            (11, Command::SetPaused { name: s(), paused: true }),
+            (12, Command::Fire { schedule: s(), bucket: 1, targets: vec![] }),
+            (13, Command::Skip { schedule: s(), bucket: 1, reason: SkipReason::Overlap, ticks: 1 }),
+            (14, Command::Trigger { schedule: s(), force: false, targets: vec![] }),
+            (15, Command::RegisterNode { node: 1, tags: vec![] }),
+            (16, Command::SetDraining { node: 1, draining: true }),
+            (17, Command::Batch { commands: vec![] }),
+            (
+                18,
+                Command::ClaimOnce {
+                    request_id: s(),
+                    worker: s(),
+                    queue: s(),
+                    max: 1,
+                    lease_ttl_ms: None,
+                    selector: vec![],
+                },
+            ),
+            (
+                19,
+                Command::TriggerOnce {
+                    request_id: s(),
+                    schedule: s(),
+                    force: false,
+                    targets: vec![],
+                },
+            ),
+            (20, Command::FireEach { schedule: s(), bucket: 1, targets: vec![], offline: vec![] }),
+            (21, Command::SweepBounded { max_clock_offset_ms: 1 }),
+            (22, Command::Ruled { limits: Limits::default(), command: Box::new(Command::Sweep) }),
+            (23, Command::AckLean { job_id: 1, token: 1, result: None }),
+        ];
+        for (number, command) in pinned {
+            let bytes = bincode::serialize(&command).expect("encodes");
+            let written = bytes.get(..4).map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]));
+            assert_eq!(written, Some(number), "{command:?}");
+        }
     }
 
     #[test]

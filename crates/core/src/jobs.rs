@@ -126,12 +126,37 @@ impl JobTable {
     }
 
     /// No acked job among the live ones (where [`JobTable::insert`] never
-    /// puts one), for `State::check_invariants`.
+    /// puts one), the tombstone pages in step with their records, and each
+    /// name counted exactly as often as records use it. For
+    /// `State::check_invariants`.
     pub(crate) fn check(&self) -> Result<(), String> {
-        match self.live.iter().find(|(_, job)| job.state == JobState::Acked) {
-            Some((id, _)) => Err(format!("job {id}: acked but kept as a live job")),
-            None => Ok(()),
+        if let Some((id, _)) = self.live.iter().find(|(_, job)| job.state == JobState::Acked) {
+            return Err(format!("job {id}: acked but kept as a live job"));
         }
+        self.tombs.check()?;
+        let mut uses: BTreeMap<u32, u64> = BTreeMap::new();
+        for (_, record) in self.tombs.range(0, u64::MAX) {
+            let (queue, holder) = tomb_names(record);
+            for number in std::iter::once(queue).chain(holder) {
+                let count = uses.entry(number).or_default();
+                *count = count.saturating_add(1);
+            }
+        }
+        let counted: BTreeMap<u32, u64> = self
+            .names
+            .slots
+            .iter()
+            .enumerate()
+            .filter_map(|(number, slot)| {
+                slot.as_ref().map(|(_, n)| (u32::try_from(number).unwrap_or(u32::MAX), *n))
+            })
+            .collect();
+        let numbered = self.names.numbers.len() == counted.len()
+            && self.names.numbers.iter().all(|(name, number)| self.names.name(*number) == &**name);
+        if counted != uses || !numbered {
+            return Err("the tombstones' names are not counted as their records use them".into());
+        }
+        Ok(())
     }
 
     /// The queue of job `id`, if retained (no copy, no decoding).

@@ -18,14 +18,17 @@ use crate::job::tomb_finished_at;
 /// Ids per page: the ids `p * PAGE_IDS .. (p + 1) * PAGE_IDS` share page `p`.
 const PAGE_IDS: u64 = 64;
 
+/// Up to this size a page's buffer grows to fit each record exactly.
+const SMALL_PAGE_BYTES: usize = 4 * 1024;
+
 /// One page of tombstones.
 #[derive(Clone, Debug, PartialEq, Eq)]
 struct Page {
     /// Bit `i` set: id `page * PAGE_IDS + i` is here.
     present: u64,
-    /// The earliest finish time of the page's records (`u64::MAX` when
-    /// none has one): no record of the page is purged before it.
-    earliest_finish_ms: u64,
+    /// The earliest finish time of the page's records (`None` when none
+    /// has one): no record of the page is purged before it.
+    earliest_finish_ms: Option<u64>,
     /// The records of the present ids, in id order, back to back.
     bytes: Vec<u8>,
     /// Where each record ends in `bytes`, in the same order.
@@ -95,7 +98,7 @@ fn offset(n: usize) -> u32 {
 
 impl Page {
     fn empty() -> Page {
-        Page { present: 0, earliest_finish_ms: u64::MAX, bytes: Vec::new(), ends: Vec::new() }
+        Page { present: 0, earliest_finish_ms: None, bytes: Vec::new(), ends: Vec::new() }
     }
 
     /// Where record `at` lies in `bytes`.
@@ -113,8 +116,8 @@ impl Page {
         (0..self.ends.len()).map(|at| self.record(at))
     }
 
-    fn earliest(&self) -> u64 {
-        self.records().filter_map(tomb_finished_at).min().unwrap_or(u64::MAX)
+    fn earliest(&self) -> Option<u64> {
+        self.records().filter_map(tomb_finished_at).min()
     }
 
     fn entries(&self, page: u64) -> impl DoubleEndedIterator<Item = (u64, &[u8])> {
@@ -124,9 +127,17 @@ impl Page {
     /// Puts `record` in at `at`, after the `at` records before it.
     fn insert(&mut self, at: usize, record: &[u8]) {
         let start = self.span(at).start;
-        // Grown to fit, not doubled: a full page is its records and a
-        // little of the allocator's rounding, not up to twice that.
-        self.bytes.reserve_exact(record.len());
+        // Grown to fit while the page is small (a full page of default
+        // tombstones is about 2 KiB: its records and a little of the
+        // allocator's rounding, not up to twice that), by an eighth at a
+        // time beyond, so a page of large records (a plain ack keeps a
+        // payload of up to 256 KiB) is not copied whole on every insert.
+        let needed = self.bytes.len().saturating_add(record.len());
+        if needed <= SMALL_PAGE_BYTES {
+            self.bytes.reserve_exact(record.len());
+        } else {
+            self.bytes.reserve(record.len().max(self.bytes.len() / 8));
+        }
         self.bytes.splice(start..start, record.iter().copied());
         let grown = offset(record.len());
         for end in self.ends.iter_mut().skip(at) {
@@ -171,7 +182,7 @@ impl TombTable {
     /// Stores `record` as tombstone `id`, returning the record it replaces.
     pub(crate) fn insert(&mut self, id: u64, record: &[u8]) -> Option<Box<[u8]>> {
         let (number, bit) = place(id);
-        let finished = tomb_finished_at(record).unwrap_or(u64::MAX);
+        let finished = tomb_finished_at(record);
         let page = self.pages.entry(number).or_insert_with(Page::empty);
         let at = rank(page.present, bit);
         if page.present & bit != 0 {
@@ -182,7 +193,10 @@ impl TombTable {
         } else {
             page.present |= bit;
             page.insert(at, record);
-            page.earliest_finish_ms = page.earliest_finish_ms.min(finished);
+            page.earliest_finish_ms = match (page.earliest_finish_ms, finished) {
+                (Some(earliest), Some(finished)) => Some(earliest.min(finished)),
+                (earliest, finished) => earliest.or(finished),
+            };
             self.len = self.len.saturating_add(1);
             None
         }
@@ -200,16 +214,45 @@ impl TombTable {
         self.len = self.len.saturating_sub(1);
         if page.present == 0 {
             self.pages.remove(&number);
-        } else if tomb_finished_at(&record) == Some(page.earliest_finish_ms) {
+        } else if tomb_finished_at(&record).is_some_and(|ms| Some(ms) == page.earliest_finish_ms) {
             page.earliest_finish_ms = page.earliest();
         }
         Some(record)
     }
 
+    /// Every page's bookkeeping agrees with its records: as many ends as
+    /// present ids, ends ascending up to the buffer's length, and the
+    /// earliest finish time recomputed. For `State::check_invariants`.
+    pub(crate) fn check(&self) -> Result<(), String> {
+        let mut len = 0usize;
+        for (number, page) in &self.pages {
+            let count = page.present.count_ones() as usize;
+            if count == 0 || count != page.ends.len() {
+                return Err(format!(
+                    "tombstone page {number}: {count} ids, {} ends",
+                    page.ends.len()
+                ));
+            }
+            if !page.ends.windows(2).all(|w| w[0] <= w[1])
+                || page.ends.last().map(|&end| end as usize) != Some(page.bytes.len())
+            {
+                return Err(format!("tombstone page {number}: ends out of step with its bytes"));
+            }
+            if page.earliest_finish_ms != page.earliest() {
+                return Err(format!("tombstone page {number}: earliest finish time out of date"));
+            }
+            len += count;
+        }
+        if len != self.len {
+            return Err(format!("tombstone table counts {} but holds {len}", self.len));
+        }
+        Ok(())
+    }
+
     /// The earliest finish time of any tombstone (`None` when none has
     /// one). Reads one number per page.
     pub(crate) fn earliest_finish_ms(&self) -> Option<u64> {
-        self.pages.values().map(|page| page.earliest_finish_ms).min().filter(|&ms| ms != u64::MAX)
+        self.pages.values().filter_map(|page| page.earliest_finish_ms).min()
     }
 
     /// The ids of the tombstones finished at or before `cutoff_ms`, in id
@@ -217,7 +260,7 @@ impl TombTable {
     pub(crate) fn finished_by(&self, cutoff_ms: u64) -> Vec<u64> {
         self.pages
             .iter()
-            .filter(|(_, page)| page.earliest_finish_ms <= cutoff_ms)
+            .filter(|(_, page)| page.earliest_finish_ms.is_some_and(|ms| ms <= cutoff_ms))
             .flat_map(|(&number, page)| page.entries(number))
             .filter(|(_, record)| tomb_finished_at(record).is_some_and(|ms| ms <= cutoff_ms))
             .map(|(id, _)| id)
@@ -311,6 +354,7 @@ mod tests {
             prop_assert_eq!(&read, &expected);
             let back: Vec<u64> = table.range(low, high).rev().map(|(id, _)| id).collect();
             prop_assert_eq!(back, expected.into_iter().rev().collect::<Vec<_>>());
+            prop_assert_eq!(table.check(), Ok(()));
             let finished = |r: &[u8]| tomb_finished_at(r).unwrap_or(u64::MAX);
             let due: Vec<u64> = map
                 .iter()
@@ -320,7 +364,7 @@ mod tests {
             prop_assert_eq!(table.finished_by(cutoff), due);
             prop_assert_eq!(
                 table.earliest_finish_ms(),
-                map.values().map(|r| finished(r)).min()
+                map.values().filter_map(|r| tomb_finished_at(r)).min()
             );
         }
     }

@@ -96,6 +96,24 @@ fn last_log_index(raft: &Raft) -> u64 {
     raft.metrics().borrow().last_log_index.unwrap_or(0)
 }
 
+/// Waits until every node applied the leader's last entry, then requires
+/// that each holds the leader's digest.
+async fn converged(leader: &Journal, nodes: &BTreeMap<NodeId, Node>) -> anyhow::Result<()> {
+    let last = last_log_index(leader.raft());
+    for (id, node) in nodes {
+        node.raft
+            .wait(WAIT)
+            .applied_index_at_least(Some(last), &format!("node {id} applied"))
+            .await?;
+    }
+    let leader_digest = leader.state_machine().digest();
+    for (id, node) in nodes {
+        let digest = leasehold_replica::ReplicaStateMachine::digest(&node.state_machine);
+        assert_eq!(digest, leader_digest, "node {id} diverged");
+    }
+    Ok(())
+}
+
 #[tokio::test]
 async fn the_journal_proposes_and_reads_through_openraft_on_simulated_disks() -> anyhow::Result<()>
 {
@@ -212,18 +230,7 @@ async fn the_journal_proposes_and_reads_through_openraft_on_simulated_disks() ->
     assert_eq!((stats.ready, stats.claimed, stats.acked), (6, 1, 1));
 
     tracing::info!("--- every replica applied the same: digests through the journal's store view");
-    let last = last_log_index(leader.raft());
-    for (id, node) in &nodes {
-        node.raft
-            .wait(WAIT)
-            .applied_index_at_least(Some(last), &format!("node {id} applied"))
-            .await?;
-    }
-    let leader_digest = leader.state_machine().digest();
-    for (id, node) in &nodes {
-        let digest = leasehold_replica::ReplicaStateMachine::digest(&node.state_machine);
-        assert_eq!(digest, leader_digest, "node {id} diverged");
-    }
+    converged(&leader, &nodes).await?;
     assert!(leader.committed_index().await >= first, "the committed index is not recorded");
     leader.log_store().probe().await?;
 
@@ -259,12 +266,8 @@ async fn the_journal_proposes_and_reads_through_openraft_on_simulated_disks() ->
         "at format 2 the ack was not written plain: {at_format_2:?}"
     );
     leader.set_log_format(leasehold_core::command::LOG_FORMAT);
-    let last = last_log_index(leader.raft());
+    converged(&leader, &nodes).await?;
     for (id, node) in &nodes {
-        node.raft
-            .wait(WAIT)
-            .applied_index_at_least(Some(last), &format!("node {id} applied"))
-            .await?;
         let payloads = node.state_machine.read(|state| {
             [acked.job_id, held.job_id].map(|id| state.job(id).map(|job| (job.state, job.payload)))
         });
@@ -273,11 +276,6 @@ async fn the_journal_proposes_and_reads_through_openraft_on_simulated_disks() ->
             [Some((JobState::Acked, Vec::new())), Some((JobState::Acked, b"job 2".to_vec()))],
             "node {id}: the lean ack's tombstone has no payload, the plain one's has"
         );
-    }
-    let leader_digest = leader.state_machine().digest();
-    for (id, node) in &nodes {
-        let digest = leasehold_replica::ReplicaStateMachine::digest(&node.state_machine);
-        assert_eq!(digest, leader_digest, "node {id} diverged after the two acks");
     }
 
     tracing::info!("--- a follower's journal reads locally, and cannot forward without gRPC");
