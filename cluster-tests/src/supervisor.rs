@@ -163,7 +163,7 @@ impl Supervisor {
             .arg(spec.advertise.to_string())
             .arg("--fault-injection")
             .args(&credentials)
-            .env("LEASEHOLD_LOG", "info,openraft=warn")
+            .env("LEASEHOLD_LOG", "info,openraft=warn,raft_log=warn,chunked_wal=warn")
             // The cron workload's commands report which node ran them.
             .env("CHAOS_NODE_ID", spec.id.to_string())
             // Log files, not a terminal: no colour codes.

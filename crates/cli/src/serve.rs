@@ -90,9 +90,16 @@ enum LogFormat {
     Json,
 }
 
+/// What a node logs when `LEASEHOLD_LOG` is unset: its own events at info,
+/// the libraries under it only when something is wrong. openraft reports
+/// election steps at info; raft-log reports every flush (about one line a
+/// write under load), which would bury the events an operator reads
+/// (docs/operations.md, "Events") and cost CPU on the log's flush thread.
+const DEFAULT_LOG_FILTER: &str = "info,openraft=warn,raft_log=warn,chunked_wal=warn";
+
 fn init_logging(format: LogFormat) {
     let filter = tracing_subscriber::EnvFilter::try_from_env("LEASEHOLD_LOG")
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,openraft=warn"));
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(DEFAULT_LOG_FILTER));
     let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
     match format {
         LogFormat::Text => builder.init(),

@@ -27,6 +27,7 @@ mod e2e {
     mod kill_restart;
     mod lease_expiry;
     mod lifecycle;
+    mod quiet_log;
     mod sdk;
     mod security;
     mod status_page;

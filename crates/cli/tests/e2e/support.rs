@@ -71,7 +71,7 @@ pub struct Node {
     /// The member to join through; `None` bootstraps (when the data
     /// directory holds no membership yet).
     join: Option<SocketAddr>,
-    /// `LEASEHOLD_LOG` of the process.
+    /// `LEASEHOLD_LOG` of the process (empty: unset, the node's default).
     log_filter: String,
     /// A `leasehold dev-certs` directory: the node then runs with mutual
     /// TLS (its `node-ID` certificate) and the directory's tokens file.
@@ -81,8 +81,9 @@ pub struct Node {
     incarnation: u32,
 }
 
-/// The log filter of every node unless a test asks for another.
-const DEFAULT_LOG_FILTER: &str = "info,openraft=warn";
+/// The log filter of every node unless a test asks for another: none, so
+/// the node logs what it logs for an operator who sets nothing.
+const DEFAULT_LOG_FILTER: &str = "";
 /// The cluster secret every node started here shares: adverts and bus
 /// claims are authenticated with it (`LEASEHOLD_CLUSTER_SECRET`).
 pub const CLUSTER_SECRET: &str = "leasehold-e2e-cluster-secret";
@@ -251,9 +252,13 @@ impl Node {
             .env_remove("LEASEHOLD_TLS_CA")
             .env_remove("LEASEHOLD_TLS_CERT")
             .env_remove("LEASEHOLD_TLS_KEY")
-            .env("LEASEHOLD_LOG", &self.log_filter)
             .env("LEASEHOLD_CLUSTER_SECRET", CLUSTER_SECRET)
             .env("NO_COLOR", "1");
+        if self.log_filter.is_empty() {
+            command.env_remove("LEASEHOLD_LOG");
+        } else {
+            command.env("LEASEHOLD_LOG", &self.log_filter);
+        }
         if let Some(config) = &self.config {
             command.arg("--config").arg(config);
         }
@@ -378,7 +383,7 @@ pub const QUIET: Duration = Duration::from_secs(2);
 pub struct ClusterOptions {
     /// TOML written to a file every node gets with `--config` (empty: none).
     pub config: String,
-    /// `LEASEHOLD_LOG` of every node (empty: `info,openraft=warn`).
+    /// `LEASEHOLD_LOG` of every node (empty: unset, the node's default).
     pub log_filter: String,
     /// A `leasehold dev-certs` directory: every node runs with mutual TLS
     /// and its tokens (see [`Node::secure`]).

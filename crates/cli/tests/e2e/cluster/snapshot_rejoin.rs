@@ -32,7 +32,8 @@ const QUEUE: &str = "snapshot";
 const MAX_WRITES: usize = 3_000;
 const NODE_CONFIG: &str = "snapshot_every_entries = 50\n";
 /// The purge is logged at debug level by the log store.
-const LOG_FILTER: &str = "info,openraft=warn,leasehold_storage::log_store=debug";
+const LOG_FILTER: &str =
+    "info,openraft=warn,raft_log=warn,chunked_wal=warn,leasehold_storage::log_store=debug";
 /// What the log store prints when it purges entries.
 const PURGED_LINE: &str = "log purged";
 /// What the state machine prints when it replaces its state with a snapshot.
