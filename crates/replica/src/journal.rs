@@ -504,23 +504,36 @@ impl Journal {
         // builds read it and judge it by the same numbers; a follower
         // forwards the bare proposal and the leader does this with its own.
         let format = self.log_format();
-        let command = proposal.command.clone().for_log_format(format);
+        let proposal_now_ms = proposal.now_ms;
+        // openraft takes the entry by value and gives nothing back when it
+        // refuses it, so a proposal that may have to go to the leader is
+        // kept whole: a copy of every payload in the batch. A node that
+        // leads by its metrics skips the copy; if it lost the lead in the
+        // meantime, openraft refused before appending and the proposers
+        // hear UNAVAILABLE and retry, as after any change of leader.
+        let leads = self.inner.raft.metrics().borrow().state == openraft::ServerState::Leader;
+        let (command, kept) = if may_forward && !leads {
+            (proposal.command.clone(), Some(proposal))
+        } else {
+            (proposal.command, None)
+        };
+        let command = command.for_log_format(format);
         let command = if format >= 2 {
             Command::Ruled { limits: Limits::default(), command: Box::new(command) }
         } else {
             command
         };
-        let entry = Proposal { now_ms: proposal.now_ms, command };
+        let entry = Proposal { now_ms: proposal_now_ms, command };
         let started = std::time::Instant::now();
         match self.inner.raft.client_write(entry).await {
             Ok(written) => {
                 self.inner.metrics.observe_stage(Stage::Write, started.elapsed());
                 Ok(written.data)
             }
-            Err(RaftError::APIError(ClientWriteError::ForwardToLeader(_))) if !may_forward => {
-                Err(Unavailable::LeadershipChanging.into())
-            }
             Err(RaftError::APIError(ClientWriteError::ForwardToLeader(forward))) => {
+                let Some(proposal) = kept else {
+                    return Err(Unavailable::LeadershipChanging.into());
+                };
                 let addr = forward.leader_node.map(|n| n.addr);
                 match self
                     .forward(forward.leader_id, addr, ForwardRequest::Write(Box::new(proposal)))
