@@ -16,7 +16,9 @@
 //! (acked RSS − idle RSS) / N. The node's `/metrics` gauge
 //! `leasehold_snapshot_lock_hold_longest_seconds` (the longest time a
 //! snapshot build held the state lock) is read at the end, when the node
-//! exports it.
+//! exports it, with `leasehold_snapshot_lock_hold_longest_cpu_seconds`
+//! (the most CPU time the building thread spent inside one hold: the
+//! difference is time it was descheduled while holding the lock).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -46,6 +48,8 @@ const ACKS_IN_FLIGHT: usize = 128;
 const LEASE_TTL_MS: u64 = 600_000;
 /// The gauge read from `/metrics`.
 pub const SNAPSHOT_LOCK_METRIC: &str = "leasehold_snapshot_lock_hold_longest_seconds";
+/// The gauge of the build's CPU time inside one hold.
+pub const SNAPSHOT_LOCK_CPU_METRIC: &str = "leasehold_snapshot_lock_hold_longest_cpu_seconds";
 /// RSS samples are this far apart while waiting for it to settle.
 const SETTLE_INTERVAL: Duration = Duration::from_millis(500);
 /// Longest wait for the RSS to settle.
@@ -94,6 +98,10 @@ pub struct MemorySummary {
     /// The node's longest snapshot-build hold of its state lock, seconds;
     /// `None` when the node does not export the gauge.
     pub snapshot_lock_hold_longest_s: Option<f64>,
+    /// The most CPU time the build spent inside one hold, seconds; `None`
+    /// when the node does not export it (results saved before it did).
+    #[serde(default)]
+    pub snapshot_lock_hold_longest_cpu_s: Option<f64>,
 }
 
 /// Runs the measurement against the node of `config`.
@@ -129,13 +137,16 @@ pub async fn run(config: &MemoryConfig) -> anyhow::Result<MemorySummary> {
     let tombstones = settled_rss(config.pid).await?;
     eprintln!("memory: {acked} acked after {ack_s:.1} s, RSS {tombstones} KiB");
 
-    let snapshot_lock_hold_longest_s = match metrics(&config.http).await {
-        Ok(text) => gauge(&text, SNAPSHOT_LOCK_METRIC),
-        Err(error) => {
-            eprintln!("memory: /metrics unreadable: {error:#}");
-            None
-        }
-    };
+    let (snapshot_lock_hold_longest_s, snapshot_lock_hold_longest_cpu_s) =
+        match metrics(&config.http).await {
+            Ok(text) => {
+                (gauge(&text, SNAPSHOT_LOCK_METRIC), gauge(&text, SNAPSHOT_LOCK_CPU_METRIC))
+            }
+            Err(error) => {
+                eprintln!("memory: /metrics unreadable: {error:#}");
+                (None, None)
+            }
+        };
     let per_job = |rss_kib: u64| (rss_kib as f64 - idle as f64) * 1024.0 / config.jobs as f64;
     Ok(MemorySummary {
         jobs: config.jobs as u64,
@@ -149,6 +160,7 @@ pub async fn run(config: &MemoryConfig) -> anyhow::Result<MemorySummary> {
         enqueue_s,
         ack_s,
         snapshot_lock_hold_longest_s,
+        snapshot_lock_hold_longest_cpu_s,
     })
 }
 
@@ -327,6 +339,7 @@ mod tests {
                     leasehold_snapshot_lock_hold_longest_seconds 0.0125\n\
                     labelled{node=\"1\"} 3.5 1700000000\n# EOF\n";
         assert_eq!(gauge(text, SNAPSHOT_LOCK_METRIC), Some(0.0125));
+        assert_eq!(gauge(text, SNAPSHOT_LOCK_CPU_METRIC), None);
         assert_eq!(gauge(text, "labelled"), Some(3.5));
         assert_eq!(gauge(text, "absent"), None);
         assert_eq!(

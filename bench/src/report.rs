@@ -461,11 +461,16 @@ fn memory_table(out: &mut String, memory: &MemorySummary, targets: &Targets) {
     );
 }
 
-/// The snapshot lock gauge as the report prints it.
+/// The snapshot lock gauges as the report prints them: the longest hold,
+/// and the most CPU time the build spent inside one when the node says.
 fn lock_hold(memory: &MemorySummary) -> String {
-    memory
-        .snapshot_lock_hold_longest_s
-        .map_or_else(|| "not reported".to_string(), |s| format!("{:.2} ms", s * 1000.0))
+    match (memory.snapshot_lock_hold_longest_s, memory.snapshot_lock_hold_longest_cpu_s) {
+        (None, _) => "not reported".to_string(),
+        (Some(wall), None) => format!("{:.2} ms", wall * 1000.0),
+        (Some(wall), Some(cpu)) => {
+            format!("{:.2} ms (at most {:.2} ms on CPU)", wall * 1000.0, cpu * 1000.0)
+        }
+    }
 }
 
 fn memory_verdict(memory: &MemorySummary, targets: &Targets) -> String {

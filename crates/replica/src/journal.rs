@@ -204,6 +204,9 @@ impl Journal {
         if let Some(longest) = self.inner.state.snapshot_lock_hold_longest() {
             metrics.snapshot_lock_hold_longest_seconds.set(longest.as_secs_f64());
         }
+        if let Some(longest) = self.inner.state.snapshot_lock_hold_longest_cpu() {
+            metrics.snapshot_lock_hold_longest_cpu_seconds.set(longest.as_secs_f64());
+        }
         let now_ms = self.inner.clock.now_ms();
         let (stats, last_token) =
             self.read_stale(|state| (state.stats(now_ms), state.last_token()));

@@ -74,6 +74,13 @@ pub trait ReplicaStateMachine: Send + Sync + 'static {
     /// does not measure it).
     fn snapshot_lock_hold_longest(&self) -> Option<Duration>;
 
+    /// The most CPU time the building thread spent inside one hold during
+    /// that build: the hold without the time the thread was descheduled
+    /// (`None` when not measured).
+    fn snapshot_lock_hold_longest_cpu(&self) -> Option<Duration> {
+        None
+    }
+
     /// FNV-1a 64 over the encoding of the current state: equal on every
     /// replica that applied the same log prefix.
     fn digest(&self) -> u64 {
@@ -112,6 +119,10 @@ impl ReplicaStateMachine for leasehold_storage::StateMachineStore {
 
     fn snapshot_lock_hold_longest(&self) -> Option<Duration> {
         self.last_snapshot_build().map(|build| build.longest_lock_hold)
+    }
+
+    fn snapshot_lock_hold_longest_cpu(&self) -> Option<Duration> {
+        self.last_snapshot_build().and_then(|build| build.longest_lock_hold_cpu)
     }
 
     fn digest(&self) -> u64 {

@@ -79,10 +79,11 @@ async fn prepare(dir: &Path, jobs: usize) -> anyhow::Result<String> {
     let built = state_machine.get_snapshot_builder().await.build_snapshot().await?;
     if let Some(build) = state_machine.last_snapshot_build() {
         println!(
-            "build of {} jobs ({:.1} MiB): longest state-lock hold {:?}",
+            "build of {} jobs ({:.1} MiB): longest state-lock hold {:?} (at most {:?} on CPU)",
             build.jobs,
             build.bytes as f64 / (1024.0 * 1024.0),
-            build.longest_lock_hold
+            build.longest_lock_hold,
+            build.longest_lock_hold_cpu
         );
     }
     let mut current =

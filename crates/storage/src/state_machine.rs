@@ -204,10 +204,53 @@ impl Deref for StateRead<'_> {
 pub struct SnapshotBuildStats {
     /// The longest single hold of the state lock during the build.
     pub longest_lock_hold: Duration,
+    /// The most CPU time the building thread spent inside one hold: the
+    /// build's own work, without the time it was descheduled while holding
+    /// the lock. `None` where the platform does not say.
+    pub longest_lock_hold_cpu: Option<Duration>,
     /// Jobs written.
     pub jobs: u64,
     /// Bytes of the snapshot body (without the file's header and meta).
     pub bytes: u64,
+}
+
+/// One hold of the state lock, timed from when it was taken: on the wall
+/// clock, and on this thread's CPU clock (which stops while the thread is
+/// descheduled, so the two differ by the time the holder was preempted).
+struct Hold {
+    wall: Instant,
+    cpu: Option<Duration>,
+}
+
+impl Hold {
+    fn start() -> Hold {
+        Hold { wall: Instant::now(), cpu: thread_cpu_time() }
+    }
+}
+
+/// The longest holds of a build: by wall time, and by CPU time (either
+/// may come from a different hold).
+#[derive(Default)]
+struct HoldTimes {
+    wall: Duration,
+    cpu: Option<Duration>,
+}
+
+impl HoldTimes {
+    fn add(&mut self, hold: Hold) {
+        self.wall = self.wall.max(hold.wall.elapsed());
+        let cpu = hold.cpu.zip(thread_cpu_time()).map(|(from, to)| to.saturating_sub(from));
+        self.cpu = match (self.cpu, cpu) {
+            (Some(longest), Some(cpu)) => Some(longest.max(cpu)),
+            (longest, cpu) => longest.or(cpu),
+        };
+    }
+}
+
+/// CPU time the calling thread has used (`CLOCK_THREAD_CPUTIME_ID`), or
+/// `None` where the platform cannot tell.
+fn thread_cpu_time() -> Option<Duration> {
+    nix::time::clock_gettime(nix::time::ClockId::CLOCK_THREAD_CPUTIME_ID).ok().map(Duration::from)
 }
 
 /// The state machine: live [`State`] in memory, snapshots in a file. Cheap to
@@ -396,6 +439,8 @@ impl StateMachineStore {
                 tracing::info!(snapshot_id = %meta.snapshot_id, bytes = stats.bytes,
                     jobs = stats.jobs,
                     lock_hold_longest_us = stats.longest_lock_hold.as_micros() as u64,
+                    lock_hold_longest_cpu_us =
+                        stats.longest_lock_hold_cpu.map(|cpu| cpu.as_micros() as u64),
                     "snapshot persisted");
             }
             None => {
@@ -417,11 +462,13 @@ impl StateMachineStore {
     ) -> Result<(Meta, Option<SnapshotBuildStats>), StorageError> {
         // A hold is timed from when the lock is taken, not from when it was
         // asked for: waiting for an apply to finish is no hold.
-        let (last_applied, last_membership, head, tail, mut longest) = {
+        let mut longest = HoldTimes::default();
+        let (last_applied, last_membership, head, tail) = {
             let mut applied = self.applied.write().map_err(|_| StorageError::Poisoned)?;
-            let hold = Instant::now();
+            let hold = Hold::start();
             let (head, tail) = applied.state.freeze();
-            (applied.last_applied, applied.last_membership.clone(), head, tail, hold.elapsed())
+            longest.add(hold);
+            (applied.last_applied, applied.last_membership.clone(), head, tail)
         };
         // Whatever happens below, the state stops keeping jobs for this view.
         let _thaw = Thaw { applied: &self.applied, ticket: head.ticket };
@@ -463,18 +510,18 @@ impl StateMachineStore {
                 file.write_all(&body).map_err(io)?;
                 bytes = bytes.saturating_add(body.len() as u64);
                 body.clear();
-                let (read, held) = {
+                let read = {
                     let mut applied = self.applied.write().map_err(|_| StorageError::Poisoned)?;
-                    let hold = Instant::now();
+                    let hold = Hold::start();
                     let read =
                         applied.state.read_frozen_jobs(head.ticket, SNAPSHOT_CHUNK_JOBS, |job| {
                             jobs = jobs.saturating_add(1);
                             encode_into("snapshot", &mut body, &job)
                                 .map(|()| body.len() < SNAPSHOT_CHUNK_BYTES)
                         });
-                    (read, hold.elapsed())
+                    longest.add(hold);
+                    read
                 };
-                longest = longest.max(held);
                 if read?? {
                     break;
                 }
@@ -491,7 +538,13 @@ impl StateMachineStore {
             bytes = bytes.saturating_add(body.len() as u64);
             Ok((jobs, bytes))
         })?;
-        Ok((meta, Some(SnapshotBuildStats { longest_lock_hold: longest, jobs, bytes })))
+        let stats = SnapshotBuildStats {
+            longest_lock_hold: longest.wall,
+            longest_lock_hold_cpu: longest.cpu,
+            jobs,
+            bytes,
+        };
+        Ok((meta, Some(stats)))
     }
 
     /// Writes a received snapshot (`meta` and its body) as the current
@@ -968,6 +1021,35 @@ mod tests {
             .collect()
     }
 
+    #[test]
+    fn a_hold_counts_on_cpu_time_apart_from_time_off_the_cpu() -> anyhow::Result<()> {
+        let mut times = HoldTimes::default();
+        let hold = Hold::start();
+        // Off the CPU, as a builder descheduled while it holds the lock.
+        std::thread::sleep(Duration::from_millis(50));
+        times.add(hold);
+        let cpu = times.cpu.ok_or_else(|| anyhow::anyhow!("no CPU time"))?;
+        assert!(times.wall >= Duration::from_millis(50), "wall {:?}", times.wall);
+        assert!(cpu < Duration::from_millis(10), "{cpu:?} on CPU for a 50 ms sleep");
+
+        // A busy hold: its CPU time is counted (spinning until the thread's
+        // own clock has moved 5 ms, however contended the machine is).
+        let hold = Hold::start();
+        let from = thread_cpu_time().ok_or_else(|| anyhow::anyhow!("no CPU clock"))?;
+        let give_up = Instant::now() + Duration::from_secs(10);
+        let mut sum = 0u64;
+        while thread_cpu_time().is_some_and(|now| now < from + Duration::from_millis(5))
+            && Instant::now() < give_up
+        {
+            sum = std::hint::black_box(sum.wrapping_add(1));
+        }
+        times.add(hold);
+        let cpu = times.cpu.ok_or_else(|| anyhow::anyhow!("no CPU time"))?;
+        assert!(cpu >= Duration::from_millis(5), "{cpu:?} on CPU for 5 ms of spinning");
+        assert!(times.wall >= Duration::from_millis(50), "the longest wall hold is kept");
+        Ok(())
+    }
+
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_snapshot_built_while_entries_apply_is_the_state_at_its_log_id() -> anyhow::Result<()>
     {
@@ -989,6 +1071,14 @@ mod tests {
         applying.join().map_err(|_| anyhow::anyhow!("the applier panicked"))??;
         let stats = store.last_snapshot_build().ok_or_else(|| anyhow::anyhow!("no stats"))?;
         assert!(stats.jobs >= 5_000, "{stats:?}");
+        // The build's CPU time inside a hold is measured on Linux, and one
+        // thread cannot spend more CPU than wall time (1 ms of slack for the
+        // two clocks' granularity).
+        let cpu = stats.longest_lock_hold_cpu.ok_or_else(|| anyhow::anyhow!("no CPU time"))?;
+        assert!(
+            !cpu.is_zero() && cpu <= stats.longest_lock_hold + Duration::from_millis(1),
+            "{stats:?}"
+        );
 
         let (meta, bytes) =
             read_snapshot_file(dir.path())?.ok_or_else(|| anyhow::anyhow!("file"))?;
