@@ -351,10 +351,17 @@ impl Journal {
     /// The leader's advertised address when another node leads, for the
     /// leader hint on answers; `None` on the leader or with none known.
     pub fn leader_hint(&self) -> Option<String> {
+        self.other_leader().map(|(_, addr)| addr)
+    }
+
+    /// Another node this node knows to lead, and its address, by
+    /// openraft's metrics; `None` when this node leads or knows no leader.
+    fn other_leader(&self) -> Option<(NodeId, String)> {
         let metrics = self.inner.raft.metrics();
         let metrics = metrics.borrow();
         let leader = metrics.current_leader.filter(|id| *id != self.inner.config.node_id)?;
-        metrics.membership_config.membership().get_node(&leader).map(|node| node.addr.clone())
+        let node = metrics.membership_config.membership().get_node(&leader)?;
+        Some((leader, node.addr.clone()))
     }
 
     /// The members a `target = each` tick whose job carries `tags` goes to,
@@ -515,6 +522,15 @@ impl Journal {
         // meantime, openraft refused before appending and the proposers
         // hear UNAVAILABLE and retry, as after any change of leader.
         let leads = self.inner.raft.metrics().borrow().state == openraft::ServerState::Leader;
+        // A follower that knows the leader sends the proposal there at
+        // once: through openraft's core it would only hear ForwardToLeader
+        // with the same leader, a hand-off to the core and back for nothing.
+        if may_forward
+            && !leads
+            && let Some((leader_id, addr)) = self.other_leader()
+        {
+            return self.forward_write(Some(leader_id), Some(addr), proposal).await;
+        }
         let (command, kept) = if may_forward && !leads {
             (proposal.command.clone(), Some(proposal))
         } else {
@@ -538,18 +554,28 @@ impl Journal {
                     return Err(Unavailable::LeadershipChanging.into());
                 };
                 let addr = forward.leader_node.map(|n| n.addr);
-                match self
-                    .forward(forward.leader_id, addr, ForwardRequest::Write(Box::new(proposal)))
-                    .await?
-                {
-                    ForwardResponse::Written(response) => Ok(response),
-                    other => Err(Error::Internal(format!("unexpected forward answer {other:?}"))),
-                }
+                self.forward_write(forward.leader_id, addr, proposal).await
             }
             Err(RaftError::APIError(ClientWriteError::ChangeMembershipError(e))) => {
                 Err(Error::Internal(e.to_string()))
             }
             Err(RaftError::Fatal(fatal)) => Err(Unavailable::RaftStopped(fatal.to_string()).into()),
+        }
+    }
+
+    /// Sends a write to the leader and answers what it applied.
+    async fn forward_write(
+        &self,
+        leader_id: Option<NodeId>,
+        leader_addr: Option<String>,
+        proposal: Proposal,
+    ) -> Result<Response, Error> {
+        match self
+            .forward(leader_id, leader_addr, ForwardRequest::Write(Box::new(proposal)))
+            .await?
+        {
+            ForwardResponse::Written(response) => Ok(response),
+            other => Err(Error::Internal(format!("unexpected forward answer {other:?}"))),
         }
     }
 
