@@ -20,7 +20,7 @@ pub enum Unavailable {
     NoLeader,
     /// This node stopped leading while serving a forwarded write, or
     /// leadership is moving.
-    #[error("leadership is changing; retry")]
+    #[error("leadership is changing")]
     LeadershipChanging,
     /// This node drains and takes no new claims.
     #[error("draining: this node takes no new claims")]

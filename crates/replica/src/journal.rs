@@ -513,36 +513,30 @@ impl Journal {
         // decodes and carries this build's limits, so replicas of other
         // builds read it and judge it by the same numbers; a follower
         // forwards the bare proposal and the leader does this with its own.
-        let format = self.log_format();
-        let proposal_now_ms = proposal.now_ms;
-        // openraft takes the entry by value and gives nothing back when it
-        // refuses it, so a proposal that may have to go to the leader is
-        // kept whole: a copy of every payload in the batch. A node that
-        // leads by its metrics skips the copy; if it lost the lead in the
-        // meantime, openraft refused before appending and the proposers
-        // hear UNAVAILABLE and retry, as after any change of leader.
-        let leads = self.inner.raft.metrics().borrow().state == openraft::ServerState::Leader;
-        // A follower that knows the leader sends the proposal there at
-        // once: through openraft's core it would only hear ForwardToLeader
-        // with the same leader, a hand-off to the core and back for nothing.
-        if may_forward
-            && !leads
-            && let Some((leader_id, addr)) = self.other_leader()
-        {
+        //
+        // A follower that knows the leader (by openraft's metrics) sends the
+        // bare proposal there. Asking its own core first would only bring
+        // back ForwardToLeader naming the same leader: a hand-off to the
+        // core and back, and a copy of the batch kept for the forward.
+        if may_forward && let Some((leader_id, addr)) = self.other_leader() {
             return self.forward_write(Some(leader_id), Some(addr), proposal).await;
         }
-        let (command, kept) = if may_forward && !leads {
-            (proposal.command.clone(), Some(proposal))
-        } else {
-            (proposal.command, None)
-        };
-        let command = command.for_log_format(format);
+        // Otherwise openraft's core decides, and what it refuses is never
+        // sent on from here. It usually refuses a write before appending
+        // it, but it also answers ForwardToLeader for an entry it appended
+        // as leader and then truncated when a newer leader's log replaced
+        // it, and a node that received the entry may still get it
+        // committed: proposing the same batch again elsewhere could apply
+        // it twice. Its proposers hear UNAVAILABLE, with the outcome
+        // unknown as after a quorum timeout (docs/api.md).
+        let format = self.log_format();
+        let command = proposal.command.for_log_format(format);
         let command = if format >= 2 {
             Command::Ruled { limits: Limits::default(), command: Box::new(command) }
         } else {
             command
         };
-        let entry = Proposal { now_ms: proposal_now_ms, command };
+        let entry = Proposal { now_ms: proposal.now_ms, command };
         let started = std::time::Instant::now();
         match self.inner.raft.client_write(entry).await {
             Ok(written) => {
@@ -550,11 +544,10 @@ impl Journal {
                 Ok(written.data)
             }
             Err(RaftError::APIError(ClientWriteError::ForwardToLeader(forward))) => {
-                let Some(proposal) = kept else {
-                    return Err(Unavailable::LeadershipChanging.into());
-                };
-                let addr = forward.leader_node.map(|n| n.addr);
-                self.forward_write(forward.leader_id, addr, proposal).await
+                match forward.leader_id {
+                    None => Err(Unavailable::NoLeader.into()),
+                    Some(_) => Err(Unavailable::LeadershipChanging.into()),
+                }
             }
             Err(RaftError::APIError(ClientWriteError::ChangeMembershipError(e))) => {
                 Err(Error::Internal(e.to_string()))
@@ -744,7 +737,8 @@ async fn batch_proposals(
 /// entry) and answers every proposer.
 async fn write_batch(journal: &Journal, mut batch: Vec<Pending>) {
     // Forwarded writes must not be forwarded again; the batch carrying one
-    // answers UNAVAILABLE if leadership moved, and its proposers retry.
+    // answers UNAVAILABLE if leadership moved, and its proposers repeat
+    // only what a repeat cannot double (see `write`).
     let may_forward = batch.iter().all(|p| p.may_forward);
     let metrics = journal.metrics();
     for pending in &batch {
