@@ -519,7 +519,11 @@ impl Journal {
         // back ForwardToLeader naming the same leader: a hand-off to the
         // core and back, and a copy of the batch kept for the forward.
         if may_forward && let Some((leader_id, addr)) = self.other_leader() {
-            return self.forward_write(Some(leader_id), Some(addr), proposal).await;
+            let request = ForwardRequest::Write(Box::new(proposal));
+            return match self.forward(Some(leader_id), Some(addr), request).await? {
+                ForwardResponse::Written(response) => Ok(response),
+                other => Err(Error::Internal(format!("unexpected forward answer {other:?}"))),
+            };
         }
         // Otherwise openraft's core decides, and what it refuses is never
         // sent on from here. It usually refuses a write before appending
@@ -553,22 +557,6 @@ impl Journal {
                 Err(Error::Internal(e.to_string()))
             }
             Err(RaftError::Fatal(fatal)) => Err(Unavailable::RaftStopped(fatal.to_string()).into()),
-        }
-    }
-
-    /// Sends a write to the leader and answers what it applied.
-    async fn forward_write(
-        &self,
-        leader_id: Option<NodeId>,
-        leader_addr: Option<String>,
-        proposal: Proposal,
-    ) -> Result<Response, Error> {
-        match self
-            .forward(leader_id, leader_addr, ForwardRequest::Write(Box::new(proposal)))
-            .await?
-        {
-            ForwardResponse::Written(response) => Ok(response),
-            other => Err(Error::Internal(format!("unexpected forward answer {other:?}"))),
         }
     }
 

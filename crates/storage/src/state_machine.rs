@@ -240,10 +240,9 @@ impl HoldTimes {
     fn add(&mut self, hold: Hold) {
         self.wall = self.wall.max(hold.wall.elapsed());
         let cpu = hold.cpu.zip(thread_cpu_time()).map(|(from, to)| to.saturating_sub(from));
-        self.cpu = match (self.cpu, cpu) {
-            (Some(longest), Some(cpu)) => Some(longest.max(cpu)),
-            (longest, cpu) => longest.or(cpu),
-        };
+        // `None` orders below every `Some`: an unmeasured hold never hides
+        // a measured one.
+        self.cpu = self.cpu.max(cpu);
     }
 }
 
