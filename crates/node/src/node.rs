@@ -548,9 +548,14 @@ fn serve(
         status,
         signalled(shutdown.clone()),
     );
+    let leader = leasehold_replica::readiness::track_leader(readiness, shutdown.clone());
     let tasks = vec![
         tokio::spawn(async move { grpc.await.map_err(|e| e.to_string()) }),
         tokio::spawn(async move { http.await.map_err(|e| e.to_string()) }),
+        tokio::spawn(async move {
+            leader.await;
+            Ok(())
+        }),
     ];
     Ok(tasks)
 }

@@ -1,10 +1,13 @@
 //! Readiness: is this node safe to schedule on? A store write+read probe, a
-//! known leader (acknowledged by a quorum lately, when it is this node),
-//! applied index caught up with the log, not draining. The answer is cached
-//! for about a second so probes cannot load the store.
+//! known leader (acknowledged by a quorum lately, when it is this node; or
+//! known until lately, while an election runs), applied index caught up
+//! with the log, not draining. The answer is cached for about a second so
+//! probes cannot load the store.
 
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use tokio::time::Instant;
 
 use crate::journal::Journal;
 
@@ -12,6 +15,8 @@ use crate::journal::Journal;
 const CACHE_FOR: Duration = Duration::from_secs(1);
 /// How far the applied index may trail the last log index and still be ready.
 const MAX_APPLY_LAG: u64 = 1_000;
+/// How often [`track_leader`] looks whether this node knows a leader.
+pub const LEADER_LOOK_EVERY: Duration = Duration::from_millis(100);
 
 /// The outcome of the readiness checks.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -46,12 +51,18 @@ impl ReadinessReport {
 pub struct Readiness {
     journal: Journal,
     cached: Arc<Mutex<Option<(Instant, ReadinessReport)>>>,
+    /// When [`track_leader`] last found a leader known (see [`leader_check`]).
+    leader_seen: Arc<Mutex<Option<Instant>>>,
 }
 
 impl Readiness {
     /// Readiness of `journal`'s node.
     pub fn new(journal: Journal) -> Self {
-        Readiness { journal, cached: Arc::new(Mutex::new(None)) }
+        Readiness {
+            journal,
+            cached: Arc::new(Mutex::new(None)),
+            leader_seen: Arc::new(Mutex::new(None)),
+        }
     }
 
     /// The journal whose node this describes.
@@ -71,14 +82,15 @@ impl Readiness {
         {
             return report.clone();
         }
-        let report = self.check().await;
+        let report = self.report_now().await;
         if let Ok(mut cached) = self.cached.lock() {
             *cached = Some((Instant::now(), report.clone()));
         }
         report
     }
 
-    async fn check(&self) -> ReadinessReport {
+    /// The report made now, whatever is cached (and not cached).
+    pub async fn report_now(&self) -> ReadinessReport {
         let mut checks = Vec::new();
         let probe = if self.journal.probe_fault() {
             Err("injected probe fault".to_string())
@@ -90,29 +102,12 @@ impl Readiness {
         }
         checks.push(("store".to_string(), probe));
         let metrics = self.journal.raft().metrics().borrow().clone();
-        // A leader cut off from its quorum still names itself leader (openraft
-        // does not step down on its own), so a leader must also have heard
-        // from a quorum lately: past two election timeouts its followers have
-        // elected, or are electing, someone else, and it can commit nothing.
-        let quorum_ack_bound_ms = 2 * self.journal.raft().config().election_timeout_max;
-        checks.push((
-            "leader".to_string(),
-            match metrics.current_leader {
-                None => Err("no leader known".to_string()),
-                Some(leader) if leader == self.journal.node_id() => {
-                    match metrics.millis_since_quorum_ack {
-                        Some(ms) if ms <= quorum_ack_bound_ms => Ok(()),
-                        Some(ms) => Err(format!(
-                            "this node leads but no quorum has acknowledged it for {ms} ms"
-                        )),
-                        None => {
-                            Err("this node leads but no quorum has acknowledged it".to_string())
-                        }
-                    }
-                }
-                Some(_) => Ok(()),
-            },
-        ));
+        let view = self.leader_view(metrics.current_leader, metrics.millis_since_quorum_ack);
+        let since_seen = match self.leader_seen.lock() {
+            Ok(seen) => seen.map(|at| millis(at.elapsed())),
+            Err(_) => None,
+        };
+        checks.push(("leader".to_string(), leader_check(&view, since_seen)));
         let last_log = metrics.last_log_index.unwrap_or(0);
         let applied = metrics.last_applied.map(|l| l.index).unwrap_or(0);
         checks.push((
@@ -143,5 +138,140 @@ impl Readiness {
         ));
         let ready = checks.iter().all(|(_, outcome)| outcome.is_ok());
         ReadinessReport { ready, checks }
+    }
+
+    /// This node's view of its leader, from its Raft metrics.
+    fn leader_view(&self, leader: Option<u64>, millis_since_quorum_ack: Option<u64>) -> LeaderView {
+        LeaderView {
+            me: self.journal.node_id(),
+            leader,
+            millis_since_quorum_ack,
+            // A leader cut off from its quorum still names itself leader
+            // (openraft does not step down on its own), so a leader must also
+            // have heard from a quorum lately: past two election timeouts its
+            // followers have elected, or are electing, someone else, and it
+            // can commit nothing. The same span bounds how long an election
+            // may run before a node without a leader counts as unready.
+            bound_ms: 2 * self.journal.raft().config().election_timeout_max,
+        }
+    }
+
+    /// Notes now as a moment this node knew a leader, when it does.
+    fn look_for_leader(&self) {
+        let view = {
+            let metrics = self.journal.raft().metrics();
+            let metrics = metrics.borrow();
+            self.leader_view(metrics.current_leader, metrics.millis_since_quorum_ack)
+        };
+        if leader_check(&view, None).is_ok()
+            && let Ok(mut seen) = self.leader_seen.lock()
+        {
+            *seen = Some(Instant::now());
+        }
+    }
+}
+
+/// What a node knows of its leader, for the `leader` check.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LeaderView {
+    /// This node.
+    pub me: u64,
+    /// The leader its Raft metrics name, if any.
+    pub leader: Option<u64>,
+    /// When it leads: how long ago a quorum last acknowledged it.
+    pub millis_since_quorum_ack: Option<u64>,
+    /// How long a leader may go without a quorum's acknowledgement, and a
+    /// node without a leader, before it is unready: two election timeouts.
+    pub bound_ms: u64,
+}
+
+/// The `leader` check: a follower that names a leader passes; a leader
+/// passes while a quorum acknowledged it within the bound. A node that names
+/// none (an election is running), or leads but has had no answer yet (just
+/// elected), passes while it last knew a leader within the bound
+/// (`millis_since_seen`, from [`track_leader`]), so a routine change of
+/// leader does not take every node out of service at once, and fails once
+/// the election has run longer than that.
+pub fn leader_check(view: &LeaderView, millis_since_seen: Option<u64>) -> Result<(), String> {
+    match view.leader {
+        None => match millis_since_seen {
+            Some(ms) if ms <= view.bound_ms => Ok(()),
+            Some(ms) => Err(format!("no leader known for {ms} ms")),
+            None => Err("no leader known".to_string()),
+        },
+        Some(leader) if leader == view.me => {
+            match (view.millis_since_quorum_ack, millis_since_seen) {
+                (Some(ms), _) if ms <= view.bound_ms => Ok(()),
+                (Some(ms), _) => {
+                    Err(format!("this node leads but no quorum has acknowledged it for {ms} ms"))
+                }
+                // Just elected: no heartbeat answered yet. Its election is
+                // the same change of leader as above.
+                (None, Some(seen)) if seen <= view.bound_ms => Ok(()),
+                (None, _) => Err("this node leads but no quorum has acknowledged it".to_string()),
+            }
+        }
+        Some(_) => Ok(()),
+    }
+}
+
+/// Looks every [`LEADER_LOOK_EVERY`] whether `readiness`'s node knows a
+/// leader, and notes when it last did, for [`leader_check`]; until
+/// `shutdown`. (On a timer, not on openraft's metrics channel: that one is
+/// republished many times per write.)
+pub async fn track_leader(readiness: Readiness, mut shutdown: tokio::sync::watch::Receiver<bool>) {
+    let mut tick = tokio::time::interval(LEADER_LOOK_EVERY);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            biased;
+            _ = shutdown.changed() => return,
+            _ = tick.tick() => {}
+        }
+        readiness.look_for_leader();
+    }
+}
+
+fn millis(elapsed: Duration) -> u64 {
+    u64::try_from(elapsed.as_millis()).unwrap_or(u64::MAX)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn view(leader: Option<u64>, quorum_ack: Option<u64>) -> LeaderView {
+        LeaderView { me: 1, leader, millis_since_quorum_ack: quorum_ack, bound_ms: 1_200 }
+    }
+
+    #[test]
+    fn a_follower_naming_a_leader_is_ready() {
+        assert_eq!(leader_check(&view(Some(2), None), None), Ok(()));
+    }
+
+    #[test]
+    fn a_leader_is_ready_only_while_a_quorum_acknowledged_it_lately() {
+        assert_eq!(leader_check(&view(Some(1), Some(1_200)), None), Ok(()));
+        let stale = leader_check(&view(Some(1), Some(1_201)), Some(0));
+        assert!(stale.as_ref().is_err_and(|why| why.contains("1201 ms")), "{stale:?}");
+        assert!(leader_check(&view(Some(1), None), None).is_err());
+    }
+
+    #[test]
+    fn a_leader_just_elected_is_ready_while_a_leader_was_known_within_the_bound() {
+        assert_eq!(leader_check(&view(Some(1), None), Some(1_200)), Ok(()));
+        assert!(leader_check(&view(Some(1), None), Some(1_201)).is_err());
+        // An answer past the bound is not excused by an earlier leader.
+        assert!(leader_check(&view(Some(1), Some(1_201)), Some(0)).is_err());
+    }
+
+    #[test]
+    fn an_election_is_ready_while_a_leader_was_known_within_the_bound() {
+        assert_eq!(leader_check(&view(None, None), Some(0)), Ok(()));
+        assert_eq!(leader_check(&view(None, None), Some(1_200)), Ok(()));
+        let long = leader_check(&view(None, None), Some(1_201));
+        assert!(long.as_ref().is_err_and(|why| why.contains("for 1201 ms")), "{long:?}");
+        let never = leader_check(&view(None, None), None);
+        assert_eq!(never, Err("no leader known".to_string()));
     }
 }

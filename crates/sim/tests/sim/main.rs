@@ -21,6 +21,8 @@
 //! - `node_duties`: the node's driver and executor on a simulated host,
 //!   its commands recorded, not started (for `duties`).
 //! - `one_way`: a link cut in one direction loses that direction only.
+//! - `readiness`: a node's readiness holds through a change of leader and
+//!   fails once an election has run past two election timeouts.
 //! - `raft`: three openraft nodes on simulated disks survive a follower crash.
 //! - `seeded_journal`: the journal on turmoil, stamping with its host's
 //!   simulated clock, replays from its seed.
@@ -38,5 +40,6 @@ mod node_duties;
 mod one_way;
 mod planted;
 mod raft;
+mod readiness;
 mod seeded_journal;
 mod sweep;
