@@ -21,7 +21,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use leasehold_client::Client;
+use leasehold_client::{Client, RetryPolicy};
 use leasehold_proto::v1;
 use serde::{Deserialize, Serialize};
 
@@ -31,6 +31,14 @@ const PREFIX: &str = "bench-lag-";
 const POLL: Duration = Duration::from_secs(20);
 /// Wait after the window for the last ticks' commands.
 const GRACE: Duration = Duration::from_secs(5);
+/// Retries of a schedule put, about 30 s in all: a cluster that has just
+/// formed refuses writes (UNAVAILABLE) until its leader's clock has been
+/// measured against a majority, and a put of the same spec is one put.
+const PUT_RETRY: RetryPolicy = RetryPolicy {
+    attempts: 32,
+    first_delay: Duration::from_millis(100),
+    max_delay: Duration::from_secs(1),
+};
 
 /// The shape of one fire-lag run.
 #[derive(Clone, Debug)]
@@ -141,7 +149,7 @@ pub async fn run(config: &FireLagConfig, nodes: usize) -> anyhow::Result<FireLag
             }),
             ..Default::default()
         };
-        client.schedules_stub().put(v1::PutScheduleRequest { spec: Some(spec) }).await?;
+        client.clone().with_retry(PUT_RETRY).put_schedule(spec).await?;
     }
     // The window: whole seconds, starting after the warm-up.
     let first = (unix_now() + config.warmup).as_secs() + 1;
