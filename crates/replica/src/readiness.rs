@@ -150,9 +150,16 @@ impl Readiness {
             // (openraft does not step down on its own), so a leader must also
             // have heard from a quorum lately: past two election timeouts its
             // followers have elected, or are electing, someone else, and it
-            // can commit nothing. The same span bounds how long an election
-            // may run before a node without a leader counts as unready.
+            // can commit nothing.
             bound_ms: 2 * self.journal.raft().config().election_timeout_max,
+            // An election normally ends within one round trip, and a split
+            // vote within one more timeout. The grace is counted from the
+            // last moment a leader was named, which openraft's metrics keep
+            // until a follower's timer fires (leader lease plus timeout
+            // after the last heartbeat), so a cut-off follower turns unready
+            // at most about three election timeouts after it last heard
+            // from its leader.
+            election_grace_ms: self.journal.raft().config().election_timeout_max,
         }
     }
 
@@ -180,22 +187,26 @@ pub struct LeaderView {
     pub leader: Option<u64>,
     /// When it leads: how long ago a quorum last acknowledged it.
     pub millis_since_quorum_ack: Option<u64>,
-    /// How long a leader may go without a quorum's acknowledgement, and a
-    /// node without a leader, before it is unready: two election timeouts.
+    /// How long a leader may go without a quorum's acknowledgement before
+    /// it is unready: two election timeouts.
     pub bound_ms: u64,
+    /// How long after it last knew a leader a node in an election (naming
+    /// none, or just elected with no answer yet) stays ready: one election
+    /// timeout.
+    pub election_grace_ms: u64,
 }
 
 /// The `leader` check: a follower that names a leader passes; a leader
 /// passes while a quorum acknowledged it within the bound. A node that names
 /// none (an election is running), or leads but has had no answer yet (just
-/// elected), passes while it last knew a leader within the bound
+/// elected), passes while it last knew a leader within the election grace
 /// (`millis_since_seen`, from [`track_leader`]), so a routine change of
 /// leader does not take every node out of service at once, and fails once
 /// the election has run longer than that.
 pub fn leader_check(view: &LeaderView, millis_since_seen: Option<u64>) -> Result<(), String> {
     match view.leader {
         None => match millis_since_seen {
-            Some(ms) if ms <= view.bound_ms => Ok(()),
+            Some(ms) if ms <= view.election_grace_ms => Ok(()),
             Some(ms) => Err(format!("no leader known for {ms} ms")),
             None => Err("no leader known".to_string()),
         },
@@ -207,7 +218,7 @@ pub fn leader_check(view: &LeaderView, millis_since_seen: Option<u64>) -> Result
                 }
                 // Just elected: no heartbeat answered yet. Its election is
                 // the same change of leader as above.
-                (None, Some(seen)) if seen <= view.bound_ms => Ok(()),
+                (None, Some(seen)) if seen <= view.election_grace_ms => Ok(()),
                 (None, _) => Err("this node leads but no quorum has acknowledged it".to_string()),
             }
         }
@@ -241,7 +252,13 @@ mod tests {
     use super::*;
 
     fn view(leader: Option<u64>, quorum_ack: Option<u64>) -> LeaderView {
-        LeaderView { me: 1, leader, millis_since_quorum_ack: quorum_ack, bound_ms: 1_200 }
+        LeaderView {
+            me: 1,
+            leader,
+            millis_since_quorum_ack: quorum_ack,
+            bound_ms: 1_200,
+            election_grace_ms: 600,
+        }
     }
 
     #[test]
@@ -258,19 +275,19 @@ mod tests {
     }
 
     #[test]
-    fn a_leader_just_elected_is_ready_while_a_leader_was_known_within_the_bound() {
-        assert_eq!(leader_check(&view(Some(1), None), Some(1_200)), Ok(()));
-        assert!(leader_check(&view(Some(1), None), Some(1_201)).is_err());
+    fn a_leader_just_elected_is_ready_while_a_leader_was_known_within_the_grace() {
+        assert_eq!(leader_check(&view(Some(1), None), Some(600)), Ok(()));
+        assert!(leader_check(&view(Some(1), None), Some(601)).is_err());
         // An answer past the bound is not excused by an earlier leader.
         assert!(leader_check(&view(Some(1), Some(1_201)), Some(0)).is_err());
     }
 
     #[test]
-    fn an_election_is_ready_while_a_leader_was_known_within_the_bound() {
+    fn an_election_is_ready_while_a_leader_was_known_within_the_grace() {
         assert_eq!(leader_check(&view(None, None), Some(0)), Ok(()));
-        assert_eq!(leader_check(&view(None, None), Some(1_200)), Ok(()));
-        let long = leader_check(&view(None, None), Some(1_201));
-        assert!(long.as_ref().is_err_and(|why| why.contains("for 1201 ms")), "{long:?}");
+        assert_eq!(leader_check(&view(None, None), Some(600)), Ok(()));
+        let long = leader_check(&view(None, None), Some(601));
+        assert!(long.as_ref().is_err_and(|why| why.contains("for 601 ms")), "{long:?}");
         let never = leader_check(&view(None, None), None);
         assert_eq!(never, Err("no leader known".to_string()));
     }

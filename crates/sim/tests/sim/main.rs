@@ -22,7 +22,7 @@
 //!   its commands recorded, not started (for `duties`).
 //! - `one_way`: a link cut in one direction loses that direction only.
 //! - `readiness`: a node's readiness holds through a change of leader and
-//!   fails once an election has run past two election timeouts.
+//!   fails once an election has run past one election timeout.
 //! - `raft`: three openraft nodes on simulated disks survive a follower crash.
 //! - `seeded_journal`: the journal on turmoil, stamping with its host's
 //!   simulated clock, replays from its seed.
