@@ -863,6 +863,22 @@ mod tests {
         Ok(Some((meta, bytes)))
     }
 
+    /// Opens the stores in `dir`, waiting up to ten seconds for a database
+    /// this process just dropped: sled's background threads may hold its
+    /// file lock a moment after the last handle goes.
+    fn open_again(dir: &Path) -> Result<StateMachineStore, StorageError> {
+        let give_up = Instant::now() + Duration::from_secs(10);
+        loop {
+            match crate::open(dir) {
+                Ok((_, store)) => return Ok(store),
+                Err(StorageError::Sled(_)) if Instant::now() < give_up => {
+                    std::thread::sleep(Duration::from_millis(20));
+                }
+                Err(error) => return Err(error),
+            }
+        }
+    }
+
     fn write_snapshot_file_parts(
         file: &mut impl Write,
         meta: &[u8],
@@ -966,7 +982,7 @@ mod tests {
             tree.insert(SNAPSHOT_DATA_KEY, bytes)?;
             db.flush()?;
         }
-        let (_, mut store) = crate::open(dir.path())?;
+        let mut store = open_again(dir.path())?;
         assert_eq!(store.read(|s| s.clone()), state, "loaded from the sled tree");
         let current = store.get_current_snapshot().await?.map(|snapshot| snapshot.meta);
         assert_eq!(current.map(|m| m.snapshot_id), Some("legacy".to_string()));
@@ -976,7 +992,7 @@ mod tests {
         assert!(dir.path().join(SNAPSHOT_FILE).exists());
         assert!(store.legacy_snapshots.is_empty(), "the file supersedes the tree");
         drop(store);
-        let (_, mut store) = crate::open(dir.path())?;
+        let mut store = open_again(dir.path())?;
         assert_eq!(store.read(|s| s.clone()), state, "loaded from the file");
         let current = store.get_current_snapshot().await?.map(|snapshot| snapshot.meta);
         assert_eq!(current, Some(built.meta));
