@@ -30,7 +30,11 @@ case "$what" in
 esac
 
 # Debug builds: one profile for everything, and usually already built.
-cargo build -p leasehold-cli -p leasehold-cluster-tests >&2
+# The whole workspace with every target resolves dependency features as
+# `cargo test --workspace` does, so after the tests nothing compiles again
+# (building just the two packages would rebuild tonic, openraft and the
+# rest with other features: two minutes on two cores).
+cargo build --workspace --all-targets >&2
 target_dir=${CARGO_TARGET_DIR:-target}
 chaos=$target_dir/debug/leasehold-chaos
 
