@@ -225,7 +225,7 @@ impl Node {
     }
 
     /// Starts a single node again on the same ports and data, and waits
-    /// until it leads and serves.
+    /// until it leads, reports ready and serves.
     pub async fn restart(&mut self, sandbox: &Sandbox) -> Result<()> {
         self.kill()?;
         self.launch(sandbox)?;
@@ -282,12 +282,13 @@ impl Node {
         Ok(())
     }
 
-    /// Waits until the node names itself leader and answers a linearizable
-    /// read, failing at once if the process dies meanwhile.
+    /// Waits until the node names itself leader, reports itself ready and
+    /// answers a linearizable read, failing at once if the process dies
+    /// meanwhile.
     async fn wait_leading(&mut self) -> Result<()> {
         let client = self.client()?;
         let id = self.id;
-        let what = format!("node {id} at {} to lead and serve reads", self.grpc);
+        let what = format!("node {id} at {} to lead, be ready and serve reads", self.grpc);
         wait_until(&what, deadline_in(NODE_READY_TIMEOUT), || {
             let running = self.ensure_running();
             let client = client.clone();
@@ -299,6 +300,16 @@ impl Node {
                 };
                 if status.leader != id {
                     return Ok(Check::NotYet(format!("leader is {}", status.leader)));
+                }
+                // Readiness is cached for a second: an answer from before
+                // the election would otherwise outlive this wait, and a
+                // story's next status would show the node not ready.
+                match status.nodes.iter().find(|node| node.id == id) {
+                    Some(node) if node.ready => {}
+                    Some(node) => {
+                        return Ok(Check::NotYet(format!("not ready: {:?}", node.not_ready)));
+                    }
+                    None => return Ok(Check::NotYet("not in its own status".to_string())),
                 }
                 match client.stats(None, false).await {
                     Ok(_) => Ok(Check::Done(())),
