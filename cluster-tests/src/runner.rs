@@ -634,7 +634,11 @@ async fn sample_statuses(supervisor: &Supervisor, history: &History) -> Vec<Stat
         for id in &ids {
             let mut reads = Vec::new();
             for read in 0..2u8 {
-                if let Ok(status) = supervisor.local_status(*id).await {
+                // A digest of an earlier index than the node's applied one
+                // (the node reused its last) pairs with neither: not a read.
+                if let Ok(status) = supervisor.local_status(*id).await
+                    && status.digest_index == status.applied_index
+                {
                     samples.push(StatusSample {
                         round,
                         read,

@@ -87,6 +87,16 @@ pub fn stats(stats: &v1::StatsResponse) -> Value {
     })
 }
 
+/// A node's digest, with the applied index it was taken at when that is not
+/// the node's applied index (the node took it a moment before, under writes).
+fn digest_cell(node: &v1::NodeStatus) -> String {
+    if node.digest_index == node.applied_index {
+        format!("{:016x}", node.digest)
+    } else {
+        format!("{:016x} @{}", node.digest, node.digest_index)
+    }
+}
+
 /// Cluster status as JSON.
 pub fn status(status: &v1::StatusResponse) -> Value {
     json!({
@@ -101,6 +111,7 @@ pub fn status(status: &v1::StatusResponse) -> Value {
             "commit_index": n.commit_index,
             "applied_index": n.applied_index,
             "digest": format!("{:016x}", n.digest),
+            "digest_index": n.digest_index,
             "reachable": n.reachable,
             "ready": n.ready,
             "not_ready": n.not_ready,
@@ -209,7 +220,7 @@ pub fn status_text(status: &v1::StatusResponse) -> String {
             if node.reachable { yes_no(node.ready) } else { "-" }.to_string(),
             if node.clock_skewed { "skewed" } else { "ok" }.to_string(),
             node.gate.as_ref().map(|g| g.path.clone()).unwrap_or_else(|| "-".to_string()),
-            format!("{:016x}", node.digest),
+            digest_cell(node),
         ]);
     }
     text.push_str(&finish(&members));

@@ -18,6 +18,7 @@ use futures::future::BoxFuture;
 use leasehold_core::State;
 use leasehold_core::bus::BusRecord;
 use leasehold_raft::NodeId;
+pub use leasehold_storage::StateDigest;
 pub use leasehold_storage::local::KeptAdvert;
 use leasehold_storage::local::{BusTable, PeerStore};
 use openraft::LogId;
@@ -41,6 +42,11 @@ impl StoreError {
     pub fn new(source: impl std::error::Error + Send + Sync + 'static) -> StoreError {
         StoreError(Box::new(source))
     }
+}
+
+/// FNV-1a 64 over the encoding of `state`: what every store's digest is.
+pub fn digest_of(state: &State) -> u64 {
+    leasehold_storage::digest(state)
 }
 
 /// The Raft log store as the replica runtime uses it: the committed index,
@@ -84,8 +90,14 @@ pub trait ReplicaStateMachine: Send + Sync + 'static {
     /// FNV-1a 64 over the encoding of the current state: equal on every
     /// replica that applied the same log prefix.
     fn digest(&self) -> u64 {
-        leasehold_storage::digest(&self.state())
+        digest_of(&self.state())
     }
+
+    /// A digest of the state and the applied index it was taken at, as
+    /// `Status` reports it: a store whose state may be large takes it
+    /// without holding the state for the whole hash, and may answer one
+    /// taken a moment before (its index says which).
+    fn recent_digest(&self) -> BoxFuture<'_, Result<Option<StateDigest>, StoreError>>;
 }
 
 impl ReplicaLogStore for leasehold_storage::LogStore {
@@ -127,6 +139,12 @@ impl ReplicaStateMachine for leasehold_storage::StateMachineStore {
 
     fn digest(&self) -> u64 {
         leasehold_storage::StateMachineStore::digest(self)
+    }
+
+    fn recent_digest(&self) -> BoxFuture<'_, Result<Option<StateDigest>, StoreError>> {
+        Box::pin(async move {
+            leasehold_storage::StateMachineStore::recent_digest(self).await.map_err(StoreError::new)
+        })
     }
 }
 

@@ -51,6 +51,16 @@ impl ClusterService {
         let verdict = self.journal.clock_verdict();
         let ages = watch.ages();
         let readiness = self.readiness.report().await;
+        // Not on every call, and never with the state held for the whole
+        // hash (a million jobs take about a quarter of a second): see
+        // `ReplicaStateMachine::recent_digest`.
+        let digest = match self.journal.state_machine().recent_digest().await {
+            Ok(digest) => digest,
+            Err(error) => {
+                tracing::warn!(event = "status.digest_failed", %error, "could not take the state digest");
+                None
+            }
+        };
         let not_ready = readiness
             .checks
             .iter()
@@ -65,7 +75,8 @@ impl ClusterService {
             term: metrics.current_term,
             commit_index: self.journal.committed_index().await,
             applied_index: metrics.last_applied.map(|l| l.index).unwrap_or(0),
-            digest: self.journal.state_machine().digest(),
+            digest: digest.map_or(0, |taken| taken.digest),
+            digest_index: digest.map_or(0, |taken| taken.index),
             voter,
             reachable: true,
             gate: Some(gate),

@@ -19,9 +19,10 @@ use std::ops::Deref;
 use std::sync::{Arc, PoisonError, RwLock, RwLockReadGuard};
 use std::time::Duration;
 
+use futures::future::BoxFuture;
 use leasehold_core::{Command, Proposal, Response, State};
 use leasehold_raft::{NodeId, Received, SnapshotData, TypeConfig};
-use leasehold_replica::stores::{ReplicaStateMachine, StateGuard};
+use leasehold_replica::stores::{ReplicaStateMachine, StateDigest, StateGuard, StoreError};
 use openraft::storage::RaftStateMachine;
 use openraft::{
     BasicNode, Entry, EntryPayload, LogId, OptionalSend, RaftSnapshotBuilder, Snapshot,
@@ -296,6 +297,16 @@ impl ReplicaStateMachine for SimStateMachine {
 
     fn snapshot_lock_hold_longest(&self) -> Option<Duration> {
         None
+    }
+
+    /// The simulation's states are small: hashed whole, under the lock
+    /// that also holds the index they are at.
+    fn recent_digest(&self) -> BoxFuture<'_, Result<Option<StateDigest>, StoreError>> {
+        Box::pin(async move {
+            let applied = self.lock_read();
+            let digest = leasehold_replica::stores::digest_of(&applied.state);
+            Ok(Some(StateDigest { index: index_of(&applied.last_applied), digest }))
+        })
     }
 }
 

@@ -96,8 +96,9 @@ pub fn digest(state: &State) -> u64 {
 }
 
 /// FNV-1a, 64-bit: tiny, stable across versions and platforms, which is all a
-/// convergence check needs (it is not a defence against forgery).
-struct Fnv1a64 {
+/// convergence check needs (it is not a defence against forgery). Written
+/// to as an [`io::Write`], so [`encode_into`] can stream a value into it.
+pub(crate) struct Fnv1a64 {
     hash: u64,
 }
 
@@ -105,7 +106,7 @@ impl Fnv1a64 {
     const OFFSET_BASIS: u64 = 0xcbf2_9ce4_8422_2325;
     const PRIME: u64 = 0x0000_0100_0000_01b3;
 
-    fn new() -> Self {
+    pub(crate) fn new() -> Self {
         Fnv1a64 { hash: Self::OFFSET_BASIS }
     }
 
@@ -116,7 +117,7 @@ impl Fnv1a64 {
         }
     }
 
-    fn finish(&self) -> u64 {
+    pub(crate) fn finish(&self) -> u64 {
         self.hash
     }
 }

@@ -49,7 +49,7 @@ use std::path::Path;
 pub use codec::digest;
 pub use error::StorageError;
 pub use log_store::{LogStore, MAX_READ_BYTES, MAX_READ_ENTRIES};
-pub use state_machine::{SnapshotBuildStats, StateMachineStore};
+pub use state_machine::{SnapshotBuildStats, StateDigest, StateMachineStore};
 pub use wal::SyncObserver;
 
 use failpoint::Failpoint;

@@ -36,7 +36,7 @@ use serde::Serialize;
 use tokio::sync::watch;
 
 use crate::StorageError;
-use crate::codec::{decode, decode_from, digest, encode, encode_into};
+use crate::codec::{Fnv1a64, decode, decode_from, digest, encode, encode_into};
 use crate::durable;
 use crate::failpoint::Failpoint;
 use crate::layout::{SNAPSHOT_DATA_KEY, SNAPSHOT_FILE, SNAPSHOT_META_KEY, SNAPSHOT_TREE};
@@ -188,6 +188,36 @@ const SNAPSHOT_CHUNK_JOBS: usize = 1_024;
 /// of large payloads neither holds the lock long nor grows a large buffer.
 const SNAPSHOT_CHUNK_BYTES: usize = 512 * 1024;
 
+/// How long a digest waits for a snapshot write in progress before it
+/// answers with the digest it took last (see
+/// [`StateMachineStore::recent_digest`]).
+const DIGEST_LOCK_WAIT: Duration = Duration::from_millis(200);
+
+/// After taking a digest, a store takes no other for this many times as
+/// long as that one took (unless the applied index is where it was, when
+/// the one taken is current): a state of a million jobs takes about a
+/// quarter of a second to hash, so a status page polling every second costs
+/// a node at most a tenth of one core.
+const DIGEST_COOLDOWN_FACTOR: u32 = 9;
+
+/// A digest of the state (FNV-1a 64 over its encoding, as
+/// [`crate::digest`]) and the applied log index it describes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct StateDigest {
+    /// The last applied log index the digest was taken at (`0`: none).
+    pub index: u64,
+    /// The digest.
+    pub digest: u64,
+}
+
+/// The last digest a store took, and what it cost.
+#[derive(Clone, Copy, Debug)]
+struct DigestMemo {
+    taken: StateDigest,
+    finished: Instant,
+    took: Duration,
+}
+
 /// The state under the store's read lock (see [`StateMachineStore::state`]).
 struct StateRead<'a>(RwLockReadGuard<'a, Applied>);
 
@@ -271,6 +301,8 @@ pub struct StateMachineStore {
     failpoint: Failpoint,
     /// How the last snapshot build (in this process) went.
     last_build: Arc<Mutex<Option<SnapshotBuildStats>>>,
+    /// The last digest taken by [`StateMachineStore::recent_digest`].
+    digest_memo: Arc<Mutex<Option<DigestMemo>>>,
 }
 
 impl StateMachineStore {
@@ -313,6 +345,7 @@ impl StateMachineStore {
             dir: dir.to_path_buf(),
             failpoint,
             last_build: Arc::new(Mutex::new(None)),
+            digest_memo: Arc::new(Mutex::new(None)),
         })
     }
 
@@ -343,6 +376,91 @@ impl StateMachineStore {
     /// every replica that applied the same log prefix.
     pub fn digest(&self) -> u64 {
         self.read(digest)
+    }
+
+    /// A digest of the state at the last applied index, taken a chunk of
+    /// jobs at a time (the same bytes as [`StateMachineStore::digest`]):
+    /// the state is frozen, as for a snapshot, and the lock is held for one
+    /// chunk of [`SNAPSHOT_CHUNK_JOBS`] at a time, so apply never waits for
+    /// the whole state to be hashed. What `Status` reports.
+    ///
+    /// The digest taken last is answered again, with the index it was taken
+    /// at, while the applied index has not moved, while the store cools down
+    /// after taking one ([`DIGEST_COOLDOWN_FACTOR`] times as long as that
+    /// one took), and when a snapshot write holds the state's freeze for
+    /// longer than [`DIGEST_LOCK_WAIT`]. `None` when no digest could be
+    /// taken yet.
+    pub async fn recent_digest(&self) -> Result<Option<StateDigest>, StorageError> {
+        let memo = |store: &Self| *store.digest_memo.lock().unwrap_or_else(PoisonError::into_inner);
+        let reusable = |memo: &DigestMemo, applied: u64| {
+            memo.taken.index == applied
+                || memo.finished.elapsed() < memo.took.saturating_mul(DIGEST_COOLDOWN_FACTOR)
+        };
+        if let Some(last) = memo(self)
+            && reusable(&last, self.last_applied_index())
+        {
+            return Ok(Some(last.taken));
+        }
+        // One freeze at a time: a digest waits for a snapshot write (and
+        // a snapshot write for a digest) on the writer's lock.
+        let Ok(_writer) = tokio::time::timeout(DIGEST_LOCK_WAIT, self.snapshot_write.lock()).await
+        else {
+            return Ok(memo(self).map(|last| last.taken));
+        };
+        // Another caller may have taken one while this one waited.
+        if let Some(last) = memo(self)
+            && reusable(&last, self.last_applied_index())
+        {
+            return Ok(Some(last.taken));
+        }
+        let started = Instant::now();
+        let store = self.clone();
+        let taken = tokio::task::spawn_blocking(move || store.digest_in_chunks())
+            .await
+            .map_err(|e| StorageError::Sled(sled::Error::Io(std::io::Error::other(e))))??;
+        let Some(taken) = taken else {
+            // The state was replaced under the freeze (a snapshot was
+            // installed): the next call digests the new one.
+            return Ok(memo(self).map(|last| last.taken));
+        };
+        let took = started.elapsed();
+        *self.digest_memo.lock().unwrap_or_else(PoisonError::into_inner) =
+            Some(DigestMemo { taken, finished: Instant::now(), took });
+        Ok(Some(taken))
+    }
+
+    /// The blocking half of [`StateMachineStore::recent_digest`]: freezes
+    /// the state and hashes its encoding a chunk at a time. `None` when the
+    /// freeze was lost to a state installed meanwhile.
+    fn digest_in_chunks(&self) -> Result<Option<StateDigest>, StorageError> {
+        let (index, head, tail) = {
+            let mut applied = self.applied.write().map_err(|_| StorageError::Poisoned)?;
+            let (head, tail) = applied.state.freeze();
+            (index_of(&applied.last_applied), head, tail)
+        };
+        let _thaw = Thaw { applied: &self.applied, ticket: head.ticket };
+        // The state's encoding, field by field: its counters, the job
+        // table's length and entries, then the fields after it.
+        let mut hasher = Fnv1a64::new();
+        encode_into("digest", &mut hasher, &(&head.counters, &head.job_count))?;
+        loop {
+            let read = {
+                let mut applied = self.applied.write().map_err(|_| StorageError::Poisoned)?;
+                applied.state.read_frozen_jobs(head.ticket, SNAPSHOT_CHUNK_JOBS, |job| {
+                    encode_into("digest", &mut hasher, &job).map(|()| true)
+                })
+            };
+            match read {
+                Ok(exhausted) => {
+                    if exhausted? {
+                        break;
+                    }
+                }
+                Err(_lost) => return Ok(None),
+            }
+        }
+        encode_into("digest", &mut hasher, &tail)?;
+        Ok(Some(StateDigest { index, digest: hasher.finish() }))
     }
 
     /// Index of the last applied log entry (`0` when none).
@@ -1065,14 +1183,16 @@ mod tests {
         Ok(())
     }
 
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn a_snapshot_built_while_entries_apply_is_the_state_at_its_log_id() -> anyhow::Result<()>
-    {
-        let dir = tempfile::tempdir()?;
-        let (_, store) = crate::open(dir.path())?;
-        let commands = commands(400);
+    /// A thread applying entries.
+    type Applying = std::thread::JoinHandle<Result<(), StorageError>>;
+
+    /// The test log of [`commands`]`(400)`: its first five entries (5,000
+    /// jobs) applied now, the rest one at a time on a thread.
+    fn apply_while_reading(
+        store: &StateMachineStore,
+    ) -> anyhow::Result<(Vec<Entry<TypeConfig>>, Applying)> {
         let entries: Vec<_> =
-            commands.iter().cloned().enumerate().map(|(i, c)| entry(i as u64 + 1, c)).collect();
+            commands(400).into_iter().enumerate().map(|(i, c)| entry(i as u64 + 1, c)).collect();
         store.apply_entries(entries[..5].to_vec())?;
         let applier = store.clone();
         let rest = entries[5..].to_vec();
@@ -1080,8 +1200,17 @@ mod tests {
             for entry in rest {
                 applier.apply_entries([entry])?;
             }
-            Ok::<_, StorageError>(())
+            Ok(())
         });
+        Ok((entries, applying))
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_snapshot_built_while_entries_apply_is_the_state_at_its_log_id() -> anyhow::Result<()>
+    {
+        let dir = tempfile::tempdir()?;
+        let (_, store) = crate::open(dir.path())?;
+        let (entries, applying) = apply_while_reading(&store)?;
         let built = store.build().await?;
         applying.join().map_err(|_| anyhow::anyhow!("the applier panicked"))??;
         let stats = store.last_snapshot_build().ok_or_else(|| anyhow::anyhow!("no stats"))?;
@@ -1120,6 +1249,49 @@ mod tests {
         )?;
         assert_eq!(whole, bytes);
         assert_eq!(store.read(State::frozen_kept), 0, "the view is dropped after the build");
+        Ok(())
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_digest_taken_while_entries_apply_is_the_digest_of_the_state_at_its_index()
+    -> anyhow::Result<()> {
+        let dir = tempfile::tempdir()?;
+        let (_, store) = crate::open(dir.path())?;
+        assert_eq!(
+            store.recent_digest().await?,
+            Some(StateDigest { index: 0, digest: digest(&State::new()) })
+        );
+        let (entries, applying) = apply_while_reading(&store)?;
+        // Taken once the applier is under way, so entries apply during it.
+        let give_up = Instant::now() + Duration::from_secs(10);
+        while store.last_applied_index() < 10 && Instant::now() < give_up {
+            std::thread::yield_now();
+        }
+        let taken = store.recent_digest().await?.ok_or_else(|| anyhow::anyhow!("no digest"))?;
+        applying.join().map_err(|_| anyhow::anyhow!("the applier panicked"))??;
+        let mut expected = State::new();
+        for entry in &entries[..usize::try_from(taken.index)?] {
+            if let openraft::EntryPayload::Normal(proposal) = &entry.payload {
+                expected.apply(1, proposal);
+            }
+        }
+        assert!(taken.index >= 5, "{taken:?}");
+        assert_eq!(taken.digest, digest(&expected), "the digest of the state at {}", taken.index);
+        assert_eq!(store.read(State::frozen_kept), 0, "the view is dropped after the digest");
+
+        // Every entry applied and the cool-down over: a digest of the
+        // whole log, and it is the one taken again while nothing applies.
+        let last = entries.len() as u64;
+        let give_up = Instant::now() + Duration::from_secs(10);
+        let now = loop {
+            let now = store.recent_digest().await?.ok_or_else(|| anyhow::anyhow!("no digest"))?;
+            if now.index == last || Instant::now() > give_up {
+                break now;
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        };
+        assert_eq!(now, StateDigest { index: last, digest: store.digest() });
+        assert_eq!(store.recent_digest().await?, Some(now));
         Ok(())
     }
 

@@ -799,6 +799,14 @@ fn converged_view(status: &v1::StatusResponse, size: usize) -> Result<Converged,
     {
         return Err(format!("neither leader nor follower: {node:?}"));
     }
+    // A digest describes the state at its own index, which trails the
+    // applied index while a node's last digest is still being reused.
+    if let Some(node) = status.nodes.iter().find(|n| n.digest_index != n.applied_index) {
+        return Err(format!(
+            "node {} applied {} but its digest is of index {}",
+            node.id, node.applied_index, node.digest_index
+        ));
+    }
     let first = &status.nodes[0];
     let apart = status.nodes.iter().find(|n| {
         n.term != first.term || n.applied_index != first.applied_index || n.digest != first.digest

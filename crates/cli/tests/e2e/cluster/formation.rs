@@ -44,6 +44,7 @@ struct Member {
     voter: bool,
     applied_index: u64,
     digest: String,
+    digest_index: u64,
 }
 
 /// The leader and members of a `cluster status --output json` document.
@@ -64,6 +65,9 @@ fn parse_status(status: &Value) -> Result<(u64, Vec<Member>)> {
                 .as_u64()
                 .with_context(|| format!("applied_index in {node}"))?,
             digest: text("digest")?,
+            digest_index: node["digest_index"]
+                .as_u64()
+                .with_context(|| format!("digest_index in {node}"))?,
         });
     }
     Ok((leader, members))
@@ -84,7 +88,9 @@ fn check_formed(leader: u64, members: &[Member]) -> Result<String> {
     );
     let first = &members[0];
     ensure!(
-        members.iter().all(|m| m.digest == first.digest && m.applied_index == first.applied_index),
+        members.iter().all(|m| m.digest == first.digest
+            && m.applied_index == first.applied_index
+            && m.digest_index == m.applied_index),
         "digests or applied indexes differ: {members:?}"
     );
     Ok(first.digest.clone())
