@@ -381,15 +381,14 @@ impl StateMachineStore {
     /// A digest of the state at the last applied index, taken a chunk of
     /// jobs at a time (the same bytes as [`StateMachineStore::digest`]):
     /// the state is frozen, as for a snapshot, and the lock is held for one
-    /// chunk of [`SNAPSHOT_CHUNK_JOBS`] at a time, so apply never waits for
-    /// the whole state to be hashed. What `Status` reports.
+    /// chunk of 1,024 jobs at a time, so apply never waits for the whole
+    /// state to be hashed. What `Status` reports.
     ///
     /// The digest taken last is answered again, with the index it was taken
     /// at, while the applied index has not moved, while the store cools down
-    /// after taking one ([`DIGEST_COOLDOWN_FACTOR`] times as long as that
-    /// one took), and when a snapshot write holds the state's freeze for
-    /// longer than [`DIGEST_LOCK_WAIT`]. `None` when no digest could be
-    /// taken yet.
+    /// after taking one (nine times as long as that one took), and when a
+    /// snapshot write holds the state's freeze for longer than 200 ms.
+    /// `None` when no digest could be taken yet.
     pub async fn recent_digest(&self) -> Result<Option<StateDigest>, StorageError> {
         let memo = |store: &Self| *store.digest_memo.lock().unwrap_or_else(PoisonError::into_inner);
         let reusable = |memo: &DigestMemo, applied: u64| {
