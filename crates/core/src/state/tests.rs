@@ -1697,3 +1697,16 @@ mod ruled {
         assert_eq!(state.last_job_id(), 1);
     }
 }
+
+proptest::proptest! {
+    /// The two-sided count agrees with counting the range, whichever side
+    /// is the smaller and wherever the pivot falls (members, gaps, ends).
+    #[test]
+    fn counting_up_to_a_pivot_agrees_with_the_range(
+        members in proptest::collection::btree_set((0u64..50, 0u64..4), 0..200),
+        pivot in (0u64..52, 0u64..5),
+    ) {
+        let expected = members.range(..=pivot).count();
+        proptest::prop_assert_eq!(count_up_to(&members, &pivot), expected);
+    }
+}
