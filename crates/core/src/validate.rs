@@ -74,7 +74,7 @@ pub fn validate_command(command: &Command, limits: &Limits) -> Result<(), Valida
         Command::Enqueue { jobs } => {
             batch_size("jobs", "jobs", jobs.len(), limits)?;
             for (index, spec) in jobs.iter().enumerate() {
-                job_spec(&format!("jobs[{index}]"), spec, limits)?;
+                job_spec(&format_args!("jobs[{index}]"), spec, limits)?;
             }
             Ok(())
         }
@@ -109,7 +109,7 @@ pub fn validate_command(command: &Command, limits: &Limits) -> Result<(), Valida
             // lost (or renewed twice), which no client could interpret.
             let mut seen = BTreeSet::new();
             for (index, (job_id, _token)) in leases.iter().enumerate() {
-                job_id_field(&format!("leases[{index}].job_id"), *job_id)?;
+                job_id_field(&format_args!("leases[{index}].job_id"), *job_id)?;
                 if !seen.insert(*job_id) {
                     return Err(ValidationError::invalid(
                         format!("leases[{index}].job_id"),
@@ -159,7 +159,7 @@ pub fn validate_command(command: &Command, limits: &Limits) -> Result<(), Valida
             RedriveTarget::Ids(ids) => {
                 batch_size("job_ids", "ids", ids.len(), limits)?;
                 for (index, id) in ids.iter().enumerate() {
-                    job_id_field(&format!("job_ids[{index}]"), *id)?;
+                    job_id_field(&format_args!("job_ids[{index}]"), *id)?;
                 }
                 Ok(())
             }
@@ -267,7 +267,7 @@ pub fn schedule_expression(spec: &ScheduleSpec) -> Result<(), ValidationError> {
         } else {
             "cron"
         };
-        return Err(ValidationError::invalid(field, error.to_string()));
+        return Err(ValidationError::invalid(field.to_string(), error.to_string()));
     }
     Ok(())
 }
@@ -318,37 +318,41 @@ pub fn schedule_fields(spec: &ScheduleSpec, limits: &Limits) -> Result<(), Valid
     Ok(())
 }
 
-fn positive(field: &str, value: u64) -> Result<(), ValidationError> {
+fn positive(field: &(impl Display + ?Sized), value: u64) -> Result<(), ValidationError> {
     if value == 0 {
-        return Err(ValidationError::invalid(field, "must be at least 1"));
+        return Err(ValidationError::invalid(field.to_string(), "must be at least 1"));
     }
     Ok(())
 }
 
-fn node_list(field: &str, nodes: &[u64], limits: &Limits) -> Result<(), ValidationError> {
+fn node_list(
+    field: &(impl Display + ?Sized),
+    nodes: &[u64],
+    limits: &Limits,
+) -> Result<(), ValidationError> {
     if nodes.len() > limits.max_batch {
         return Err(ValidationError::too_large(
-            field,
+            field.to_string(),
             format!("has {} nodes, limit {}", nodes.len(), limits.max_batch),
         ));
     }
     for (index, node) in nodes.iter().enumerate() {
-        positive(&format!("{field}[{index}]"), *node)?;
+        positive(&format_args!("{field}[{index}]"), *node)?;
     }
     Ok(())
 }
 
 /// Job ids are assigned from 1; 0 names no job.
-fn job_id_field(field: &str, job_id: u64) -> Result<(), ValidationError> {
+fn job_id_field(field: &(impl Display + ?Sized), job_id: u64) -> Result<(), ValidationError> {
     if job_id == 0 {
-        return Err(ValidationError::invalid(field, "must be at least 1"));
+        return Err(ValidationError::invalid(field.to_string(), "must be at least 1"));
     }
     Ok(())
 }
 
 /// Checks a queue name against [`QUEUE_NAME_PATTERN`], by hand: the pattern
 /// is small and a regex engine is not worth a dependency in core.
-pub fn queue_name(field: &str, name: &str) -> Result<(), ValidationError> {
+pub fn queue_name(field: &(impl Display + ?Sized), name: &str) -> Result<(), ValidationError> {
     let bytes = name.as_bytes();
     let first_ok = bytes.first().is_some_and(|b| b.is_ascii_lowercase() || b.is_ascii_digit());
     let rest_ok = bytes
@@ -358,19 +362,23 @@ pub fn queue_name(field: &str, name: &str) -> Result<(), ValidationError> {
     if first_ok && rest_ok && bytes.len() <= MAX_QUEUE_NAME_BYTES {
         Ok(())
     } else {
-        Err(ValidationError::invalid(field, format!("must match {QUEUE_NAME_PATTERN}")))
+        Err(ValidationError::invalid(field.to_string(), format!("must match {QUEUE_NAME_PATTERN}")))
     }
 }
 
 /// Checks a worker id: non-empty, at most `max_text_bytes`, printable (it
 /// A client's request id: 1 ..= `max_text_bytes` bytes.
-fn request_id(field: &str, id: &str, limits: &Limits) -> Result<(), ValidationError> {
+fn request_id(
+    field: &(impl Display + ?Sized),
+    id: &str,
+    limits: &Limits,
+) -> Result<(), ValidationError> {
     if id.is_empty() {
-        return Err(ValidationError::invalid(field, "must not be empty"));
+        return Err(ValidationError::invalid(field.to_string(), "must not be empty"));
     }
     if id.len() > limits.max_text_bytes {
         return Err(ValidationError::too_large(
-            field,
+            field.to_string(),
             format!("is {} bytes, limit {}", id.len(), limits.max_text_bytes),
         ));
     }
@@ -378,37 +386,56 @@ fn request_id(field: &str, id: &str, limits: &Limits) -> Result<(), ValidationEr
 }
 
 /// ends up in logs, the CLI and lease records).
-pub fn worker_id(field: &str, worker: &str, limits: &Limits) -> Result<(), ValidationError> {
+pub fn worker_id(
+    field: &(impl Display + ?Sized),
+    worker: &str,
+    limits: &Limits,
+) -> Result<(), ValidationError> {
     non_empty_text(field, worker, limits.max_text_bytes)?;
     if worker.chars().any(char::is_control) {
-        return Err(ValidationError::invalid(field, "must be printable (no control characters)"));
+        return Err(ValidationError::invalid(
+            field.to_string(),
+            "must be printable (no control characters)",
+        ));
     }
     Ok(())
 }
 
 /// Checks a lease length against `min_lease_ttl_ms ..= max_lease_ttl_ms`.
-pub fn lease_ttl(field: &str, ttl_ms: u64, limits: &Limits) -> Result<(), ValidationError> {
+pub fn lease_ttl(
+    field: &(impl Display + ?Sized),
+    ttl_ms: u64,
+    limits: &Limits,
+) -> Result<(), ValidationError> {
     in_range(field, ttl_ms, limits.min_lease_ttl_ms, limits.max_lease_ttl_ms)
 }
 
 /// Checks a list of tags (a job's tags or a worker's selector): at most
 /// `max_tags`, each non-empty and at most `max_text_bytes`.
-pub fn tags(field: &str, tags: &[String], limits: &Limits) -> Result<(), ValidationError> {
+pub fn tags(
+    field: &(impl Display + ?Sized),
+    tags: &[String],
+    limits: &Limits,
+) -> Result<(), ValidationError> {
     if tags.len() > limits.max_tags {
         return Err(ValidationError::too_large(
-            field,
+            field.to_string(),
             format!("has {} tags, limit {}", tags.len(), limits.max_tags),
         ));
     }
     for (index, tag) in tags.iter().enumerate() {
-        non_empty_text(&format!("{field}[{index}]"), tag, limits.max_text_bytes)?;
+        non_empty_text(&format_args!("{field}[{index}]"), tag, limits.max_text_bytes)?;
     }
     Ok(())
 }
 
 /// Checks one job spec; `field` is its path, such as `jobs[3]`.
-fn job_spec(field: &str, spec: &JobSpec, limits: &Limits) -> Result<(), ValidationError> {
-    queue_name(&format!("{field}.queue"), &spec.queue)?;
+fn job_spec(
+    field: &(impl Display + ?Sized),
+    spec: &JobSpec,
+    limits: &Limits,
+) -> Result<(), ValidationError> {
+    queue_name(&format_args!("{field}.queue"), &spec.queue)?;
     if spec.payload.len() > limits.max_payload_bytes {
         return Err(ValidationError::too_large(
             format!("{field}.payload"),
@@ -416,23 +443,23 @@ fn job_spec(field: &str, spec: &JobSpec, limits: &Limits) -> Result<(), Validati
         ));
     }
     if let Some(max_attempts) = spec.max_attempts {
-        in_range(&format!("{field}.max_attempts"), max_attempts, 1, limits.max_max_attempts)?;
+        in_range(&format_args!("{field}.max_attempts"), max_attempts, 1, limits.max_max_attempts)?;
     }
     if let Some(backoff) = &spec.backoff {
-        self::backoff(&format!("{field}.backoff"), backoff)?;
+        self::backoff(&format_args!("{field}.backoff"), backoff)?;
     }
     if let Some(ttl_ms) = spec.lease_ttl_ms {
-        lease_ttl(&format!("{field}.lease_ttl_ms"), ttl_ms, limits)?;
+        lease_ttl(&format_args!("{field}.lease_ttl_ms"), ttl_ms, limits)?;
     }
     if let Some(key) = &spec.idempotency_key {
-        non_empty_text(&format!("{field}.idempotency_key"), key, limits.max_text_bytes)?;
+        non_empty_text(&format_args!("{field}.idempotency_key"), key, limits.max_text_bytes)?;
     }
-    tags(&format!("{field}.tags"), &spec.tags, limits)
+    tags(&format_args!("{field}.tags"), &spec.tags, limits)
 }
 
 /// Checks a backoff: a zero base would retry in a hot loop, and a cap below
 /// the base would make the "exponential" delay shrink.
-fn backoff(field: &str, backoff: &Backoff) -> Result<(), ValidationError> {
+fn backoff(field: &(impl Display + ?Sized), backoff: &Backoff) -> Result<(), ValidationError> {
     if backoff.base_ms < 1 {
         return Err(ValidationError::invalid(format!("{field}.base_ms"), "must be at least 1"));
     }
@@ -446,16 +473,20 @@ fn backoff(field: &str, backoff: &Backoff) -> Result<(), ValidationError> {
 }
 
 /// Checks a claim's `max`: at least one lease, at most a batch.
-fn claim_max(field: &str, max: u32, limits: &Limits) -> Result<(), ValidationError> {
+fn claim_max(
+    field: &(impl Display + ?Sized),
+    max: u32,
+    limits: &Limits,
+) -> Result<(), ValidationError> {
     if max == 0 {
-        return Err(ValidationError::invalid(field, "must be at least 1"));
+        return Err(ValidationError::invalid(field.to_string(), "must be at least 1"));
     }
     // `usize` is at least 32 bits on every target we build for; if it were
     // not, the saturated value still compares correctly.
     let max_items = usize::try_from(max).unwrap_or(usize::MAX);
     if max_items > limits.max_batch {
         return Err(ValidationError::too_large(
-            field,
+            field.to_string(),
             format!("is {max}, limit {}", limits.max_batch),
         ));
     }
@@ -464,17 +495,17 @@ fn claim_max(field: &str, max: u32, limits: &Limits) -> Result<(), ValidationErr
 
 /// Checks a list length against `1 ..= max_batch`; `noun` names the items.
 fn batch_size(
-    field: &str,
+    field: &(impl Display + ?Sized),
     noun: &str,
     length: usize,
     limits: &Limits,
 ) -> Result<(), ValidationError> {
     if length == 0 {
-        return Err(ValidationError::invalid(field, "must not be empty"));
+        return Err(ValidationError::invalid(field.to_string(), "must not be empty"));
     }
     if length > limits.max_batch {
         return Err(ValidationError::too_large(
-            field,
+            field.to_string(),
             format!("has {length} {noun}, limit {}", limits.max_batch),
         ));
     }
@@ -482,13 +513,17 @@ fn batch_size(
 }
 
 /// Checks free text that must be present and bounded.
-fn non_empty_text(field: &str, text: &str, max_bytes: usize) -> Result<(), ValidationError> {
+fn non_empty_text(
+    field: &(impl Display + ?Sized),
+    text: &str,
+    max_bytes: usize,
+) -> Result<(), ValidationError> {
     if text.is_empty() {
-        return Err(ValidationError::invalid(field, "must not be empty"));
+        return Err(ValidationError::invalid(field.to_string(), "must not be empty"));
     }
     if text.len() > max_bytes {
         return Err(ValidationError::too_large(
-            field,
+            field.to_string(),
             format!("is {} bytes, limit {max_bytes}", text.len()),
         ));
     }
@@ -497,14 +532,14 @@ fn non_empty_text(field: &str, text: &str, max_bytes: usize) -> Result<(), Valid
 
 /// Checks `min <= value <= max`.
 fn in_range<T: PartialOrd + Display>(
-    field: &str,
+    field: &(impl Display + ?Sized),
     value: T,
     min: T,
     max: T,
 ) -> Result<(), ValidationError> {
     if value < min || value > max {
         return Err(ValidationError::invalid(
-            field,
+            field.to_string(),
             format!("must be between {min} and {max}, got {value}"),
         ));
     }
