@@ -52,7 +52,7 @@ impl ClusterService {
         let ages = watch.ages();
         let readiness = self.readiness.report().await;
         // Not on every call, and never with the state held for the whole
-        // hash (a million jobs take about a quarter of a second): see
+        // hash (a million jobs take under half a second): see
         // `ReplicaStateMachine::recent_digest`.
         let digest = match self.journal.state_machine().recent_digest().await {
             Ok(digest) => digest,

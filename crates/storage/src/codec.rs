@@ -110,7 +110,7 @@ impl Fnv1a64 {
         Fnv1a64 { hash: Self::OFFSET_BASIS }
     }
 
-    fn update(&mut self, bytes: &[u8]) {
+    pub(crate) fn update(&mut self, bytes: &[u8]) {
         for byte in bytes {
             self.hash ^= u64::from(*byte);
             self.hash = self.hash.wrapping_mul(Self::PRIME);
