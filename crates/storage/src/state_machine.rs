@@ -23,6 +23,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, PoisonError, RwLock, RwLockReadGuard};
 use std::time::{Duration, Instant};
 
+use leasehold_core::state::FrozenViewLost;
 use leasehold_core::{Response, State};
 use leasehold_raft::{NodeId, Received, ReceivedFile, SnapshotData, TypeConfig};
 use openraft::storage::RaftStateMachine;
@@ -274,6 +275,12 @@ impl HoldTimes {
         // a measured one.
         self.cpu = self.cpu.max(cpu);
     }
+
+    /// Takes in the longest holds of another part of the same build.
+    fn merge(&mut self, other: HoldTimes) {
+        self.wall = self.wall.max(other.wall);
+        self.cpu = self.cpu.max(other.cpu);
+    }
 }
 
 /// CPU time the calling thread has used (`CLOCK_THREAD_CPUTIME_ID`), or
@@ -439,33 +446,61 @@ impl StateMachineStore {
         };
         let _thaw = Thaw { applied: &self.applied, ticket: head.ticket };
         // The state's encoding, field by field: its counters, the job
-        // table's length and entries, then the fields after it.
-        // Each chunk is encoded under the lock and hashed after it (the
-        // hash, a byte at a time, is the larger part of the work).
+        // table's length and entries, then the fields after it. Each chunk
+        // is hashed after the lock is let go (the hash, a byte at a time,
+        // is the larger part of the work).
         let mut hasher = Fnv1a64::new();
         encode_into("digest", &mut hasher, &(&head.counters, &head.job_count))?;
+        let streamed = self.stream_frozen_jobs("digest", head.ticket, |chunk| {
+            hasher.update(chunk);
+            Ok(())
+        })?;
+        if streamed.is_err() {
+            return Ok(None);
+        }
+        encode_into("digest", &mut hasher, &tail)?;
+        Ok(Some(StateDigest { index, digest: hasher.finish() }))
+    }
+
+    /// Encodes the jobs of the frozen view `ticket` in chunks of up to
+    /// [`SNAPSHOT_CHUNK_JOBS`] jobs and about [`SNAPSHOT_CHUNK_BYTES`]
+    /// bytes, taking the state lock for each chunk and handing the chunk's
+    /// bytes to `sink` once the lock is let go, so apply goes on between
+    /// chunks. The bytes, one after another, are the job table's entries
+    /// as the state's encoding writes them. Returns how many jobs were
+    /// read and the longest holds of the lock, or how the view was lost.
+    fn stream_frozen_jobs(
+        &self,
+        what: &'static str,
+        ticket: u64,
+        mut sink: impl FnMut(&[u8]) -> Result<(), StorageError>,
+    ) -> Result<Result<(u64, HoldTimes), FrozenViewLost>, StorageError> {
+        let mut longest = HoldTimes::default();
+        let mut jobs = 0u64;
         let mut chunk = Vec::with_capacity(2 * SNAPSHOT_CHUNK_BYTES);
         loop {
             chunk.clear();
             let read = {
                 let mut applied = self.applied.write().map_err(|_| StorageError::Poisoned)?;
-                applied.state.read_frozen_jobs(head.ticket, SNAPSHOT_CHUNK_JOBS, |job| {
-                    encode_into("digest", &mut chunk, &job)
-                        .map(|()| chunk.len() < SNAPSHOT_CHUNK_BYTES)
-                })
+                // A hold is timed from when the lock is taken, not from
+                // when it was asked for: waiting for an apply is no hold.
+                let hold = Hold::start();
+                let read = applied.state.read_frozen_jobs(ticket, SNAPSHOT_CHUNK_JOBS, |job| {
+                    jobs = jobs.saturating_add(1);
+                    encode_into(what, &mut chunk, &job).map(|()| chunk.len() < SNAPSHOT_CHUNK_BYTES)
+                });
+                longest.add(hold);
+                read
             };
-            hasher.update(&chunk);
-            match read {
-                Ok(exhausted) => {
-                    if exhausted? {
-                        break;
-                    }
-                }
-                Err(_lost) => return Ok(None),
+            let exhausted = match read {
+                Ok(encoded) => encoded?,
+                Err(lost) => return Ok(Err(lost)),
+            };
+            sink(&chunk)?;
+            if exhausted {
+                return Ok(Ok((jobs, longest)));
             }
         }
-        encode_into("digest", &mut hasher, &tail)?;
-        Ok(Some(StateDigest { index, digest: hasher.finish() }))
     }
 
     /// Index of the last applied log entry (`0` when none).
@@ -620,34 +655,17 @@ impl StateMachineStore {
             // The body, field by field: what encoding a `SnapshotBodyRef`
             // writes (bincode puts a struct's fields, and a map's length
             // and entries, one after another).
-            let mut body = Vec::with_capacity(2 * SNAPSHOT_CHUNK_BYTES);
-            encode_into(
+            let head_bytes = encode(
                 "snapshot",
-                &mut body,
                 &(&last_applied, &last_membership, &head.counters, &head.job_count),
             )?;
-            let mut bytes = 0u64;
-            let mut jobs = 0u64;
-            loop {
-                file.write_all(&body).map_err(io)?;
-                bytes = bytes.saturating_add(body.len() as u64);
-                body.clear();
-                let read = {
-                    let mut applied = self.applied.write().map_err(|_| StorageError::Poisoned)?;
-                    let hold = Hold::start();
-                    let read =
-                        applied.state.read_frozen_jobs(head.ticket, SNAPSHOT_CHUNK_JOBS, |job| {
-                            jobs = jobs.saturating_add(1);
-                            encode_into("snapshot", &mut body, &job)
-                                .map(|()| body.len() < SNAPSHOT_CHUNK_BYTES)
-                        });
-                    longest.add(hold);
-                    read
-                };
-                if read?? {
-                    break;
-                }
-            }
+            file.write_all(&head_bytes).map_err(io)?;
+            let mut bytes = head_bytes.len() as u64;
+            let (jobs, holds) = self.stream_frozen_jobs("snapshot", head.ticket, |chunk| {
+                bytes = bytes.saturating_add(chunk.len() as u64);
+                file.write_all(chunk).map_err(io)
+            })??;
+            longest.merge(holds);
             if jobs != head.job_count {
                 return Err(StorageError::Inconsistent {
                     tree: SNAPSHOT_FILE,
@@ -655,9 +673,9 @@ impl StateMachineStore {
                     detail: format!("froze {} jobs but read {jobs}", head.job_count),
                 });
             }
-            encode_into("snapshot", &mut body, &tail)?;
-            file.write_all(&body).map_err(io)?;
-            bytes = bytes.saturating_add(body.len() as u64);
+            let tail_bytes = encode("snapshot", &tail)?;
+            file.write_all(&tail_bytes).map_err(io)?;
+            bytes = bytes.saturating_add(tail_bytes.len() as u64);
             Ok((jobs, bytes))
         })?;
         let stats = SnapshotBuildStats {
