@@ -107,7 +107,7 @@ impl Journal {
         let metrics = Metrics::new();
         let timer = |stage: Stage| {
             let stages = metrics.commit_stage_seconds.clone();
-            let stage = StageLabels { stage: stage.name().to_string() };
+            let stage = StageLabels { stage: stage.name() };
             Arc::new(move |elapsed: Duration| {
                 stages.get_or_create(&stage).observe(elapsed.as_secs_f64());
             })

@@ -21,16 +21,16 @@ use prometheus_client::registry::Registry;
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct RpcLabels {
     /// The RPC, e.g. `claim`.
-    pub method: String,
+    pub method: &'static str,
     /// The gRPC code name, e.g. `ok`, `failed_precondition`.
-    pub code: String,
+    pub code: &'static str,
 }
 
 /// Labels naming one RPC.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct MethodLabels {
     /// The RPC.
-    pub method: String,
+    pub method: &'static str,
 }
 
 /// Labels of a per-queue, per-state gauge.
@@ -64,7 +64,7 @@ pub struct GateLabels {
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct WireLabels {
     /// binary or json.
-    pub wire: String,
+    pub wire: &'static str,
 }
 
 /// Labels of a dropped peer message.
@@ -97,7 +97,7 @@ pub struct AuthLabels {
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct StageLabels {
     /// The stage's name, [`Stage::name`].
-    pub stage: String,
+    pub stage: &'static str,
 }
 
 /// The stages of a write's commit round that a node times, so the time of
@@ -361,19 +361,15 @@ impl Metrics {
     }
 
     /// Records one finished RPC.
-    pub fn observe_rpc(&self, method: &str, code: tonic::Code, elapsed: Duration) {
-        self.rpcs
-            .get_or_create(&RpcLabels { method: method.to_string(), code: code_name(code) })
-            .inc();
-        self.rpc_seconds
-            .get_or_create(&MethodLabels { method: method.to_string() })
-            .observe(elapsed.as_secs_f64());
+    pub fn observe_rpc(&self, method: &'static str, code: tonic::Code, elapsed: Duration) {
+        self.rpcs.get_or_create(&RpcLabels { method, code: code_name(code) }).inc();
+        self.rpc_seconds.get_or_create(&MethodLabels { method }).observe(elapsed.as_secs_f64());
     }
 
     /// Records time spent in one stage of a commit round.
     pub fn observe_stage(&self, stage: Stage, elapsed: Duration) {
         self.commit_stage_seconds
-            .get_or_create(&StageLabels { stage: stage.name().to_string() })
+            .get_or_create(&StageLabels { stage: stage.name() })
             .observe(elapsed.as_secs_f64());
     }
 
@@ -386,21 +382,30 @@ impl Metrics {
     }
 }
 
-/// Lower-case snake name of a gRPC code (`failed_precondition`).
-pub fn code_name(code: tonic::Code) -> String {
-    let debug = format!("{code:?}");
-    let mut name = String::with_capacity(debug.len() + 4);
-    for (i, c) in debug.chars().enumerate() {
-        if c.is_uppercase() {
-            if i > 0 {
-                name.push('_');
-            }
-            name.extend(c.to_lowercase());
-        } else {
-            name.push(c);
-        }
+/// Lower-case snake name of a gRPC code (`failed_precondition`). A
+/// label of every counted call, so it is a constant, not a string built
+/// per call.
+pub fn code_name(code: tonic::Code) -> &'static str {
+    use tonic::Code;
+    match code {
+        Code::Ok => "ok",
+        Code::Cancelled => "cancelled",
+        Code::Unknown => "unknown",
+        Code::InvalidArgument => "invalid_argument",
+        Code::DeadlineExceeded => "deadline_exceeded",
+        Code::NotFound => "not_found",
+        Code::AlreadyExists => "already_exists",
+        Code::PermissionDenied => "permission_denied",
+        Code::ResourceExhausted => "resource_exhausted",
+        Code::FailedPrecondition => "failed_precondition",
+        Code::Aborted => "aborted",
+        Code::OutOfRange => "out_of_range",
+        Code::Unimplemented => "unimplemented",
+        Code::Internal => "internal",
+        Code::Unavailable => "unavailable",
+        Code::DataLoss => "data_loss",
+        Code::Unauthenticated => "unauthenticated",
     }
-    name
 }
 
 #[cfg(test)]
@@ -409,7 +414,19 @@ mod tests {
 
     #[test]
     fn code_names_are_snake_case() {
-        assert_eq!(code_name(tonic::Code::Ok), "ok");
+        // Every code, by its number: the name is its Rust variant's name
+        // in snake case.
+        for number in 0..=16 {
+            let code = tonic::Code::from_i32(number);
+            let mut snake = String::new();
+            for (i, c) in format!("{code:?}").chars().enumerate() {
+                if c.is_uppercase() && i > 0 {
+                    snake.push('_');
+                }
+                snake.extend(c.to_lowercase());
+            }
+            assert_eq!(code_name(code), snake, "code {number}");
+        }
         assert_eq!(code_name(tonic::Code::FailedPrecondition), "failed_precondition");
     }
 

@@ -102,7 +102,7 @@ impl RaftService {
         self.journal
             .metrics()
             .raft_envelopes
-            .get_or_create(&leasehold_replica::metrics::WireLabels { wire: label.to_string() })
+            .get_or_create(&leasehold_replica::metrics::WireLabels { wire: label })
             .inc();
         Ok((value, wire))
     }
