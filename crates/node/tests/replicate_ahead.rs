@@ -10,6 +10,13 @@
 //! after 600 ms; with replication ahead a follower holds it within a
 //! fraction of that, while the write has not yet returned. The write must still wait
 //! for the leader's (delayed) sync before it answers.
+//!
+//! And the entry travels to each follower once: when openraft's
+//! replication stream asks for the message already sent ahead, the
+//! leader takes the answer of the one sent ahead instead of sending the
+//! entries again. Each follower counts the AppendEntries carrying entries
+//! it serves (its `follower_append` stage); over the write that count
+//! may not exceed the entries it received.
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
@@ -27,6 +34,18 @@ mod support;
 const SYNC_DELAY: Duration = Duration::from_millis(600);
 /// The followers must hold the entry well before the leader's sync ends.
 const AHEAD_WITHIN: Duration = Duration::from_millis(300);
+
+/// How many AppendEntries carrying entries `node` has served (its
+/// `follower_append` stage's count).
+fn appends_served(node: &NodeHandle) -> u64 {
+    let text = node.journal().metrics().encode().unwrap_or_default();
+    text.lines()
+        .find_map(|line| {
+            line.strip_prefix("leasehold_commit_stage_seconds_count{stage=\"follower_append\"} ")
+        })
+        .and_then(|count| count.trim().parse().ok())
+        .unwrap_or(0)
+}
 
 async fn start(id: u64, dir: &std::path::Path, join: Option<String>) -> Result<NodeHandle> {
     let grpc = TcpListener::bind("127.0.0.1:0").await?;
@@ -81,6 +100,9 @@ async fn followers_store_a_batch_while_the_leader_still_syncs_it() -> Result<()>
 
     phase("the leader's syncs now report 600 ms late; propose one write on it");
     let target = last_index(leader) + 1;
+    let before: Vec<(u64, u64)> =
+        [&nodes[&2], &nodes[&3]].map(|node| (last_index(node), appends_served(node))).to_vec();
+    let taken_before = leader.journal().peers().ahead_answers().taken();
     leader.log_store().set_sync_delay(SYNC_DELAY);
     let raft = leader.raft().clone();
     let started = Instant::now();
@@ -121,6 +143,25 @@ async fn followers_store_a_batch_while_the_leader_still_syncs_it() -> Result<()>
         "the write answered in {write_took:?}, before the leader's {SYNC_DELAY:?} sync"
     );
     eprintln!("followers held it after {followers_had_it:?}; the write took {write_took:?}");
+
+    phase("each follower was sent the entries once");
+    wait_for("both followers hold the write", Duration::from_secs(5), || {
+        last_index(&nodes[&2]) >= written && last_index(&nodes[&3]) >= written
+    })
+    .await?;
+    // A second copy, were one sent, would come within openraft's
+    // heartbeat deadline (100 ms here) of the leader's sync.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    for (node, (index_before, served_before)) in [&nodes[&2], &nodes[&3]].into_iter().zip(before) {
+        let received = last_index(node) - index_before;
+        let served = appends_served(node) - served_before;
+        assert!(
+            served <= received,
+            "a follower served {served} AppendEntries carrying entries for {received} new entries"
+        );
+    }
+    let taken = leader.journal().peers().ahead_answers().taken() - taken_before;
+    assert!(taken >= 1, "openraft's stream never took an answer of a message sent ahead");
 
     leader.log_store().set_sync_delay(Duration::ZERO);
     for (_, node) in nodes {

@@ -14,21 +14,42 @@
 //! metrics that this node leads under the vote the entries were made in,
 //! and picks the followers whose log openraft knows to end exactly where
 //! the batch begins. [`run`] sends each of them the batch as an ordinary
-//! AppendEntries of that vote, with no commit index, and drops the answer.
-//! The follower appends and syncs the entries while the leader syncs its
-//! own; when openraft's replication stream sends the same entries a moment
-//! later, the follower already holds them and answers once they are
-//! synced, which they are, or nearly.
+//! AppendEntries of that vote, with no commit index. The follower appends
+//! and syncs the entries while the leader syncs its own.
+//!
+//! When openraft's replication stream then asks for the same message
+//! (same vote, same entry before, same entries' log ids: the usual case),
+//! the network does not send it again: it waits for the answer of the one
+//! sent ahead, half of openraft's deadline at most, and if that was
+//! `Success` hands openraft that answer
+//! ([`crate::network::AheadAnswers`]). Any other answer, an error, or no
+//! answer in that time, and the request goes out as usual. That saves a
+//! round trip of every commit, and the entries' second trip over the
+//! wire. A commit index openraft's request carried and the follower was
+//! not yet brought goes to it in a message without entries.
 //!
 //! Why this is safe: the message is one the leader could have sent itself
 //! (its vote, its entries, the entry before them as `prev_log_id`); Raft
 //! tolerates any message arriving late, twice or not at all, and a
-//! follower with a newer vote refuses it. It never counts towards a commit:
-//! openraft counts only its own replication stream's answers, and the
-//! leader still counts its own log only after its sync. It carries no
-//! commit index, so it can only add entries, never commit them. Sending
-//! entries before the leader's own sync is allowed by Raft (the leader's
-//! copy counts towards the quorum only once durable, like any other).
+//! follower with a newer vote refuses it. A follower answers `Success`
+//! only after checking the vote and the entry before, and only once the
+//! entries are synced (openraft 0.9's follower responds after its log
+//! flush), so that answer is the very one openraft's own copy of the
+//! message would get: that this follower holds these entries, accepted
+//! under this leader's vote. Raft counts such an answer towards a commit
+//! whenever it arrives, late or not: a follower accepts a leader's entries
+//! only before it votes in a later term, so a later leader's election
+//! still needs a voter holding them. The answer is handed out once, and
+//! only for a request of the same vote and log ids; a log id names one
+//! entry, since every entry sent ahead is of the leader's own vote and a
+//! restarted node never leads a term it led before (below). The message
+//! carries no commit index, so it can only add entries, never commit
+//! them. The two properties of openraft 0.9 this rests on (a follower
+//! answers only after its flush callback; a leader replicates only after
+//! its own flush) must be checked again on an upgrade.
+//! Sending entries before the leader's own sync is allowed by Raft (the
+//! leader's copy counts towards the quorum only once durable, like any
+//! other).
 //!
 //! One assumption of openraft's does not survive it: a node whose stored
 //! vote is its own committed one starts as that term's leader again, with
@@ -52,7 +73,7 @@ use openraft::raft::AppendEntriesRequest;
 use openraft::{BasicNode, Entry, LogId, RaftMetrics, ServerState, Vote};
 use tokio::sync::mpsc;
 
-use crate::network::NetworkFactory;
+use crate::network::{NetworkFactory, took_ahead};
 use crate::types::{NodeId, Raft, TypeConfig};
 
 /// Batches waiting to be sent ahead; past this, a batch is left to
@@ -165,8 +186,9 @@ pub fn plan(
 }
 
 /// Sends each queued batch to its followers until `shutdown` turns true or
-/// the queue closes, at most one message in flight per follower; answers
-/// are dropped (openraft's own stream decides what the follower holds).
+/// the queue closes, at most one message in flight per follower; each
+/// answer goes to [`crate::network::AheadAnswers`], where openraft's
+/// request for the same entries takes it.
 pub async fn run(
     peers: NetworkFactory,
     mut batches: mpsc::Receiver<AheadBatch>,
@@ -184,12 +206,20 @@ pub async fn run(
                     }
                     let mut client = peers.clone();
                     let request = batch.request.clone();
+                    // Noted before it is sent: openraft's request for the
+                    // same entries, if it comes later, finds it (one that
+                    // comes first is simply sent).
+                    let answered = peers.ahead_answers().sending(target, &request);
                     sends.spawn(async move {
                         let mut client = client.new_client(target, &BasicNode { addr }).await;
                         let option = RPCOption::new(AHEAD_TIMEOUT);
-                        if let Err(error) = client.append_ahead(&request, &option).await {
+                        let answer = client.append_ahead(&request, &option).await;
+                        if let Err(error) = &answer {
                             tracing::trace!(target, %error, "replication ahead failed");
                         }
+                        let took = took_ahead(&answer);
+                        // Nobody may be waiting (openraft moved on): fine.
+                        let _ = answered.send(took);
                         target
                     });
                 }

@@ -28,13 +28,13 @@ use std::time::Duration;
 use hyper_util::rt::TokioIo;
 use leasehold_proto::v1::RaftEnvelope;
 use leasehold_proto::v1::raft_client::RaftClient;
-use openraft::BasicNode;
 use openraft::error::{InstallSnapshotError, NetworkError, RPCError, RaftError, Unreachable};
 use openraft::network::{RPCOption, RaftNetwork, RaftNetworkFactory};
 use openraft::raft::{
     AppendEntriesRequest, AppendEntriesResponse, InstallSnapshotRequest, InstallSnapshotResponse,
     VoteRequest, VoteResponse,
 };
+use openraft::{BasicNode, LogId, Vote};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use tokio::io::{AsyncRead, AsyncWrite};
@@ -124,6 +124,7 @@ pub struct NetworkFactory {
     connector: Option<Connector>,
     wires: envelope::PeerWires,
     replication: Arc<std::sync::OnceLock<ReplicationObserver>>,
+    ahead: Arc<AheadAnswers>,
 }
 
 impl NetworkFactory {
@@ -143,6 +144,7 @@ impl NetworkFactory {
             connector: None,
             wires: envelope::PeerWires::default(),
             replication: Arc::default(),
+            ahead: Arc::default(),
         }
     }
 
@@ -160,6 +162,12 @@ impl NetworkFactory {
     /// factory (and its clones) made or will make; the first call wins.
     pub fn observe_replication(&self, observer: ReplicationObserver) {
         let _ = self.replication.set(observer);
+    }
+
+    /// The answers of the messages replication ahead sent (see
+    /// [`crate::ahead`]), shared by every client of this factory.
+    pub fn ahead_answers(&self) -> &AheadAnswers {
+        &self.ahead
     }
 
     /// The envelope layout each peer reads, kept current from its adverts;
@@ -258,8 +266,145 @@ impl RaftNetworkFactory<TypeConfig> for NetworkFactory {
             channel: self.channel(&node.addr).ok(),
             wires: self.wires.clone(),
             replication: self.replication.clone(),
+            ahead: self.ahead.clone(),
         }
     }
+}
+
+/// What an AppendEntries sent ahead carried: enough to tell whether a
+/// request of openraft's is the same message.
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct AheadKey {
+    vote: Vote<NodeId>,
+    prev_log_id: Option<LogId<NodeId>>,
+    entries: Vec<LogId<NodeId>>,
+}
+
+impl AheadKey {
+    fn of(rpc: &AppendEntriesRequest<TypeConfig>) -> AheadKey {
+        AheadKey {
+            vote: rpc.vote,
+            prev_log_id: rpc.prev_log_id,
+            entries: rpc.entries.iter().map(|entry| entry.log_id).collect(),
+        }
+    }
+}
+
+/// The last message replication ahead sent each follower, and how to
+/// learn its answer: whether the follower took it (answered `Success`,
+/// which openraft's follower does only once the entries are synced).
+struct AheadSent {
+    key: AheadKey,
+    answer: tokio::sync::oneshot::Receiver<bool>,
+}
+
+/// What the network knows of one follower for replication ahead.
+#[derive(Default)]
+struct Follower {
+    /// The message sent ahead last, until taken or stale.
+    sent: Option<AheadSent>,
+    /// The newest commit index a message of openraft's brought it, as
+    /// far as the network saw it taken (with its vote).
+    committed: Option<(Vote<NodeId>, Option<LogId<NodeId>>)>,
+}
+
+/// The answers of the messages sent ahead, one per follower (the last
+/// one sent to it), for openraft's replication stream to take as the
+/// answer to the same message (see [`crate::ahead`]).
+#[derive(Default)]
+pub struct AheadAnswers {
+    followers: Mutex<HashMap<NodeId, Follower>>,
+    taken: std::sync::atomic::AtomicU64,
+}
+
+impl AheadAnswers {
+    /// Notes that `rpc` is being sent ahead to `target`; the returned
+    /// sender is told whether the follower took it. Replaces what was
+    /// noted for `target` before.
+    pub(crate) fn sending(
+        &self,
+        target: NodeId,
+        rpc: &AppendEntriesRequest<TypeConfig>,
+    ) -> tokio::sync::oneshot::Sender<bool> {
+        let (answered, answer) = tokio::sync::oneshot::channel();
+        let sent = AheadSent { key: AheadKey::of(rpc), answer };
+        self.lock().entry(target).or_default().sent = Some(sent);
+        answered
+    }
+
+    /// The answer to come for `target` if the message sent ahead to it
+    /// last is `rpc` (same vote, same entry before, same entries' log
+    /// ids); it is handed out once. A noted message that `rpc` shows to
+    /// be stale (another vote, or entries up to or past its own) is
+    /// dropped; one still ahead of `rpc` is kept for its own request.
+    fn take(
+        &self,
+        target: NodeId,
+        rpc: &AppendEntriesRequest<TypeConfig>,
+    ) -> Option<tokio::sync::oneshot::Receiver<bool>> {
+        let mut followers = self.lock();
+        let follower = followers.get_mut(&target)?;
+        let noted = &follower.sent.as_ref()?.key;
+        let same = noted.vote == rpc.vote
+            && noted.prev_log_id == rpc.prev_log_id
+            && noted.entries.len() == rpc.entries.len()
+            && noted.entries.iter().zip(&rpc.entries).all(|(id, entry)| *id == entry.log_id);
+        let ahead_of_rpc = noted.vote == rpc.vote
+            && noted.entries.last().map(|id| id.index)
+                > rpc.entries.last().map(|entry| entry.log_id.index);
+        if same || !ahead_of_rpc {
+            return follower.sent.take().filter(|_| same).map(|sent| sent.answer);
+        }
+        None
+    }
+
+    /// Notes that `target` took a message of openraft's carrying
+    /// `leader_commit` under `vote`.
+    fn committed(&self, target: NodeId, vote: Vote<NodeId>, leader_commit: Option<LogId<NodeId>>) {
+        let mut followers = self.lock();
+        let follower = followers.entry(target).or_default();
+        let newer = match follower.committed {
+            Some((known_vote, known)) => known_vote != vote || leader_commit > known,
+            None => true,
+        };
+        if newer {
+            follower.committed = Some((vote, leader_commit));
+        }
+    }
+
+    /// Whether `leader_commit` under `vote` is newer than any commit
+    /// index `target` is known to have been brought.
+    fn commit_is_news(
+        &self,
+        target: NodeId,
+        vote: Vote<NodeId>,
+        leader_commit: Option<LogId<NodeId>>,
+    ) -> bool {
+        let followers = self.lock();
+        match followers.get(&target).and_then(|follower| follower.committed) {
+            Some((known_vote, known)) => known_vote != vote || leader_commit > known,
+            None => leader_commit.is_some(),
+        }
+    }
+
+    /// How many of openraft's AppendEntries were answered by a message
+    /// sent ahead, so never sent themselves.
+    pub fn taken(&self) -> u64 {
+        self.taken.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<NodeId, Follower>> {
+        self.followers.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+}
+
+/// Whether an answer to a message sent ahead is one openraft's request for
+/// the same entries may take: only `Success`. A conflict, a newer vote or
+/// an error is left for openraft's own message to meet.
+pub(crate) fn took_ahead(
+    answer: &RpcResult<AppendEntriesResponse<NodeId>, RaftError<NodeId>>,
+) -> bool {
+    matches!(answer, Ok(AppendEntriesResponse::Success))
 }
 
 /// A client for one peer.
@@ -269,6 +414,7 @@ pub struct PeerClient {
     channel: Option<PeerChannel>,
     wires: envelope::PeerWires,
     replication: Arc<std::sync::OnceLock<ReplicationObserver>>,
+    ahead: Arc<AheadAnswers>,
 }
 
 type RpcResult<T, E> = Result<T, RPCError<NodeId, BasicNode, E>>;
@@ -318,6 +464,68 @@ impl PeerClient {
 }
 
 impl PeerClient {
+    /// Whether the follower already took `rpc`, sent ahead (see
+    /// [`crate::ahead`]): it waits for that message's answer, within the
+    /// call's deadline. `false` when no such message was sent, or it
+    /// failed, was refused or did not answer in time: then `rpc` is sent
+    /// as usual.
+    async fn answered_ahead(
+        &self,
+        rpc: &AppendEntriesRequest<TypeConfig>,
+        option: &RPCOption,
+    ) -> bool {
+        if rpc.entries.is_empty() {
+            return false;
+        }
+        let Some(answer) = self.ahead.take(self.target, rpc) else {
+            return false;
+        };
+        // Half the call's deadline at most, so the request itself can
+        // still go out in time when the answer is late.
+        let ttl = option.hard_ttl();
+        let wait = if ttl.is_zero() { DEFAULT_RPC_TIMEOUT } else { ttl } / 2;
+        let took = matches!(tokio::time::timeout(wait, answer).await, Ok(Ok(true)));
+        if took {
+            self.ahead.taken.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
+        took
+    }
+
+    /// The answer to `rpc` once the follower took its entries sent ahead:
+    /// `Success`, after bringing the follower `rpc`'s commit index when
+    /// no message of openraft's brought it yet (the message sent ahead
+    /// carries none, and openraft may have folded the heartbeat that
+    /// would have into `rpc`). That takes a message without entries,
+    /// after the last of `rpc`'s; a newer vote in its answer is passed on,
+    /// anything else leaves the commit index to openraft's next message.
+    async fn bring_commit(
+        &mut self,
+        rpc: &AppendEntriesRequest<TypeConfig>,
+        option: &RPCOption,
+    ) -> RpcResult<AppendEntriesResponse<NodeId>, RaftError<NodeId>> {
+        if !self.ahead.commit_is_news(self.target, rpc.vote, rpc.leader_commit) {
+            return Ok(AppendEntriesResponse::Success);
+        }
+        let commit = AppendEntriesRequest::<TypeConfig> {
+            vote: rpc.vote,
+            prev_log_id: rpc.entries.last().map(|entry| entry.log_id),
+            leader_commit: rpc.leader_commit,
+            entries: Vec::new(),
+        };
+        let answer: RpcResult<AppendEntriesResponse<NodeId>, RaftError<NodeId>> =
+            self.call(Method::Append, &commit, option).await;
+        match answer {
+            Ok(AppendEntriesResponse::HigherVote(vote)) => {
+                Ok(AppendEntriesResponse::HigherVote(vote))
+            }
+            Ok(AppendEntriesResponse::Success) => {
+                self.ahead.committed(self.target, rpc.vote, rpc.leader_commit);
+                Ok(AppendEntriesResponse::Success)
+            }
+            _ => Ok(AppendEntriesResponse::Success),
+        }
+    }
+
     /// Sends an AppendEntries that openraft's replication stream did not
     /// ask for (see [`crate::ahead`]): its round trip is not a replication
     /// stage, so no observer hears it.
@@ -345,7 +553,18 @@ impl RaftNetwork<TypeConfig> for PeerClient {
     ) -> RpcResult<AppendEntriesResponse<NodeId>, RaftError<NodeId>> {
         let carries_entries = !rpc.entries.is_empty();
         let started = std::time::Instant::now();
-        let answer = self.call(Method::Append, &rpc, &option).await;
+        let answer = if self.answered_ahead(&rpc, &option).await {
+            self.bring_commit(&rpc, &option).await
+        } else {
+            let answer = self.call(Method::Append, &rpc, &option).await;
+            if matches!(
+                answer,
+                Ok(AppendEntriesResponse::Success | AppendEntriesResponse::PartialSuccess(_))
+            ) {
+                self.ahead.committed(self.target, rpc.vote, rpc.leader_commit);
+            }
+            answer
+        };
         if carries_entries
             && answer.is_ok()
             && let Some(observe) = self.replication.get()
@@ -387,6 +606,128 @@ mod tests {
             asked.lock().expect("the test's lock is never poisoned").push(dialled);
             Box::pin(async { Err(std::io::Error::other("refused by the test's connector")) })
         })
+    }
+
+    fn append(vote: Vote<NodeId>, prev: u64, indexes: &[u64]) -> AppendEntriesRequest<TypeConfig> {
+        let log_id = |index| LogId::new(openraft::CommittedLeaderId::new(3, 1), index);
+        AppendEntriesRequest {
+            vote,
+            prev_log_id: Some(log_id(prev)),
+            entries: indexes
+                .iter()
+                .map(|&index| openraft::Entry {
+                    log_id: log_id(index),
+                    payload: openraft::EntryPayload::Blank,
+                })
+                .collect(),
+            leader_commit: None,
+        }
+    }
+
+    #[tokio::test]
+    async fn only_the_same_message_takes_an_answer_sent_ahead_and_only_once() {
+        let answers = AheadAnswers::default();
+        let vote = Vote::new_committed(3, 1);
+        let sent = append(vote, 9, &[10, 11]);
+        // Another follower, another vote, another entry before, other
+        // entries: none is the message sent ahead. A request for entries
+        // before the noted ones leaves them for their own request; one
+        // up to or past them, or of another vote, shows them stale.
+        let other_vote = Vote::new_committed(4, 2);
+        for (target, request, kept) in [
+            (3, append(vote, 9, &[10, 11]), true),
+            (2, append(vote, 9, &[10]), true),
+            (2, append(vote, 8, &[9]), true),
+            (2, append(other_vote, 9, &[10, 11]), false),
+            (2, append(vote, 8, &[9, 10, 11]), false),
+            (2, append(vote, 9, &[10, 11, 12]), false),
+            (2, append(vote, 11, &[12]), false),
+        ] {
+            let _answered = answers.sending(2, &sent);
+            assert!(answers.take(target, &request).is_none(), "{request:?}");
+            let left = answers.take(2, &sent).is_some();
+            assert_eq!(left, kept, "after {request:?}");
+        }
+        let answered = answers.sending(2, &sent);
+        let answer = answers.take(2, &sent).expect("the same message");
+        assert!(answers.take(2, &sent).is_none(), "handed out twice");
+        assert!(answered.send(true).is_ok());
+        assert_eq!(answer.await, Ok(true));
+    }
+
+    #[test]
+    fn only_a_success_ahead_is_taken() {
+        let refused: RpcResult<AppendEntriesResponse<NodeId>, RaftError<NodeId>> =
+            Err(RPCError::Unreachable(Unreachable::new(&std::io::Error::other("down"))));
+        assert!(took_ahead(&Ok(AppendEntriesResponse::Success)));
+        assert!(!took_ahead(&Ok(AppendEntriesResponse::Conflict)));
+        assert!(!took_ahead(&Ok(AppendEntriesResponse::HigherVote(Vote::new(4, 2)))));
+        assert!(!took_ahead(&Ok(AppendEntriesResponse::PartialSuccess(None))));
+        assert!(!took_ahead(&refused));
+    }
+
+    #[tokio::test]
+    async fn a_taken_answer_brings_a_commit_index_the_follower_lacks() {
+        let asked = Dialled::default();
+        let mut factory = NetworkFactory::new().with_connector(refusing(asked.clone()));
+        let vote = Vote::new_committed(3, 1);
+        let mut rpc = append(vote, 9, &[10]);
+        rpc.leader_commit = Some(LogId::new(openraft::CommittedLeaderId::new(3, 1), 9));
+        let option = RPCOption::new(Duration::from_secs(1));
+        let dialled = || asked.lock().expect("the test's lock is never poisoned").len();
+        // Commit 9 is news to the follower: a message without entries
+        // goes out for it (and meets the refusing connector, which leaves
+        // the entries' answer as it was).
+        let answered = factory.ahead_answers().sending(2, &rpc);
+        let mut client = factory.new_client(2, &BasicNode::new("peer-2:7001")).await;
+        assert!(answered.send(true).is_ok());
+        let answer = client.append_entries(rpc.clone(), option.clone()).await;
+        assert!(matches!(answer, Ok(AppendEntriesResponse::Success)), "{answer:?}");
+        assert_eq!(dialled(), 1);
+        // Once a message brought it, nothing goes out.
+        factory.ahead_answers().committed(2, vote, rpc.leader_commit);
+        let answered = factory.ahead_answers().sending(2, &rpc);
+        assert!(answered.send(true).is_ok());
+        let answer = client.append_entries(rpc.clone(), option.clone()).await;
+        assert!(matches!(answer, Ok(AppendEntriesResponse::Success)), "{answer:?}");
+        assert_eq!((dialled(), factory.ahead_answers().taken()), (1, 2));
+    }
+
+    #[tokio::test]
+    async fn a_request_is_sent_when_its_copy_sent_ahead_was_not_taken_or_has_no_entries() {
+        let asked = Dialled::default();
+        let mut factory = NetworkFactory::new().with_connector(refusing(asked.clone()));
+        let vote = Vote::new_committed(3, 1);
+        let rpc = append(vote, 9, &[10]);
+        let option = RPCOption::new(Duration::from_secs(1));
+        for took in [false, true] {
+            let answered = factory.ahead_answers().sending(2, &rpc);
+            let mut client = factory.new_client(2, &BasicNode::new("peer-2:7001")).await;
+            assert!(answered.send(took).is_ok());
+            let answer = client.append_entries(rpc.clone(), option.clone()).await;
+            let sent = asked.lock().expect("the test's lock is never poisoned").len();
+            if took {
+                // The follower took it: its answer is openraft's, and
+                // nothing more went out.
+                assert!(matches!(answer, Ok(AppendEntriesResponse::Success)), "{answer:?}");
+                assert_eq!((sent, factory.ahead_answers().taken()), (1, 1));
+            } else {
+                // Refused or failed ahead: the request goes out itself
+                // (and here meets the refusing connector).
+                assert!(matches!(answer, Err(RPCError::Unreachable(_))), "{answer:?}");
+                assert_eq!((sent, factory.ahead_answers().taken()), (1, 0));
+            }
+        }
+        // A heartbeat never takes an answer, and a message whose answer
+        // will never come (its sender gone) is sent.
+        let heartbeat = append(vote, 10, &[]);
+        let _answered = factory.ahead_answers().sending(2, &heartbeat);
+        let mut client = factory.new_client(2, &BasicNode::new("peer-2:7001")).await;
+        assert!(client.append_entries(heartbeat, option.clone()).await.is_err());
+        drop(factory.ahead_answers().sending(2, &rpc));
+        assert!(client.append_entries(rpc, option).await.is_err());
+        let sent = asked.lock().expect("the test's lock is never poisoned").len();
+        assert_eq!((sent, factory.ahead_answers().taken()), (3, 1));
     }
 
     #[tokio::test]
