@@ -363,11 +363,7 @@ impl AheadAnswers {
     fn committed(&self, target: NodeId, vote: Vote<NodeId>, leader_commit: Option<LogId<NodeId>>) {
         let mut followers = self.lock();
         let follower = followers.entry(target).or_default();
-        let newer = match follower.committed {
-            Some((known_vote, known)) => known_vote != vote || leader_commit > known,
-            None => true,
-        };
-        if newer {
+        if is_news(follower.committed, vote, leader_commit) {
             follower.committed = Some((vote, leader_commit));
         }
     }
@@ -380,11 +376,8 @@ impl AheadAnswers {
         vote: Vote<NodeId>,
         leader_commit: Option<LogId<NodeId>>,
     ) -> bool {
-        let followers = self.lock();
-        match followers.get(&target).and_then(|follower| follower.committed) {
-            Some((known_vote, known)) => known_vote != vote || leader_commit > known,
-            None => leader_commit.is_some(),
-        }
+        let known = self.lock().get(&target).and_then(|follower| follower.committed);
+        is_news(known, vote, leader_commit)
     }
 
     /// How many of openraft's AppendEntries were answered by a message
@@ -395,6 +388,19 @@ impl AheadAnswers {
 
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<NodeId, Follower>> {
         self.followers.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+}
+
+/// Whether `leader_commit` under `vote` is more than `known`, the commit
+/// index (and its vote) a follower is known to have been brought.
+fn is_news(
+    known: Option<(Vote<NodeId>, Option<LogId<NodeId>>)>,
+    vote: Vote<NodeId>,
+    leader_commit: Option<LogId<NodeId>>,
+) -> bool {
+    match known {
+        Some((known_vote, known)) => known_vote != vote || leader_commit > known,
+        None => leader_commit.is_some(),
     }
 }
 
@@ -465,8 +471,8 @@ impl PeerClient {
 
 impl PeerClient {
     /// Whether the follower already took `rpc`, sent ahead (see
-    /// [`crate::ahead`]): it waits for that message's answer, within the
-    /// call's deadline. `false` when no such message was sent, or it
+    /// [`crate::ahead`]): it waits for that message's answer, for half
+    /// the call's deadline at most. `false` when no such message was sent, or it
     /// failed, was refused or did not answer in time: then `rpc` is sent
     /// as usual.
     async fn answered_ahead(
