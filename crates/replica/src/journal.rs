@@ -677,6 +677,7 @@ async fn batch_proposals(
     mut queue: tokio::sync::mpsc::Receiver<Pending>,
     in_flight: usize,
 ) {
+    let in_flight_limit = in_flight;
     let in_flight = Arc::new(tokio::sync::Semaphore::new(in_flight));
     // The writes in flight: owned here, so ending the batcher (shutdown)
     // ends them too, and their proposers hear that the journal stopped.
@@ -713,6 +714,16 @@ async fn batch_proposals(
             }
         }
         let Some(inner) = journal.upgrade() else { return };
+        if in_flight_limit == 1 {
+            // One write at a time: the batcher writes it itself. Whatever
+            // arrives meanwhile waits in the queue and forms the next batch,
+            // as it would behind a spawned write, and the write starts
+            // without a hand-over to another task (a wake-up on a loaded
+            // host).
+            write_batch(&Journal { inner }, batch).await;
+            drop(permit);
+            continue;
+        }
         while writes.try_join_next().is_some() {}
         writes.spawn(async move {
             write_batch(&Journal { inner }, batch).await;
