@@ -51,11 +51,16 @@ async fn start(id: NodeId, disk: &SimDisk, router: &Router) -> anyhow::Result<No
 
 /// A journal on `node`, as the node builds one, over the simulated stores.
 fn journal(id: NodeId, node: &Node, clock: Clock) -> Journal {
+    journal_with(id, node, clock, DEFAULT_BATCHES_IN_FLIGHT)
+}
+
+/// A journal on `node` that keeps `batches_in_flight` batches in flight.
+fn journal_with(id: NodeId, node: &Node, clock: Clock, batches_in_flight: usize) -> Journal {
     let config = JournalConfig {
         node_id: id,
         limits: Limits::default(),
         quorum_timeout: Duration::from_secs(5),
-        batches_in_flight: DEFAULT_BATCHES_IN_FLIGHT,
+        batches_in_flight,
         max_clock_offset_ms: 500,
         clock_fresh_for: Duration::from_secs(60),
     };
@@ -114,9 +119,9 @@ async fn converged(leader: &Journal, nodes: &BTreeMap<NodeId, Node>) -> anyhow::
     Ok(())
 }
 
-#[tokio::test]
-async fn the_journal_proposes_and_reads_through_openraft_on_simulated_disks() -> anyhow::Result<()>
-{
+/// Three nodes on simulated disks, node 1 leading with an entry of its own
+/// term applied: what the journal calls leading (`Journal::is_leader`).
+async fn three_nodes() -> anyhow::Result<BTreeMap<NodeId, Node>> {
     let router = Router::default();
     let disks: BTreeMap<NodeId, SimDisk> =
         (1..=3).map(|id| (id, SimDisk::with_sync_delay(Duration::from_millis(1)))).collect();
@@ -127,8 +132,6 @@ async fn the_journal_proposes_and_reads_through_openraft_on_simulated_disks() ->
     let members: BTreeMap<NodeId, BasicNode> =
         (1..=3).map(|id| (id, BasicNode::default())).collect();
     nodes[&1].raft.initialize(members).await?;
-    // Leading, with an entry of its own term applied: what the journal
-    // calls leading (`Journal::is_leader`).
     nodes[&1]
         .raft
         .wait(WAIT)
@@ -141,6 +144,13 @@ async fn the_journal_proposes_and_reads_through_openraft_on_simulated_disks() ->
             "node 1 leads",
         )
         .await?;
+    Ok(nodes)
+}
+
+#[tokio::test]
+async fn the_journal_proposes_and_reads_through_openraft_on_simulated_disks() -> anyhow::Result<()>
+{
+    let nodes = three_nodes().await?;
     let clock = Clock::system();
     let leader = journal(1, &nodes[&1], clock.clone());
     assert!(leader.is_leader());
@@ -288,6 +298,62 @@ async fn the_journal_proposes_and_reads_through_openraft_on_simulated_disks() ->
     );
 
     follower.shutdown().await;
+    leader.shutdown().await;
+    for (_, node) in nodes {
+        node.raft.shutdown().await?;
+    }
+    Ok(())
+}
+
+/// With more than one batch in flight the batcher hands each batch to a
+/// write of its own (one batch in flight is written by the batcher
+/// itself): every proposal is still answered once, with its own job, and
+/// written once.
+#[tokio::test]
+async fn with_several_batches_in_flight_every_proposal_is_written_and_answered_once()
+-> anyhow::Result<()> {
+    let nodes = three_nodes().await?;
+    let clock = Clock::system();
+    let leader = journal_with(1, &nodes[&1], clock.clone(), 4);
+    leader.clock_watch().record(2, clock.now_ms(), Instant::now(), Instant::now(), clock.now_ms());
+    let first = last_log_index(leader.raft()) + 1;
+    let answers = tokio::time::timeout(
+        Duration::from_secs(30),
+        futures::future::join_all((1..=64).map(|n| leader.propose(enqueue(n)))),
+    )
+    .await?;
+    let mut job_ids = Vec::new();
+    for answer in answers {
+        match answer? {
+            Response::Enqueued(outcomes) if outcomes.len() == 1 => job_ids.push(outcomes[0].job_id),
+            other => anyhow::bail!("an enqueue was answered {other:?}"),
+        }
+    }
+    job_ids.sort_unstable();
+    assert_eq!(job_ids, (1..=64).collect::<Vec<_>>(), "each proposer gets a job of its own");
+    let written = proposals(&nodes[&1].log_store, first).await?;
+    let mut payloads = Vec::new();
+    for proposal in &written {
+        let Command::Ruled { command, .. } = &proposal.command else {
+            anyhow::bail!("an entry without the leader's rules: {:?}", proposal.command);
+        };
+        let commands = match &**command {
+            Command::Batch { commands } => commands.iter().collect::<Vec<_>>(),
+            other => vec![other],
+        };
+        for command in commands {
+            let Command::Enqueue { jobs } = command else {
+                anyhow::bail!("an unexpected entry: {command:?}");
+            };
+            payloads.extend(jobs.iter().map(|job| job.payload.clone()));
+        }
+    }
+    payloads.sort();
+    let mut expected: Vec<Vec<u8>> = (1..=64).map(|n| format!("job {n}").into_bytes()).collect();
+    expected.sort();
+    assert_eq!(payloads, expected, "the log carries every enqueue once");
+    assert!(written.len() < 64, "64 concurrent proposals took {} entries", written.len());
+    converged(&leader, &nodes).await?;
     leader.shutdown().await;
     for (_, node) in nodes {
         node.raft.shutdown().await?;
