@@ -156,7 +156,9 @@ pub async fn run(plan: &Plan, options: &Options) -> anyhow::Result<Summary> {
     for id in 2..=plan.nodes {
         supervisor.start(id, Some(first))?;
     }
-    supervisor.wait_for_voters(plan.nodes as usize, FORM_LIMIT).await?;
+    if let Err(error) = supervisor.wait_for_voters(plan.nodes as usize, FORM_LIMIT).await {
+        anyhow::bail!("{error:#}\n{}", supervisor.describe_nodes());
+    }
     let roles = security.preflight(&addrs).await?;
     println!("security: {roles}");
     let ttl_read_after = Duration::from_millis(

@@ -212,6 +212,26 @@ impl Supervisor {
         if node.paused { ProcessState::Paused } else { ProcessState::Running }
     }
 
+    /// One line per node: its process state, how its last process ended,
+    /// and the last lines of its log; what a failure to form names, so a
+    /// node that exited at start (a port taken meanwhile, a refusal) is
+    /// told apart from one that runs and does not answer.
+    pub fn describe_nodes(&mut self) -> String {
+        let ids: Vec<u64> = self.nodes.keys().copied().collect();
+        let mut lines = Vec::new();
+        for id in ids {
+            let state = self.state(id);
+            let Some(node) = self.nodes.get(&id) else { continue };
+            let exit =
+                node.last_exit.map(|status| format!(", last exit {status}")).unwrap_or_default();
+            let log = std::fs::read_to_string(&node.spec.log_path).unwrap_or_default();
+            let tail: Vec<&str> = log.lines().rev().take(3).collect();
+            let tail: Vec<&str> = tail.into_iter().rev().collect();
+            lines.push(format!("node {id}: {state:?}{exit}; log ends: {}", tail.join(" | ")));
+        }
+        lines.join("\n")
+    }
+
     /// How node `id`'s last process ended: `Some(code)` for an exit,
     /// `None` for a signal (or not known).
     pub fn last_exit_code(&self, id: u64) -> Option<i32> {
