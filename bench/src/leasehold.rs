@@ -1,6 +1,9 @@
 //! leasehold through its own typed client: enqueue one job, claim one
 //! (`max = 1`, 30 s lease, long-poll up to a second), ack with the fencing
-//! token. One `Client` (one HTTP/2 connection) per benchmark client.
+//! token. One `Client` (one HTTP/2 connection) per benchmark client; by
+//! default ([`Api::Session`]) each client's calls are frames on one worker
+//! session (`Queue.Session`), as a worker that makes many small calls
+//! would use it, and `--leasehold-api unary` makes each a unary call.
 //!
 //! Against a cluster (`--addr a,b,c`) client number `i` gets the list rotated
 //! to start at node `i mod n`: the client talks to its first address until
@@ -21,7 +24,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use anyhow::Context;
-use leasehold_client::Client;
+use leasehold_client::{Client, Session};
 use leasehold_proto::v1;
 
 use crate::access::Access;
@@ -40,10 +43,21 @@ const BACKLOG_BATCH_JOBS: usize = 1_000;
 /// Backlog enqueues in flight at once, each on its own connection.
 const BACKLOG_IN_FLIGHT: usize = 4;
 
+/// How a benchmark client calls leasehold.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum Api {
+    /// One worker session per client: each call is a frame on its stream.
+    #[default]
+    Session,
+    /// Each call a unary gRPC call, with its own HTTP/2 stream.
+    Unary,
+}
+
 /// A leasehold node, or a cluster, at one or more gRPC addresses.
 pub struct Leasehold {
     addrs: Vec<String>,
     access: Access,
+    api: Api,
 }
 
 impl Leasehold {
@@ -51,7 +65,13 @@ impl Leasehold {
     /// reached as `access` says.
     pub fn new(addr: &str, access: Access) -> Leasehold {
         let addrs = addr.split(',').map(str::trim).filter(|a| !a.is_empty());
-        Leasehold { addrs: addrs.map(str::to_string).collect(), access }
+        Leasehold { addrs: addrs.map(str::to_string).collect(), access, api: Api::default() }
+    }
+
+    /// The same target, its clients calling through `api`.
+    pub fn with_api(mut self, api: Api) -> Leasehold {
+        self.api = api;
+        self
     }
 
     /// The address list for client `index`: every address, starting at
@@ -137,6 +157,8 @@ fn backlog_job(payload_bytes: usize) -> v1::JobSpec {
 /// One benchmark client's leasehold connection.
 pub struct LeaseholdConn {
     client: Client,
+    /// The client's session, with [`Api::Session`].
+    session: Option<Session>,
     worker: String,
 }
 
@@ -147,7 +169,11 @@ impl Target for Leasehold {
         let client = self.access.client(&self.addrs_from(index))?;
         // Connect now rather than lazily inside the measured window.
         client.stats(Some(QUEUE.to_string()), true).await?;
-        Ok(LeaseholdConn { client, worker: format!("bench-{index}") })
+        let session = match self.api {
+            Api::Session => Some(client.session().await?),
+            Api::Unary => None,
+        };
+        Ok(LeaseholdConn { client, session, worker: format!("bench-{index}") })
     }
 }
 
@@ -159,7 +185,10 @@ impl Connection for LeaseholdConn {
             lease_ttl_ms: Some(LEASE_TTL_MS),
             ..Default::default()
         };
-        let results = self.client.enqueue(vec![spec]).await?;
+        let results = match &self.session {
+            Some(session) => session.enqueue(vec![spec]).await?,
+            None => self.client.enqueue(vec![spec]).await?,
+        };
         anyhow::ensure!(results.len() == 1, "enqueue answered {} results for 1 job", results.len());
         Ok(())
     }
@@ -176,7 +205,10 @@ impl Connection for LeaseholdConn {
                 wait_ms: CLAIM_WAIT_MS,
                 ..Default::default()
             };
-            let grants = self.client.claim(request).await?;
+            let grants = match &self.session {
+                Some(session) => session.claim(request).await?.grants,
+                None => self.client.claim(request).await?,
+            };
             let lease = grants.first().and_then(|grant| grant.lease.as_ref());
             if let Some(lease) = lease {
                 return Ok(Claimed { job_id: lease.job_id, token: lease.token, retries });
@@ -188,7 +220,10 @@ impl Connection for LeaseholdConn {
     }
 
     async fn ack(&mut self, claimed: Claimed) -> anyhow::Result<()> {
-        self.client.ack(claimed.job_id, claimed.token).await?;
+        match &self.session {
+            Some(session) => session.ack(claimed.job_id, claimed.token).await?,
+            None => self.client.ack(claimed.job_id, claimed.token).await?,
+        }
         Ok(())
     }
 }

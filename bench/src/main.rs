@@ -155,6 +155,10 @@ struct RunArgs {
     /// connect to the primary, is 3.
     #[arg(long)]
     nodes: Option<usize>,
+    /// How leasehold's clients call it: a worker session each (frames on
+    /// one stream), or a unary call per call (leasehold only).
+    #[arg(long, value_enum, default_value_t = leasehold::Api::Session)]
+    leasehold_api: leasehold::Api,
     /// TLS and token (leasehold only).
     #[command(flatten)]
     access: AccessArgs,
@@ -573,7 +577,8 @@ fn run(args: RunArgs) -> anyhow::Result<()> {
         match args.system {
             System::Leasehold => {
                 let addrs = cluster::split_addrs(&args.addr);
-                let system = leasehold::Leasehold::new(&args.addr, access.clone());
+                let system = leasehold::Leasehold::new(&args.addr, access.clone())
+                    .with_api(args.leasehold_api);
                 fill_backlog(&args, system.fill_backlog(args.backlog, args.payload_bytes)).await?;
                 let before =
                     if nodes > 1 { Some(cluster::max_term(&addrs, &access).await?) } else { None };

@@ -30,5 +30,6 @@ mod e2e {
     mod quiet_log;
     mod sdk;
     mod security;
+    mod session;
     mod status_page;
 }

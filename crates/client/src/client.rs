@@ -392,6 +392,18 @@ impl Client {
         }
     }
 
+    /// Follows a leader hint in `metadata`; whether the client moved.
+    pub(crate) fn moved_to_leader(&self, metadata: &tonic::metadata::MetadataMap) -> bool {
+        let before = self.current.load(Ordering::Relaxed) % self.nodes.len();
+        self.follow_leader(metadata);
+        self.current.load(Ordering::Relaxed) % self.nodes.len() != before
+    }
+
+    /// The deadline of a call that does not wait by design.
+    pub(crate) fn call_timeout(&self) -> Duration {
+        self.call_timeout
+    }
+
     /// The same client, following leader hints (the default) or not. A
     /// client that does not stays on its first address until that node
     /// fails, and its writes are forwarded by whichever node it is on — to
@@ -901,6 +913,7 @@ mod tests {
             "Queue" "ListJobs" => list_jobs,
             "Queue" "Stats" => stats,
             "Queue" "Redrive" => redrive,
+            "Queue" "Session" => session,
             "Schedules" "Put" => put_schedule,
             "Schedules" "Delete" => delete_schedule,
             "Schedules" "Get" => get_schedule,

@@ -8,16 +8,20 @@
 //!
 //! Any node serves any call (followers forward writes to the leader), so the
 //! client needs one address; given several, it moves on when one is down
-//! and follows leader hints. [`Client::builder`] adds TLS and a token. It
+//! and follows leader hints. [`Client::builder`] adds TLS and a token.
+//! [`Client::session`] opens a [`Session`]: the worker calls as frames on
+//! one stream, for workers and producers that make many small calls. It
 //! depends on the wire types only, never on the node's crates.
 
 pub mod client;
 pub mod exec;
 pub mod guard;
+pub mod session;
 pub mod worker;
 
 pub use client::{AuthChannel, Client, ClientBuilder, ClientError, ClientTls, RetryPolicy};
 pub use guard::{CancelReason, LeaseGuard};
+pub use session::Session;
 /// The token type of [`LeaseGuard::cancellation`], re-exported so users
 /// need no dependency of their own.
 pub use tokio_util::sync::CancellationToken;

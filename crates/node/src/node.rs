@@ -495,7 +495,7 @@ fn serve(
     );
     // One instance of each public service: gRPC serves them, and the status
     // page reads the same ones, so the page and the CLI share one source.
-    let queue = QueueService::new(journal.clone());
+    let queue = QueueService::new(journal.clone()).with_shutdown(shutdown.clone());
     let cluster = ClusterService::new(journal.clone(), gate.clone(), readiness.clone());
     let schedules = SchedulesService::new(journal.clone());
     let status = StatusSources::new(

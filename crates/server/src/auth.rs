@@ -139,6 +139,9 @@ pub fn requirement(path: &str) -> Requirement {
         ("leasehold.v1.Queue", "Claim" | "Refresh" | "Ack" | "Nack" | "Release") => {
             Requirement::Role(Role::Worker)
         }
+        // Every frame of a session is checked against its own call's row
+        // above; opening one needs only a known caller.
+        ("leasehold.v1.Queue", "Session") => Requirement::Role(Role::Reader),
         ("leasehold.v1.Queue", _) => Requirement::Role(Role::Reader),
         ("leasehold.v1.Schedules", "Get" | "List") => Requirement::Role(Role::Reader),
         ("leasehold.v1.Schedules", _) => Requirement::Role(Role::Admin),

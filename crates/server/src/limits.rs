@@ -107,8 +107,20 @@ where
 /// oversized message with RESOURCE_EXHAUSTED naming the limit.
 fn rewrite_too_large(service: &str, headers: &mut http::HeaderMap) {
     let Some(status) = tonic::Status::from_header_map(headers) else { return };
+    let Some(replacement) = too_large(service, &status) else { return };
+    headers.remove("grpc-message");
+    headers.remove("grpc-status-details-bin");
+    if replacement.add_header(headers).is_err() {
+        tracing::warn!(service, "could not rewrite an oversize refusal");
+    }
+}
+
+/// tonic's refusal of a message over `service`'s decode limit, as
+/// RESOURCE_EXHAUSTED naming the limit; `None` for any other status. For
+/// the stream of a session, whose oversized frame ends it mid-stream.
+pub fn too_large(service: &str, status: &tonic::Status) -> Option<tonic::Status> {
     if status.code() != tonic::Code::OutOfRange || !status.message().starts_with(TONIC_TOO_LARGE) {
-        return;
+        return None;
     }
     let found = status.message()[TONIC_TOO_LARGE.len()..]
         .split_whitespace()
@@ -118,15 +130,10 @@ fn rewrite_too_large(service: &str, headers: &mut http::HeaderMap) {
     let limit = request_limit(service)
         .map(|l| l.to_string())
         .unwrap_or_else(|| "the configured number of".to_string());
-    let replacement = tonic::Status::resource_exhausted(format!(
+    Some(tonic::Status::resource_exhausted(format!(
         "request too large: {found} bytes; {service} accepts at most {limit} bytes per message \
          (max request size)"
-    ));
-    headers.remove("grpc-message");
-    headers.remove("grpc-status-details-bin");
-    if replacement.add_header(headers).is_err() {
-        tracing::warn!(service, "could not rewrite an oversize refusal");
-    }
+    )))
 }
 
 #[cfg(test)]

@@ -15,6 +15,12 @@ use leasehold_security::Role;
 use tonic::{Request, Response as Reply, Status};
 
 use crate::auth::Caller;
+pub use session::{MAX_SESSION_IN_FLIGHT, SessionStream};
+
+mod session;
+
+/// The service's gRPC name.
+const SERVICE: &str = "leasehold.v1.Queue";
 use crate::error::Error;
 use leasehold_replica::Journal;
 use leasehold_replica::Unavailable;
@@ -31,12 +37,22 @@ const CLAIM_RECHECK: Duration = Duration::from_millis(250);
 #[derive(Clone)]
 pub struct QueueService {
     journal: Journal,
+    /// Set when the node shuts down: open sessions end.
+    closing: Option<tokio::sync::watch::Receiver<bool>>,
 }
 
 impl QueueService {
     /// A service proposing through `journal`.
     pub fn new(journal: Journal) -> Self {
-        QueueService { journal }
+        QueueService { journal, closing: None }
+    }
+
+    /// The same service, ending its open sessions when `closing` turns
+    /// true (a long-lived stream would otherwise hold the server's
+    /// graceful shutdown open).
+    pub fn with_shutdown(mut self, closing: tokio::sync::watch::Receiver<bool>) -> Self {
+        self.closing = Some(closing);
+        self
     }
 
     /// Validates `command` (once: the edge's one check before proposing;
@@ -510,5 +526,14 @@ impl Queue for QueueService {
         request: Request<v1::RedriveRequest>,
     ) -> Result<Reply<v1::RedriveResponse>, Status> {
         self.observed("redrive", self.redrive_call(request)).await
+    }
+
+    type SessionStream = SessionStream;
+
+    async fn session(
+        &self,
+        request: Request<tonic::Streaming<v1::SessionRequest>>,
+    ) -> Result<Reply<SessionStream>, Status> {
+        self.observed("session", self.session_call(request)).await
     }
 }

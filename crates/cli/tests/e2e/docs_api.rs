@@ -5,8 +5,8 @@
 //! not exist.
 //!
 //! Method: a small reader of the proto files (they use no syntax beyond
-//! services, messages, enums, `optional`/`repeated` fields and one
-//! `oneof`), the page split at its `### ` headings, and the edge's own
+//! services, messages, enums, `optional`/`repeated` fields, `oneof`s and
+//! one streaming RPC), the page split at its `### ` headings, and the edge's own
 //! `requirement` table for the roles.
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -70,11 +70,13 @@ fn parse_proto(text: &str, protos: &mut Protos) -> Result<()> {
                 let (request, rest) = rest.split_once(')').context("rpc without )")?;
                 let (_, response) = rest.split_once('(').context("rpc without a response")?;
                 let response = response.split_once(')').context("response without )")?.0;
+                // A streaming side (`stream T`) is documented as its type.
+                let unstream = |side: &str| side.trim().trim_start_matches("stream ").to_string();
                 protos.rpcs.push(Rpc {
                     service,
                     name: name.trim().to_string(),
-                    request: request.trim().to_string(),
-                    response: response.trim().to_string(),
+                    request: unstream(request),
+                    response: unstream(response),
                 });
             }
             [kind @ ("message" | "enum"), name, "{", rest @ ..] => {

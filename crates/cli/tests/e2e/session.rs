@@ -1,0 +1,239 @@
+//! Goal: a worker session (`Queue.Session`, docs/api.md) is the unary
+//! calls as frames on one stream, and nothing more: against a real node
+//! with mutual TLS and tokens, each frame is held to the role of the call
+//! of its name (a producer's session cannot claim, a worker's cannot
+//! enqueue) and refused frames change nothing; a malformed frame is
+//! answered INVALID_ARGUMENT naming the field and the session goes on;
+//! frames sent at once are all answered, each under its own id; a frame
+//! over the Queue service's size limit ends the session with
+//! RESOURCE_EXHAUSTED naming the limit; and a node that shuts down ends
+//! its open sessions by saying so, rather than by dropping them.
+//!
+//! Method: one `leasehold serve` process with `leasehold dev-certs`
+//! material, the SDK's `Session` with each role's token, and the raw
+//! generated stub for frames the SDK would never send.
+//!
+//! Mutation checks (each run once against a deliberately broken build): a
+//! session that skips the per-frame role check fails the role phase (the
+//! worker's enqueue is served); a node whose sessions ignore shutdown
+//! fails the last phase (the session ends without the node's word).
+
+use std::path::Path;
+use std::time::Duration;
+
+use anyhow::{Context, Result, bail, ensure};
+use leasehold_client::{Client, ClientTls};
+use leasehold_proto::v1;
+use leasehold_proto::v1::session_request::Call;
+use leasehold_proto::v1::session_response::Result as Answer;
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::ReceiverStream;
+
+use super::support::{
+    Check, Node, RPC_TIMEOUT, Sandbox, deadline_in, dev_certs, job, phase, wait_until,
+};
+
+/// The queue of the story.
+const QUEUE: &str = "sessions";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_holds_each_frame_to_its_calls_role_and_ends_when_the_node_stops() -> Result<()> {
+    let sandbox = Sandbox::new("session")?;
+    sandbox.run(Duration::from_secs(120), session_story(&sandbox)).await
+}
+
+/// A client of `node` with the client certificate and the token of `role`.
+fn client_as(node: &Node, certs: &Path, role: &str) -> Result<Client> {
+    let tls = ClientTls::from_files(
+        &certs.join("ca.pem"),
+        &certs.join("client.pem"),
+        &certs.join("client.key"),
+    )?;
+    let token = std::fs::read_to_string(certs.join(format!("token-{role}")))?;
+    Ok(Client::builder(&node.addr()).tls(tls).token(token.trim()).build()?)
+}
+
+fn claim_request(worker: &str) -> v1::ClaimRequest {
+    v1::ClaimRequest {
+        worker: worker.into(),
+        queue: QUEUE.into(),
+        max: 1,
+        lease_ttl_ms: Some(30_000),
+        ..Default::default()
+    }
+}
+
+/// The counts of the story's queue (a linearizable read).
+async fn counts(admin: &Client) -> Result<v1::QueueStats> {
+    let stats = admin.stats(Some(QUEUE.into()), false).await?;
+    Ok(stats.queues.into_iter().find(|q| q.queue == QUEUE).unwrap_or_default())
+}
+
+/// The code of a failed session call; an error if it did not fail.
+fn refusal<T: std::fmt::Debug>(
+    what: &str,
+    answer: Result<T, leasehold_client::ClientError>,
+) -> Result<leasehold_client::ClientError> {
+    match answer {
+        Ok(answer) => bail!("{what} was served: {answer:?}"),
+        Err(error) => Ok(error),
+    }
+}
+
+async fn session_story(sandbox: &Sandbox) -> Result<()> {
+    phase("one node with mutual TLS and tokens");
+    let certs = sandbox.path().join("certs");
+    dev_certs(sandbox, &certs, 1).await?;
+    let mut node = Node::new(sandbox, 1, None, None)?;
+    node.secure = Some(certs.clone());
+    node.launch(sandbox)?;
+    let admin = client_as(&node, &certs, "admin")?;
+    wait_until("the node to serve", deadline_in(Duration::from_secs(60)), || {
+        let admin = admin.clone();
+        async move {
+            Ok(match admin.stats(None, false).await {
+                Ok(_) => Check::Done(()),
+                Err(error) => Check::NotYet(error.to_string()),
+            })
+        }
+    })
+    .await?;
+    let mut stub = admin.queue_stub();
+
+    phase("a producer's session enqueues; its claim is refused and the session goes on");
+    let producer = client_as(&node, &certs, "producer")?.session().await?;
+    let first = producer.enqueue(vec![job(QUEUE, b"first")]).await?;
+    let error = refusal("a producer's claim", producer.claim(claim_request("p")).await)?;
+    ensure!(
+        error.code() == tonic::Code::PermissionDenied && error.to_string().contains("worker"),
+        "a producer's claim was refused with {error}"
+    );
+    let second = producer.enqueue(vec![job(QUEUE, b"second")]).await?;
+    ensure!(first.len() == 1 && second.len() == 1, "enqueues answered {first:?} {second:?}");
+    let stats = counts(&admin).await?;
+    ensure!(
+        stats.ready == 2 && stats.claimed == 0,
+        "after the refused claim the queue holds {stats:?}"
+    );
+
+    phase("a worker's session cannot enqueue; it claims and acks");
+    let worker = client_as(&node, &certs, "worker")?.session().await?;
+    let error = refusal("a worker's enqueue", worker.enqueue(vec![job(QUEUE, b"x")]).await)?;
+    ensure!(
+        error.code() == tonic::Code::PermissionDenied && error.to_string().contains("producer"),
+        "a worker's enqueue was refused with {error}"
+    );
+    let stats = counts(&admin).await?;
+    ensure!(stats.ready == 2, "the refused enqueue changed the queue: {stats:?}");
+    let claimed = worker.claim(claim_request("w")).await?;
+    let lease = claimed
+        .grants
+        .first()
+        .and_then(|grant| grant.lease.clone())
+        .context("the worker's claim granted nothing")?;
+    ensure!(lease.job_id == first[0].job_id, "claimed {lease:?}, not the first job");
+    worker.ack(lease.job_id, lease.token).await?;
+    let stale =
+        refusal("an ack with a stale token", worker.ack(lease.job_id, lease.token + 1).await)?;
+    ensure!(
+        stale.code() == tonic::Code::FailedPrecondition,
+        "an ack under the wrong token was refused with {stale}"
+    );
+
+    phase("frames sent at once are all answered, each under its own id");
+    let enqueues = (0..20).map(|i| producer.enqueue(vec![job(QUEUE, format!("{i}").as_bytes())]));
+    let answers = futures::future::try_join_all(enqueues).await?;
+    let mut ids: Vec<u64> = answers.iter().flatten().map(|result| result.job_id).collect();
+    ids.sort_unstable();
+    ids.dedup();
+    ensure!(ids.len() == 20, "20 enqueues at once were answered with {} job ids", ids.len());
+
+    phase("malformed frames are refused naming the field; the session goes on");
+    malformed_frames(&mut stub).await?;
+
+    phase("a frame over the size limit ends the session with RESOURCE_EXHAUSTED");
+    oversized_frame(&mut stub).await?;
+
+    phase("a node that shuts down ends its sessions with its reason");
+    node.stop(deadline_in(Duration::from_secs(30))).await?;
+    let error = refusal("a call after the node stopped", worker.ack(1, 1).await)?;
+    ensure!(
+        error.code() == tonic::Code::Unavailable && error.to_string().contains("shutting down"),
+        "the session of a stopped node ended with {error}"
+    );
+    Ok(())
+}
+
+type Stub = v1::queue_client::QueueClient<leasehold_client::AuthChannel>;
+
+/// Opens a raw session; the sender of its frames and its answers.
+async fn raw_session(
+    stub: &mut Stub,
+) -> Result<(mpsc::Sender<v1::SessionRequest>, tonic::Streaming<v1::SessionResponse>)> {
+    let (frames, outgoing) = mpsc::channel(8);
+    let answers = stub.session(ReceiverStream::new(outgoing)).await?.into_inner();
+    Ok((frames, answers))
+}
+
+/// Sends `frame` and reads the next answer.
+async fn exchange(
+    frames: &mpsc::Sender<v1::SessionRequest>,
+    answers: &mut tonic::Streaming<v1::SessionResponse>,
+    frame: v1::SessionRequest,
+) -> Result<Result<v1::SessionResponse, tonic::Status>> {
+    frames.send(frame).await.context("the session closed")?;
+    let answer = tokio::time::timeout(RPC_TIMEOUT, answers.message())
+        .await
+        .context("no answer on the session")?;
+    Ok(answer.and_then(|answer| {
+        answer.ok_or_else(|| tonic::Status::unknown("the session ended without an answer"))
+    }))
+}
+
+async fn malformed_frames(stub: &mut Stub) -> Result<()> {
+    let (frames, mut answers) = raw_session(stub).await?;
+    let empty = exchange(&frames, &mut answers, v1::SessionRequest { id: 7, call: None }).await??;
+    match &empty.result {
+        Some(Answer::Error(error))
+            if error.code == tonic::Code::InvalidArgument as i32
+                && error.message.starts_with("call:") => {}
+        other => bail!("a frame without a call was answered {other:?}"),
+    }
+    ensure!(empty.id == 7, "the answer of frame 7 came as {}", empty.id);
+    let zero = v1::ClaimRequest { max: 0, ..claim_request("w") };
+    let frame = v1::SessionRequest { id: 8, call: Some(Call::Claim(zero)) };
+    let answer = exchange(&frames, &mut answers, frame).await??;
+    match &answer.result {
+        Some(Answer::Error(error))
+            if error.code == tonic::Code::InvalidArgument as i32
+                && error.message.contains("max") => {}
+        other => bail!("a claim of max 0 was answered {other:?}"),
+    }
+    let release = v1::SessionRequest {
+        id: 9,
+        call: Some(Call::Release(v1::ReleaseRequest { job_id: 999_999, token: 1 })),
+    };
+    let answer = exchange(&frames, &mut answers, release).await??;
+    match &answer.result {
+        Some(Answer::Error(error)) if error.code == tonic::Code::NotFound as i32 => {}
+        other => bail!("a release of an unknown job was answered {other:?}"),
+    }
+    ensure!(answer.id == 9, "the session did not go on after its refusals");
+    Ok(())
+}
+
+async fn oversized_frame(stub: &mut Stub) -> Result<()> {
+    let (frames, mut answers) = raw_session(stub).await?;
+    let spec = v1::JobSpec { payload: vec![0; 17 * 1024 * 1024], ..job(QUEUE, b"") };
+    let frame = v1::SessionRequest {
+        id: 1,
+        call: Some(Call::Enqueue(v1::EnqueueRequest { jobs: vec![spec] })),
+    };
+    match exchange(&frames, &mut answers, frame).await? {
+        Err(status)
+            if status.code() == tonic::Code::ResourceExhausted
+                && status.message().contains(&(16 * 1024 * 1024).to_string()) => {}
+        other => bail!("a 17 MiB frame was answered {other:?}"),
+    }
+    Ok(())
+}

@@ -1,0 +1,253 @@
+//! A worker session ([`Client::session`]): enqueues, claims, refreshes,
+//! acks, nacks and releases as frames on one long-lived gRPC stream
+//! (`Queue.Session`), instead of one HTTP/2 stream, with its headers and
+//! trailers, per call. Each call is checked and applied by the node exactly
+//! as the unary call of its name; what a session saves is the per-call
+//! framing, on both sides.
+//!
+//! Calls on one session may run concurrently (clone nothing: `&Session`
+//! is enough); each waits for its own answer. A session is not retried:
+//! when it breaks (its node stops, the connection drops) every waiting
+//! call fails with UNAVAILABLE, and so does every later one. Open another
+//! session, and repeat what is safe to repeat: a claim keeps its request
+//! id, an ack is answered the same when it already applied.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::Duration;
+
+use leasehold_proto::v1;
+use leasehold_proto::v1::session_request::Call;
+use leasehold_proto::v1::session_response::Result as Answer;
+use tokio::sync::{mpsc, oneshot};
+use tokio::task::JoinHandle;
+use tokio_stream::wrappers::ReceiverStream;
+
+use crate::client::{Client, ClientError, new_request_id};
+
+/// Frames the client queues before a call waits to send its own; the node
+/// runs up to 64 of a session's frames at once.
+const FRAMES_QUEUED: usize = 64;
+
+/// A call waiting for its answer.
+type Waiting = oneshot::Sender<Result<Answer, ClientError>>;
+
+/// What the session's calls and its reader share.
+#[derive(Default)]
+struct Shared {
+    /// Calls sent and not yet answered, by frame id.
+    waiting: HashMap<u64, Waiting>,
+    /// Why the session ended, once it has.
+    ended: Option<tonic::Status>,
+}
+
+/// A session on one node (see the module doc). Dropping it closes the
+/// client's side; the node answers what it was sent, then ends the stream.
+pub struct Session {
+    frames: mpsc::Sender<v1::SessionRequest>,
+    shared: Arc<Mutex<Shared>>,
+    next_id: AtomicU64,
+    reader: JoinHandle<()>,
+    call_timeout: Duration,
+}
+
+impl Client {
+    /// Opens a session on the current node. When that node names another
+    /// of this client's addresses as the leader, the session is opened
+    /// there instead, so its writes skip the forwarding hop.
+    pub async fn session(&self) -> Result<Session, ClientError> {
+        let session = self.open_session().await?;
+        if self.moved_to_leader(&session.1) {
+            return Ok(self.open_session().await?.0);
+        }
+        Ok(session.0)
+    }
+
+    async fn open_session(&self) -> Result<(Session, tonic::metadata::MetadataMap), ClientError> {
+        let (frames, outgoing) = mpsc::channel(FRAMES_QUEUED);
+        let response = self.queue_stub().session(ReceiverStream::new(outgoing)).await?;
+        let (metadata, answers, _) = response.into_parts();
+        let shared = Arc::new(Mutex::new(Shared::default()));
+        let reader = tokio::spawn(read_answers(answers, shared.clone()));
+        let session = Session {
+            frames,
+            shared,
+            next_id: AtomicU64::new(1),
+            reader,
+            call_timeout: self.call_timeout(),
+        };
+        Ok((session, metadata))
+    }
+}
+
+impl Drop for Session {
+    fn drop(&mut self) {
+        self.reader.abort();
+    }
+}
+
+impl Session {
+    /// Enqueues jobs atomically (as [`Client::enqueue`], without retries).
+    pub async fn enqueue(
+        &self,
+        jobs: Vec<v1::JobSpec>,
+    ) -> Result<Vec<v1::EnqueueResult>, ClientError> {
+        match self.call(Call::Enqueue(v1::EnqueueRequest { jobs }), self.call_timeout).await? {
+            Answer::Enqueue(reply) => Ok(reply.results),
+            other => Err(mismatch("enqueue", &other)),
+        }
+    }
+
+    /// Claims up to `max` jobs, long-polling up to `wait_ms`; answers the
+    /// grants and how long the node held the call (`waited_ms`). A request
+    /// id is made when the request has none, so repeating the claim on a
+    /// new session after this one broke gets the same leases.
+    pub async fn claim(
+        &self,
+        mut request: v1::ClaimRequest,
+    ) -> Result<v1::ClaimResponse, ClientError> {
+        if request.request_id.is_empty() {
+            request.request_id = new_request_id();
+        }
+        let timeout = self.call_timeout + Duration::from_millis(request.wait_ms);
+        match self.call(Call::Claim(request), timeout).await? {
+            Answer::Claim(reply) => Ok(reply),
+            other => Err(mismatch("claim", &other)),
+        }
+    }
+
+    /// Extends leases; answers the renewed ones and the lost ones.
+    pub async fn refresh(
+        &self,
+        request: v1::RefreshRequest,
+    ) -> Result<v1::RefreshResponse, ClientError> {
+        match self.call(Call::Refresh(request), self.call_timeout).await? {
+            Answer::Refresh(reply) => Ok(reply),
+            other => Err(mismatch("refresh", &other)),
+        }
+    }
+
+    /// Finishes a job held under `token`.
+    pub async fn ack(&self, job_id: u64, token: u64) -> Result<(), ClientError> {
+        self.ack_with_result(job_id, token, Vec::new()).await
+    }
+
+    /// Finishes a job, keeping `result` on it (at most 16 KiB).
+    pub async fn ack_with_result(
+        &self,
+        job_id: u64,
+        token: u64,
+        result: Vec<u8>,
+    ) -> Result<(), ClientError> {
+        let request = v1::AckRequest { job_id, token, result };
+        match self.call(Call::Ack(request), self.call_timeout).await? {
+            Answer::Ack(_) => Ok(()),
+            other => Err(mismatch("ack", &other)),
+        }
+    }
+
+    /// Fails an attempt: the job is retried after backoff, or dead.
+    pub async fn nack(&self, request: v1::NackRequest) -> Result<v1::NackResponse, ClientError> {
+        match self.call(Call::Nack(request), self.call_timeout).await? {
+            Answer::Nack(reply) => Ok(reply),
+            other => Err(mismatch("nack", &other)),
+        }
+    }
+
+    /// Gives a job back without charging an attempt.
+    pub async fn release(&self, job_id: u64, token: u64) -> Result<(), ClientError> {
+        let request = v1::ReleaseRequest { job_id, token };
+        match self.call(Call::Release(request), self.call_timeout).await? {
+            Answer::Release(_) => Ok(()),
+            other => Err(mismatch("release", &other)),
+        }
+    }
+
+    /// Sends `call` as a frame and waits up to `timeout` for its answer.
+    async fn call(&self, call: Call, timeout: Duration) -> Result<Answer, ClientError> {
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let (answered, answer) = oneshot::channel();
+        {
+            let mut shared = lock(&self.shared);
+            if let Some(ended) = &shared.ended {
+                return Err(ended_error(ended));
+            }
+            shared.waiting.insert(id, answered);
+        }
+        let frame = v1::SessionRequest { id, call: Some(call) };
+        if self.frames.send(frame).await.is_err() {
+            lock(&self.shared).waiting.remove(&id);
+            return Err(tonic::Status::unavailable("the session is closed").into());
+        }
+        match tokio::time::timeout(timeout, answer).await {
+            Ok(Ok(answer)) => answer,
+            Ok(Err(_)) => Err(tonic::Status::unavailable("the session ended").into()),
+            Err(_) => {
+                lock(&self.shared).waiting.remove(&id);
+                Err(tonic::Status::deadline_exceeded(format!(
+                    "no answer on the session within {} ms",
+                    timeout.as_millis()
+                ))
+                .into())
+            }
+        }
+    }
+}
+
+/// Hands each answer to the call waiting for it; when the stream ends,
+/// fails every call still waiting and every later one.
+async fn read_answers(
+    mut answers: tonic::Streaming<v1::SessionResponse>,
+    shared: Arc<Mutex<Shared>>,
+) {
+    let ended = loop {
+        match answers.message().await {
+            Ok(Some(answer)) => {
+                let waiting = lock(&shared).waiting.remove(&answer.id);
+                // An answer nobody waits for (its call timed out) is dropped.
+                if let Some(waiting) = waiting {
+                    let _ = waiting.send(answer_of(answer.result));
+                }
+            }
+            Ok(None) => break tonic::Status::unavailable("the node ended the session"),
+            Err(status) => break status,
+        }
+    };
+    let mut shared = lock(&shared);
+    for (_, waiting) in shared.waiting.drain() {
+        let _ = waiting.send(Err(ended_error(&ended)));
+    }
+    shared.ended = Some(ended);
+}
+
+/// A frame's answer, or its refusal as the status the unary call would
+/// have ended with.
+fn answer_of(result: Option<Answer>) -> Result<Answer, ClientError> {
+    match result {
+        Some(Answer::Error(error)) => {
+            Err(tonic::Status::new(tonic::Code::from(error.code), error.message).into())
+        }
+        Some(answer) => Ok(answer),
+        None => Err(tonic::Status::internal("the node sent an empty session answer").into()),
+    }
+}
+
+/// The error of a call on a session that ended with `ended`. A status
+/// the node sent keeps its code; a broken connection is UNAVAILABLE, so
+/// callers treat it as they would a node that went away.
+fn ended_error(ended: &tonic::Status) -> ClientError {
+    let code = match ended.code() {
+        tonic::Code::Unknown | tonic::Code::Cancelled => tonic::Code::Unavailable,
+        code => code,
+    };
+    tonic::Status::new(code, format!("session ended: {}", ended.message())).into()
+}
+
+fn mismatch(asked: &str, answer: &Answer) -> ClientError {
+    tonic::Status::internal(format!("the node answered a session {asked} with {answer:?}")).into()
+}
+
+fn lock(shared: &Mutex<Shared>) -> MutexGuard<'_, Shared> {
+    shared.lock().unwrap_or_else(PoisonError::into_inner)
+}
