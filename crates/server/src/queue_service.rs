@@ -82,15 +82,18 @@ impl QueueService {
 }
 
 impl QueueService {
-    /// Runs one call, counts and times it, and on a follower adds the
-    /// leader hint ([`leasehold_proto::LEADER_HINT_HEADER`]) to its answer.
-    async fn observed<T>(
+    /// Counts and times a call that started at `started` and ended with
+    /// `result`, and on a follower adds the leader hint
+    /// ([`leasehold_proto::LEADER_HINT_HEADER`]) to its answer. The calls
+    /// await their handlers themselves and hand the result here: an async
+    /// wrapper taking the handler's future by value would keep it twice
+    /// (rustc), and tonic boxes and moves every call's future.
+    fn finish<T>(
         &self,
         method: &'static str,
-        call: impl std::future::Future<Output = Result<Reply<T>, Status>>,
+        started: std::time::Instant,
+        mut result: Result<Reply<T>, Status>,
     ) -> Result<Reply<T>, Status> {
-        let started = std::time::Instant::now();
-        let mut result = call.await;
         let code = match &result {
             Ok(_) => tonic::Code::Ok,
             Err(status) => status.code(),
@@ -462,70 +465,90 @@ impl Queue for QueueService {
         &self,
         request: Request<v1::EnqueueRequest>,
     ) -> Result<Reply<v1::EnqueueResponse>, Status> {
-        self.observed("enqueue", self.enqueue_call(request)).await
+        let started = std::time::Instant::now();
+        let result = self.enqueue_call(request).await;
+        self.finish("enqueue", started, result)
     }
 
     async fn claim(
         &self,
         request: Request<v1::ClaimRequest>,
     ) -> Result<Reply<v1::ClaimResponse>, Status> {
-        self.observed("claim", self.claim_call(request)).await
+        let started = std::time::Instant::now();
+        let result = self.claim_call(request).await;
+        self.finish("claim", started, result)
     }
 
     async fn refresh(
         &self,
         request: Request<v1::RefreshRequest>,
     ) -> Result<Reply<v1::RefreshResponse>, Status> {
-        self.observed("refresh", self.refresh_call(request)).await
+        let started = std::time::Instant::now();
+        let result = self.refresh_call(request).await;
+        self.finish("refresh", started, result)
     }
 
     async fn ack(
         &self,
         request: Request<v1::AckRequest>,
     ) -> Result<Reply<v1::AckResponse>, Status> {
-        self.observed("ack", self.ack_call(request)).await
+        let started = std::time::Instant::now();
+        let result = self.ack_call(request).await;
+        self.finish("ack", started, result)
     }
 
     async fn nack(
         &self,
         request: Request<v1::NackRequest>,
     ) -> Result<Reply<v1::NackResponse>, Status> {
-        self.observed("nack", self.nack_call(request)).await
+        let started = std::time::Instant::now();
+        let result = self.nack_call(request).await;
+        self.finish("nack", started, result)
     }
 
     async fn release(
         &self,
         request: Request<v1::ReleaseRequest>,
     ) -> Result<Reply<v1::ReleaseResponse>, Status> {
-        self.observed("release", self.release_call(request)).await
+        let started = std::time::Instant::now();
+        let result = self.release_call(request).await;
+        self.finish("release", started, result)
     }
 
     async fn get_job(
         &self,
         request: Request<v1::GetJobRequest>,
     ) -> Result<Reply<v1::GetJobResponse>, Status> {
-        self.observed("get_job", self.get_job_call(request)).await
+        let started = std::time::Instant::now();
+        let result = self.get_job_call(request).await;
+        self.finish("get_job", started, result)
     }
 
     async fn list_jobs(
         &self,
         request: Request<v1::ListJobsRequest>,
     ) -> Result<Reply<v1::ListJobsResponse>, Status> {
-        self.observed("list_jobs", self.list_jobs_call(request)).await
+        let started = std::time::Instant::now();
+        let result = self.list_jobs_call(request).await;
+        self.finish("list_jobs", started, result)
     }
 
     async fn stats(
         &self,
         request: Request<v1::StatsRequest>,
     ) -> Result<Reply<v1::StatsResponse>, Status> {
-        self.observed("stats", self.stats_call(request)).await
+        let started = std::time::Instant::now();
+        let result = self.stats_call(request).await;
+        self.finish("stats", started, result)
     }
 
     async fn redrive(
         &self,
         request: Request<v1::RedriveRequest>,
     ) -> Result<Reply<v1::RedriveResponse>, Status> {
-        self.observed("redrive", self.redrive_call(request)).await
+        let started = std::time::Instant::now();
+        let result = self.redrive_call(request).await;
+        self.finish("redrive", started, result)
     }
 
     type SessionStream = SessionStream;
@@ -534,6 +557,8 @@ impl Queue for QueueService {
         &self,
         request: Request<tonic::Streaming<v1::SessionRequest>>,
     ) -> Result<Reply<SessionStream>, Status> {
-        self.observed("session", self.session_call(request)).await
+        let started = std::time::Instant::now();
+        let result = self.session_call(request).await;
+        self.finish("session", started, result)
     }
 }

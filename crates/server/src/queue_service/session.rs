@@ -5,7 +5,6 @@
 //! authorized, proposed and answered exactly as the call would be; only
 //! the HTTP/2 stream, its headers and its trailers are shared.
 
-use std::future::Future;
 use std::pin::Pin;
 
 use futures::stream::{FuturesUnordered, Stream, StreamExt};
@@ -115,38 +114,51 @@ impl QueueService {
     }
 
     /// Checks the caller against the role of the unary call of the same
-    /// name, then runs that call's handler.
+    /// name, then runs that call's handler, counted and timed under its
+    /// name (a frame's answer carries no leader hint: the session's
+    /// opening did).
+    ///
+    /// Each handler is awaited right here rather than handed to a wrapper:
+    /// rustc keeps a future passed by value to another async fn twice, and
+    /// every frame's future is moved into the session's running set, so
+    /// each layer of wrapping would be copied per frame.
     async fn run_frame(&self, caller: &Caller, call: Call) -> Result<Answer, Status> {
-        let method = match &call {
-            Call::Enqueue(_) => "Enqueue",
-            Call::Claim(_) => "Claim",
-            Call::Refresh(_) => "Refresh",
-            Call::Ack(_) => "Ack",
-            Call::Nack(_) => "Nack",
-            Call::Release(_) => "Release",
+        let (method, metric) = match &call {
+            Call::Enqueue(_) => ("Enqueue", "enqueue"),
+            Call::Claim(_) => ("Claim", "claim"),
+            Call::Refresh(_) => ("Refresh", "refresh"),
+            Call::Ack(_) => ("Ack", "ack"),
+            Call::Nack(_) => ("Nack", "nack"),
+            Call::Release(_) => ("Release", "release"),
         };
         authorize(caller, method)?;
+        let started = std::time::Instant::now();
         let answer = match call {
-            Call::Enqueue(r) => Answer::Enqueue(
-                reply(self.observed("enqueue", self.enqueue_call(as_caller(caller, r)))).await?,
-            ),
-            Call::Claim(r) => Answer::Claim(
-                reply(self.observed("claim", self.claim_call(as_caller(caller, r)))).await?,
-            ),
-            Call::Refresh(r) => Answer::Refresh(
-                reply(self.observed("refresh", self.refresh_call(as_caller(caller, r)))).await?,
-            ),
-            Call::Ack(r) => {
-                Answer::Ack(reply(self.observed("ack", self.ack_call(as_caller(caller, r)))).await?)
+            Call::Enqueue(r) => self
+                .enqueue_call(as_caller(caller, r))
+                .await
+                .map(|r| Answer::Enqueue(r.into_inner())),
+            Call::Claim(r) => {
+                self.claim_call(as_caller(caller, r)).await.map(|r| Answer::Claim(r.into_inner()))
             }
-            Call::Nack(r) => Answer::Nack(
-                reply(self.observed("nack", self.nack_call(as_caller(caller, r)))).await?,
-            ),
-            Call::Release(r) => Answer::Release(
-                reply(self.observed("release", self.release_call(as_caller(caller, r)))).await?,
-            ),
+            Call::Refresh(r) => self
+                .refresh_call(as_caller(caller, r))
+                .await
+                .map(|r| Answer::Refresh(r.into_inner())),
+            Call::Ack(r) => {
+                self.ack_call(as_caller(caller, r)).await.map(|r| Answer::Ack(r.into_inner()))
+            }
+            Call::Nack(r) => {
+                self.nack_call(as_caller(caller, r)).await.map(|r| Answer::Nack(r.into_inner()))
+            }
+            Call::Release(r) => self
+                .release_call(as_caller(caller, r))
+                .await
+                .map(|r| Answer::Release(r.into_inner())),
         };
-        Ok(answer)
+        let code = answer.as_ref().map_or_else(Status::code, |_| tonic::Code::Ok);
+        self.journal.metrics().observe_rpc(metric, code, started.elapsed());
+        answer
     }
 
     /// Counts and logs a frame's role refusal as the auth layer does a
@@ -186,10 +198,6 @@ fn as_caller<T>(caller: &Caller, message: T) -> Request<T> {
     let mut request = Request::new(message);
     request.extensions_mut().insert(caller.clone());
     request
-}
-
-async fn reply<T>(call: impl Future<Output = Result<Reply<T>, Status>>) -> Result<T, Status> {
-    call.await.map(Reply::into_inner)
 }
 
 /// Resolves when `closing` says the node is shutting down (or its sender
