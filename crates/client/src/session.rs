@@ -7,10 +7,11 @@
 //!
 //! Calls on one session may run concurrently (clone nothing: `&Session`
 //! is enough); each waits for its own answer. A session is not retried:
-//! when it breaks (its node stops, the connection drops) every waiting
-//! call fails with UNAVAILABLE, and so does every later one. Open another
-//! session, and repeat what is safe to repeat: a claim keeps its request
-//! id, an ack is answered the same when it already applied.
+//! when it ends (its node stops, the connection drops, it idled for ten
+//! minutes) every waiting call fails, and so does every later one, with
+//! the node's status when it gave one and UNAVAILABLE otherwise. Open
+//! another session, and repeat what is safe to repeat: a claim keeps its
+//! request id, an ack is answered the same when it already applied.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -21,13 +22,12 @@ use leasehold_proto::v1;
 use leasehold_proto::v1::session_request::Call;
 use leasehold_proto::v1::session_response::Result as Answer;
 use tokio::sync::{mpsc, oneshot};
-use tokio::task::JoinHandle;
 use tokio_stream::wrappers::ReceiverStream;
 
 use crate::client::{Client, ClientError, new_request_id};
 
 /// Frames the client queues before a call waits to send its own; the node
-/// runs up to 64 of a session's frames at once.
+/// runs up to 16 of a session's frames at once.
 const FRAMES_QUEUED: usize = 64;
 
 /// A call waiting for its answer.
@@ -43,12 +43,12 @@ struct Shared {
 }
 
 /// A session on one node (see the module doc). Dropping it closes the
-/// client's side; the node answers what it was sent, then ends the stream.
+/// client's side: the node still runs what it was sent (nobody reads the
+/// answers), then ends the stream.
 pub struct Session {
     frames: mpsc::Sender<v1::SessionRequest>,
     shared: Arc<Mutex<Shared>>,
     next_id: AtomicU64,
-    reader: JoinHandle<()>,
     call_timeout: Duration,
 }
 
@@ -56,34 +56,41 @@ impl Client {
     /// Opens a session on the current node. When that node names another
     /// of this client's addresses as the leader, the session is opened
     /// there instead, so its writes skip the forwarding hop.
+    /// Opening waits at most the client's call timeout.
     pub async fn session(&self) -> Result<Session, ClientError> {
-        let session = self.open_session().await?;
-        if self.moved_to_leader(&session.1) {
-            return Ok(self.open_session().await?.0);
+        let (session, metadata) = self.open_session().await?;
+        if self.moved_to_leader(&metadata) {
+            // The leader's session, or else the one already open.
+            if let Ok((on_leader, _)) = self.open_session().await {
+                return Ok(on_leader);
+            }
         }
-        Ok(session.0)
+        Ok(session)
     }
 
     async fn open_session(&self) -> Result<(Session, tonic::metadata::MetadataMap), ClientError> {
         let (frames, outgoing) = mpsc::channel(FRAMES_QUEUED);
-        let response = self.queue_stub().session(ReceiverStream::new(outgoing)).await?;
+        let mut stub = self.queue_stub();
+        let opening = stub.session(ReceiverStream::new(outgoing));
+        let response =
+            tokio::time::timeout(self.call_timeout(), opening).await.map_err(|_| {
+                tonic::Status::deadline_exceeded(format!(
+                    "the session did not open within {} ms",
+                    self.call_timeout().as_millis()
+                ))
+            })??;
         let (metadata, answers, _) = response.into_parts();
         let shared = Arc::new(Mutex::new(Shared::default()));
-        let reader = tokio::spawn(read_answers(answers, shared.clone()));
+        // The reader ends with the stream: when the node has answered
+        // everything after the client's side closed, or the session broke.
+        tokio::spawn(read_answers(answers, shared.clone()));
         let session = Session {
             frames,
             shared,
             next_id: AtomicU64::new(1),
-            reader,
             call_timeout: self.call_timeout(),
         };
         Ok((session, metadata))
-    }
-}
-
-impl Drop for Session {
-    fn drop(&mut self) {
-        self.reader.abort();
     }
 }
 
@@ -164,7 +171,8 @@ impl Session {
         }
     }
 
-    /// Sends `call` as a frame and waits up to `timeout` for its answer.
+    /// Sends `call` as a frame and waits up to `timeout` for its answer,
+    /// sending included (a node that stops reading holds the send back).
     async fn call(&self, call: Call, timeout: Duration) -> Result<Answer, ClientError> {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let (answered, answer) = oneshot::channel();
@@ -175,23 +183,39 @@ impl Session {
             }
             shared.waiting.insert(id, answered);
         }
-        let frame = v1::SessionRequest { id, call: Some(call) };
-        if self.frames.send(frame).await.is_err() {
-            lock(&self.shared).waiting.remove(&id);
-            return Err(tonic::Status::unavailable("the session is closed").into());
-        }
-        match tokio::time::timeout(timeout, answer).await {
-            Ok(Ok(answer)) => answer,
-            Ok(Err(_)) => Err(tonic::Status::unavailable("the session ended").into()),
-            Err(_) => {
-                lock(&self.shared).waiting.remove(&id);
-                Err(tonic::Status::deadline_exceeded(format!(
-                    "no answer on the session within {} ms",
-                    timeout.as_millis()
-                ))
-                .into())
+        // However this call ends (answered, failed, timed out, or dropped
+        // by its caller), its entry goes.
+        let _forget = Forget { shared: &self.shared, id };
+        let exchange = async {
+            let frame = v1::SessionRequest { id, call: Some(call) };
+            if self.frames.send(frame).await.is_err() {
+                return Err(tonic::Status::unavailable("the session is closed").into());
             }
+            match answer.await {
+                Ok(answer) => answer,
+                Err(_) => Err(tonic::Status::unavailable("the session ended").into()),
+            }
+        };
+        match tokio::time::timeout(timeout, exchange).await {
+            Ok(answer) => answer,
+            Err(_) => Err(tonic::Status::deadline_exceeded(format!(
+                "no answer on the session within {} ms",
+                timeout.as_millis()
+            ))
+            .into()),
         }
+    }
+}
+
+/// Removes a call's entry from the waiting calls when the call ends.
+struct Forget<'a> {
+    shared: &'a Mutex<Shared>,
+    id: u64,
+}
+
+impl Drop for Forget<'_> {
+    fn drop(&mut self) {
+        lock(self.shared).waiting.remove(&self.id);
     }
 }
 

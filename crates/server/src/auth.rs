@@ -19,6 +19,7 @@
 //! refused call changes nothing: it never reaches a service.
 
 use std::future::Future;
+use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
@@ -283,6 +284,54 @@ impl AuthLayer {
     pub fn new(config: AuthConfig, refused: Family<AuthLabels, Counter>) -> AuthLayer {
         AuthLayer { config: Arc::new(config), refused }
     }
+
+    /// Counts and logs a refusal of a call at `path` from `remote`.
+    fn record(&self, path: &str, refusal: &Refusal, remote: Option<SocketAddr>) {
+        let service = path.trim_start_matches('/').split('/').next().unwrap_or_default();
+        self.refused
+            .get_or_create(&AuthLabels {
+                service: service.to_string(),
+                reason: refusal.reason.to_string(),
+            })
+            .inc();
+        let remote = remote.map(|r| r.to_string()).unwrap_or_default();
+        tracing::info!(
+            event = "auth.refuse",
+            method = %path,
+            reason = refusal.reason,
+            client = %remote,
+            message = %refusal.status.message(),
+            "call refused"
+        );
+    }
+}
+
+/// The gRPC path of the worker session, whose frames are admitted one by
+/// one ([`Readmission`]).
+pub const SESSION_PATH: &str = "/leasehold.v1.Queue/Session";
+
+/// The credentials of a long-lived call (a worker session), kept so that
+/// each of its frames is admitted as a call of its own: [`AuthLayer`]
+/// puts one on every `Queue.Session` call, and [`Readmission::admit`]
+/// checks the frame's method against the tokens in force now — a token
+/// removed by a reload stops working on the sessions it opened too — with
+/// the layer's own rules, counting and logging.
+#[derive(Clone)]
+pub struct Readmission {
+    layer: AuthLayer,
+    headers: http::HeaderMap,
+    connection: Option<ConnectionInfo>,
+}
+
+impl Readmission {
+    /// The caller of a frame that is a call at `path`
+    /// (`/leasehold.v1.Queue/Ack`), or the status refusing it.
+    pub fn admit(&self, path: &str) -> Result<Caller, tonic::Status> {
+        self.layer.config.admit(path, &self.headers, self.connection.as_ref()).map_err(|refusal| {
+            self.layer.record(path, &refusal, self.connection.as_ref().and_then(|c| c.remote));
+            refusal.status
+        })
+    }
 }
 
 impl<S> tower::Layer<S> for AuthLayer {
@@ -329,6 +378,14 @@ where
         match admitted {
             Ok(caller) => {
                 request.extensions_mut().insert(caller);
+                if path == SESSION_PATH {
+                    let readmission = Readmission {
+                        layer: self.layer.clone(),
+                        headers: request.headers().clone(),
+                        connection: request.extensions().get::<ConnectionInfo>().cloned(),
+                    };
+                    request.extensions_mut().insert(readmission);
+                }
                 // The service that was made ready is the one that serves.
                 let ready = self.inner.clone();
                 let mut inner = std::mem::replace(&mut self.inner, ready);
@@ -361,28 +418,8 @@ where
                 })
             }
             Err(refusal) => {
-                let service = path.trim_start_matches('/').split('/').next().unwrap_or_default();
-                self.layer
-                    .refused
-                    .get_or_create(&AuthLabels {
-                        service: service.to_string(),
-                        reason: refusal.reason.to_string(),
-                    })
-                    .inc();
-                let remote = request
-                    .extensions()
-                    .get::<ConnectionInfo>()
-                    .and_then(|c| c.remote)
-                    .map(|r| r.to_string())
-                    .unwrap_or_default();
-                tracing::info!(
-                    event = "auth.refuse",
-                    method = %path,
-                    reason = refusal.reason,
-                    client = %remote,
-                    message = %refusal.status.message(),
-                    "call refused"
-                );
+                let remote = request.extensions().get::<ConnectionInfo>().and_then(|c| c.remote);
+                self.layer.record(&path, &refusal, remote);
                 let response = refusal.status.into_http();
                 Box::pin(async move { Ok(response) })
             }

@@ -32,9 +32,12 @@ pub const MAX_RAFT_MESSAGE_BYTES: usize = leasehold_raft::envelope::MAX_ENVELOPE
 pub const MAX_STREAMS_PER_CONNECTION: u32 = 256;
 /// Largest block of call metadata (headers) accepted.
 pub const MAX_HEADER_LIST_BYTES: u32 = 16 * 1024;
-/// Every call ends by this deadline, whatever the client asked for: above
-/// the longest wait a call may legitimately have (a join's catch-up of up
-/// to 120 s; a claim's long-poll is capped at 30 s).
+/// Every unary call ends by this deadline, whatever the client asked for:
+/// above the longest wait a call may legitimately have (a join's catch-up
+/// of up to 120 s; a claim's long-poll is capped at 30 s). A worker
+/// session is meant to last: it is bounded instead by its frames in
+/// flight and its idle time (`queue_service::MAX_SESSION_IN_FLIGHT`,
+/// `queue_service::SESSION_IDLE`).
 pub const CALL_DEADLINE: Duration = Duration::from_secs(130);
 
 /// The decode limit of `service` (`leasehold.v1.Queue`), for messages.

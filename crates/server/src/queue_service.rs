@@ -15,7 +15,7 @@ use leasehold_security::Role;
 use tonic::{Request, Response as Reply, Status};
 
 use crate::auth::Caller;
-pub use session::{MAX_SESSION_IN_FLIGHT, SessionStream};
+pub use session::{MAX_SESSION_IN_FLIGHT, SESSION_IDLE, SessionStream};
 
 mod session;
 
@@ -99,13 +99,19 @@ impl QueueService {
             Err(status) => status.code(),
         };
         self.journal.metrics().observe_rpc(method, code, started.elapsed());
-        if let Ok(reply) = &mut result
+        self.hint_leader(&mut result);
+        result
+    }
+
+    /// On a follower, names the leader on an answer
+    /// ([`leasehold_proto::LEADER_HINT_HEADER`]).
+    fn hint_leader<T>(&self, result: &mut Result<Reply<T>, Status>) {
+        if let Ok(reply) = result
             && let Some(leader) = self.journal.leader_hint()
             && let Ok(value) = tonic::metadata::MetadataValue::try_from(leader.as_str())
         {
             reply.metadata_mut().insert(leasehold_proto::LEADER_HINT_HEADER, value);
         }
-        result
     }
 }
 
@@ -557,8 +563,10 @@ impl Queue for QueueService {
         &self,
         request: Request<tonic::Streaming<v1::SessionRequest>>,
     ) -> Result<Reply<SessionStream>, Status> {
-        let started = std::time::Instant::now();
-        let result = self.session_call(request).await;
-        self.finish("session", started, result)
+        // Not counted as a call: it lasts as long as the session, and each
+        // of its frames is counted under its own call's name.
+        let mut result = self.session_call(request).await;
+        self.hint_leader(&mut result);
+        result
     }
 }

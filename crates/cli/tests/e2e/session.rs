@@ -6,8 +6,11 @@
 //! answered INVALID_ARGUMENT naming the field and the session goes on;
 //! frames sent at once are all answered, each under its own id; a frame
 //! over the Queue service's size limit ends the session with
-//! RESOURCE_EXHAUSTED naming the limit; and a node that shuts down ends
-//! its open sessions by saying so, rather than by dropping them.
+//! RESOURCE_EXHAUSTED naming the limit; a token removed by a reload stops
+//! working on the session it opened; and a node that shuts down ends its
+//! open sessions by saying so, rather than by dropping them, and still
+//! stops while another client floods a session and never reads its
+//! answers.
 //!
 //! Method: one `leasehold serve` process with `leasehold dev-certs`
 //! material, the SDK's `Session` with each role's token, and the raw
@@ -15,8 +18,13 @@
 //!
 //! Mutation checks (each run once against a deliberately broken build): a
 //! session that skips the per-frame role check fails the role phase (the
-//! worker's enqueue is served); a node whose sessions ignore shutdown
-//! fails the last phase (the session ends without the node's word).
+//! producer's claim is served); a session that keeps the caller it was
+//! opened with fails the reload phase (the removed token's frame is
+//! served); a node whose sessions ignore shutdown fails the last phase
+//! (the session ends without the node's word). The flood is a liveness
+//! check, not a mutation-checked one: a client that does not read holds
+//! its HTTP/2 stream open, so the node's graceful stop waits for it until
+//! the node's grace (5 s) runs out, whatever the session's task does.
 
 use std::path::Path;
 use std::time::Duration;
@@ -26,11 +34,13 @@ use leasehold_client::{Client, ClientTls};
 use leasehold_proto::v1;
 use leasehold_proto::v1::session_request::Call;
 use leasehold_proto::v1::session_response::Result as Answer;
+use leasehold_security::tokens::{Role, toml_entry};
+use nix::sys::signal::Signal;
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 
 use super::support::{
-    Check, Node, RPC_TIMEOUT, Sandbox, deadline_in, dev_certs, job, phase, wait_until,
+    Check, Node, RPC_TIMEOUT, Sandbox, deadline_in, dev_certs, job, phase, tls_config, wait_until,
 };
 
 /// The queue of the story.
@@ -154,8 +164,67 @@ async fn session_story(sandbox: &Sandbox) -> Result<()> {
     phase("a frame over the size limit ends the session with RESOURCE_EXHAUSTED");
     oversized_frame(&mut stub).await?;
 
-    phase("a node that shuts down ends its sessions with its reason");
+    phase("a token removed by a reload stops working on the session it opened");
+    let read = |role: &str| -> Result<String> {
+        Ok(std::fs::read_to_string(certs.join(format!("token-{role}")))?.trim().to_string())
+    };
+    let kept = [
+        toml_entry("admin", &[Role::Admin], &read("admin")?),
+        toml_entry("producer", &[Role::Producer], &read("producer")?),
+    ];
+    std::fs::write(certs.join("tokens.toml"), kept.join("\n"))?;
+    node.signal(Signal::SIGHUP)?;
+    let worker_client = client_as(&node, &certs, "worker")?;
+    wait_until("the worker token to be refused", deadline_in(Duration::from_secs(30)), || {
+        let worker_client = worker_client.clone();
+        async move {
+            Ok(match worker_client.stats(None, false).await {
+                Err(error) if error.code() == tonic::Code::Unauthenticated => Check::Done(()),
+                other => Check::NotYet(format!("{other:?}")),
+            })
+        }
+    })
+    .await?;
+    let error = refusal("a removed token's frame", worker.claim(claim_request("w")).await)?;
+    ensure!(
+        error.code() == tonic::Code::Unauthenticated,
+        "a frame under a removed token was refused with {error}"
+    );
+
+    phase("a node that shuts down ends its sessions with its reason, read or not");
+    // A session flooded with frames whose answers are never read: the
+    // node's answers fill the stream's window, and the node stops reading.
+    // A small stream window (64 KiB) makes the node's answers fill it
+    // after a thousand or so.
+    let endpoint = tonic::transport::Endpoint::from_shared(node.addr())?
+        .tls_config(tls_config(&certs, "client")?)?
+        .initial_stream_window_size(Some(65_535));
+    let bearer: tonic::metadata::AsciiMetadataValue =
+        format!("Bearer {}", read("admin")?).parse()?;
+    let mut small_window = v1::queue_client::QueueClient::with_interceptor(
+        endpoint.connect().await?,
+        move |mut request: tonic::Request<()>| {
+            request.metadata_mut().insert("authorization", bearer.clone());
+            Ok(request)
+        },
+    );
+    let (flood, outgoing) = mpsc::channel(8);
+    let unread = small_window.session(ReceiverStream::new(outgoing)).await?.into_inner();
+    let flooding = tokio::spawn(async move {
+        for id in 0..5_000 {
+            let frame = v1::SessionRequest {
+                id,
+                call: Some(Call::Ack(v1::AckRequest { job_id: 0, token: 0, result: Vec::new() })),
+            };
+            if flood.send(frame).await.is_err() {
+                break;
+            }
+        }
+    });
+    tokio::time::sleep(Duration::from_secs(1)).await;
     node.stop(deadline_in(Duration::from_secs(30))).await?;
+    flooding.abort();
+    drop(unread);
     let error = refusal("a call after the node stopped", worker.ack(1, 1).await)?;
     ensure!(
         error.code() == tonic::Code::Unavailable && error.to_string().contains("shutting down"),

@@ -1,11 +1,12 @@
 //! `Queue.Session`: the worker calls of the Queue service as frames on one
-//! long-lived stream (queue.proto). Each frame goes through the same role
-//! table as the unary call of its name ([`crate::auth::requirement`]) and
-//! then through that call's own handler, so a frame is validated,
-//! authorized, proposed and answered exactly as the call would be; only
-//! the HTTP/2 stream, its headers and its trailers are shared.
+//! long-lived stream (queue.proto). Each frame is admitted as a call of
+//! its own by the auth layer's rules against the credentials in force now
+//! ([`Readmission`]), then run by that call's own handler, so a frame is
+//! validated, authorized, proposed and answered exactly as the call would
+//! be; only the HTTP/2 stream, its headers and its trailers are shared.
 
 use std::pin::Pin;
+use std::time::Duration;
 
 use futures::stream::{FuturesUnordered, Stream, StreamExt};
 use leasehold_proto::v1;
@@ -17,16 +18,27 @@ use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response as Reply, Status, Streaming};
 
 use super::QueueService;
-use crate::auth::{Caller, Requirement, requirement};
+use crate::auth::{Caller, Readmission};
 use crate::limits;
 
-/// Frames of one session that run at once. While this many are running
-/// the node reads no further frame, so a client that sends faster than
-/// its calls complete is held back by HTTP/2 flow control.
-pub const MAX_SESSION_IN_FLIGHT: usize = 64;
+/// Frames of one session that run at once. While this many are running,
+/// or an answer waits for the client to read it, the node reads no further
+/// frame, so a client that sends faster than it reads is held back by
+/// HTTP/2 flow control. Sessions share a connection's stream limit
+/// ([`limits::MAX_STREAMS_PER_CONNECTION`]), so a connection holds at most
+/// that many times this in frames.
+pub const MAX_SESSION_IN_FLIGHT: usize = 16;
+/// Answers of a session queued for sending while the client reads.
+const ANSWERS_QUEUED: usize = 8;
+/// A session with nothing running and no frame for this long ends
+/// (UNAVAILABLE): a stream nobody uses does not hold a node's task and
+/// buffers for ever. Long-polls count as running.
+pub const SESSION_IDLE: Duration = Duration::from_secs(600);
 
 /// The answers of a session, as tonic sends them.
 pub type SessionStream = Pin<Box<dyn Stream<Item = Result<v1::SessionResponse, Status>> + Send>>;
+
+type Answers = mpsc::Sender<Result<v1::SessionResponse, Status>>;
 
 impl QueueService {
     /// Opens a session: its frames are served by a task of their own, and
@@ -35,56 +47,88 @@ impl QueueService {
         &self,
         request: Request<Streaming<v1::SessionRequest>>,
     ) -> Result<Reply<SessionStream>, Status> {
-        let caller = Caller::of(&request)?.clone();
+        let credentials = request
+            .extensions()
+            .get::<Readmission>()
+            .cloned()
+            .ok_or_else(|| Status::internal("no credentials on this session"))?;
         let frames = request.into_inner();
-        let (answers, outgoing) = mpsc::channel(MAX_SESSION_IN_FLIGHT);
-        tokio::spawn(self.clone().serve_session(caller, frames, answers));
+        let (answers, outgoing) = mpsc::channel(ANSWERS_QUEUED);
+        tokio::spawn(self.clone().serve_session(credentials, frames, answers));
         Ok(Reply::new(Box::pin(ReceiverStream::new(outgoing)) as SessionStream))
     }
 
     /// Reads frames and runs up to [`MAX_SESSION_IN_FLIGHT`] of them at a
     /// time until the client closes its side (then answers what is still
-    /// running), the client goes away, the frames break off, or the node
-    /// shuts down.
+    /// running), the client goes away, the frames break off, the session
+    /// idles out, or the node shuts down. Every wait is a branch of one
+    /// `select!`, so shutdown and a departed client are seen even while an
+    /// answer waits for a client that does not read.
     async fn serve_session(
         self,
-        caller: Caller,
+        credentials: Readmission,
         mut frames: Streaming<v1::SessionRequest>,
-        answers: mpsc::Sender<Result<v1::SessionResponse, Status>>,
+        answers: Answers,
     ) {
         let mut running = FuturesUnordered::new();
+        // An answer that is ready and waits for room in `answers`.
+        let mut ready: Option<v1::SessionResponse> = None;
         let closing = closed(self.closing.clone());
         tokio::pin!(closing);
+        let idle = tokio::time::sleep(SESSION_IDLE);
+        tokio::pin!(idle);
         let mut reading = true;
         loop {
-            if !reading && running.is_empty() {
+            if !reading && running.is_empty() && ready.is_none() {
                 return;
             }
             tokio::select! {
-                frame = frames.message(), if reading && running.len() < MAX_SESSION_IN_FLIGHT => {
+                frame = frames.message(),
+                    if reading && ready.is_none() && running.len() < MAX_SESSION_IN_FLIGHT =>
+                {
                     match frame {
-                        Ok(Some(frame)) => running.push(self.frame(&caller, frame)),
+                        Ok(Some(frame)) => {
+                            idle.as_mut().reset(tokio::time::Instant::now() + SESSION_IDLE);
+                            running.push(self.frame(&credentials, frame));
+                        }
                         Ok(None) => reading = false,
                         Err(status) => {
                             // The frames broke off (the client reset the
                             // stream, or sent what cannot be decoded): say
                             // why, if anyone is still listening.
-                            let status = limits::too_large(super::SERVICE, &status).unwrap_or(status);
-                            let _ = answers.send(Err(status)).await;
+                            let status =
+                                limits::too_large(super::SERVICE, &status).unwrap_or(status);
+                            let _ = answers.try_send(Err(status));
                             return;
                         }
                     }
                 }
-                Some(answer) = running.next(), if !running.is_empty() => {
-                    if answers.send(Ok(answer)).await.is_err() {
-                        return;
+                Some(answer) = running.next(), if ready.is_none() && !running.is_empty() => {
+                    ready = Some(answer);
+                }
+                permit = answers.reserve(), if ready.is_some() => match (permit, ready.take()) {
+                    (Ok(permit), Some(answer)) => {
+                        permit.send(Ok(answer));
+                        if running.is_empty() {
+                            idle.as_mut().reset(tokio::time::Instant::now() + SESSION_IDLE);
+                        }
                     }
+                    // The client went away.
+                    _ => return,
+                },
+                () = &mut idle, if running.is_empty() && ready.is_none() => {
+                    let idle_for = SESSION_IDLE.as_secs();
+                    let status = Status::unavailable(format!(
+                        "session idle for {idle_for} s: it ended; open another"
+                    ));
+                    let _ = answers.try_send(Err(status));
+                    return;
                 }
                 () = &mut closing => {
                     let status = Status::unavailable(
                         "node shutting down: the session ended; open one on another node",
                     );
-                    let _ = answers.send(Err(status)).await;
+                    let _ = answers.try_send(Err(status));
                     return;
                 }
                 () = answers.closed() => return,
@@ -93,18 +137,19 @@ impl QueueService {
     }
 
     /// Runs one frame and names its answer with the frame's id.
-    async fn frame(&self, caller: &Caller, frame: v1::SessionRequest) -> v1::SessionResponse {
+    async fn frame(
+        &self,
+        credentials: &Readmission,
+        frame: v1::SessionRequest,
+    ) -> v1::SessionResponse {
         let answer = match frame.call {
-            Some(call) => self.run_frame(caller, call).await,
+            Some(call) => self.run_frame(credentials, call).await,
             None => Err(Status::invalid_argument(
                 "call: a session frame carries one of enqueue, claim, refresh, ack, nack or \
                  release",
             )),
         };
         let result = answer.unwrap_or_else(|status| {
-            if status.code() == tonic::Code::PermissionDenied {
-                self.count_refusal(&status);
-            }
             Answer::Error(v1::CallError {
                 code: status.code() as i32,
                 message: status.message().into(),
@@ -113,57 +158,61 @@ impl QueueService {
         v1::SessionResponse { id: frame.id, result: Some(result) }
     }
 
-    /// Checks the caller against the role of the unary call of the same
-    /// name, then runs that call's handler, counted and timed under its
-    /// name (a frame's answer carries no leader hint: the session's
-    /// opening did).
+    /// Admits the frame as the unary call of the same name, then runs that
+    /// call's handler, counted and timed under its name (a frame's answer
+    /// carries no leader hint: the session's opening did).
     ///
     /// Each handler is awaited right here rather than handed to a wrapper:
     /// rustc keeps a future passed by value to another async fn twice, and
     /// every frame's future is moved into the session's running set, so
     /// each layer of wrapping would be copied per frame.
-    async fn run_frame(&self, caller: &Caller, call: Call) -> Result<Answer, Status> {
-        let (method, metric) = match &call {
-            Call::Enqueue(_) => ("Enqueue", "enqueue"),
-            Call::Claim(_) => ("Claim", "claim"),
-            Call::Refresh(_) => ("Refresh", "refresh"),
-            Call::Ack(_) => ("Ack", "ack"),
-            Call::Nack(_) => ("Nack", "nack"),
-            Call::Release(_) => ("Release", "release"),
+    async fn run_frame(&self, credentials: &Readmission, call: Call) -> Result<Answer, Status> {
+        let (path, metric) = match &call {
+            Call::Enqueue(_) => ("/leasehold.v1.Queue/Enqueue", "enqueue"),
+            Call::Claim(_) => ("/leasehold.v1.Queue/Claim", "claim"),
+            Call::Refresh(_) => ("/leasehold.v1.Queue/Refresh", "refresh"),
+            Call::Ack(_) => ("/leasehold.v1.Queue/Ack", "ack"),
+            Call::Nack(_) => ("/leasehold.v1.Queue/Nack", "nack"),
+            Call::Release(_) => ("/leasehold.v1.Queue/Release", "release"),
         };
-        authorize(caller, method)?;
+        let caller = credentials.admit(path)?;
         let started = std::time::Instant::now();
         let answer = match call {
             Call::Enqueue(r) => self
-                .enqueue_call(as_caller(caller, r))
+                .enqueue_call(as_caller(&caller, r))
                 .await
                 .map(|r| Answer::Enqueue(r.into_inner())),
             Call::Claim(r) => {
-                self.claim_call(as_caller(caller, r)).await.map(|r| Answer::Claim(r.into_inner()))
+                self.claim_call(as_caller(&caller, r)).await.map(|r| Answer::Claim(r.into_inner()))
             }
             Call::Refresh(r) => self
-                .refresh_call(as_caller(caller, r))
+                .refresh_call(as_caller(&caller, r))
                 .await
                 .map(|r| Answer::Refresh(r.into_inner())),
             Call::Ack(r) => {
-                self.ack_call(as_caller(caller, r)).await.map(|r| Answer::Ack(r.into_inner()))
+                self.ack_call(as_caller(&caller, r)).await.map(|r| Answer::Ack(r.into_inner()))
             }
             Call::Nack(r) => {
-                self.nack_call(as_caller(caller, r)).await.map(|r| Answer::Nack(r.into_inner()))
+                self.nack_call(as_caller(&caller, r)).await.map(|r| Answer::Nack(r.into_inner()))
             }
             Call::Release(r) => self
-                .release_call(as_caller(caller, r))
+                .release_call(as_caller(&caller, r))
                 .await
                 .map(|r| Answer::Release(r.into_inner())),
         };
         let code = answer.as_ref().map_or_else(Status::code, |_| tonic::Code::Ok);
         self.journal.metrics().observe_rpc(metric, code, started.elapsed());
+        if code == tonic::Code::PermissionDenied
+            && let Err(status) = &answer
+        {
+            self.count_refusal(path, status);
+        }
         answer
     }
 
-    /// Counts and logs a frame's role refusal as the auth layer does a
-    /// call's.
-    fn count_refusal(&self, status: &Status) {
+    /// Counts and logs a handler's role refusal of a frame (a command
+    /// queue needs admin) as the auth layer does a call's.
+    fn count_refusal(&self, path: &str, status: &Status) {
         self.journal
             .metrics()
             .auth_refused
@@ -171,24 +220,11 @@ impl QueueService {
             .inc();
         tracing::info!(
             event = "auth.refuse",
-            method = "/leasehold.v1.Queue/Session",
+            method = %path,
             reason = "role",
             message = %status.message(),
             "session frame refused"
         );
-    }
-}
-
-/// PERMISSION_DENIED unless `caller` may make the unary call `method`.
-fn authorize(caller: &Caller, method: &str) -> Result<(), Status> {
-    match requirement(&format!("/{}/{method}", super::SERVICE)) {
-        Requirement::Open => Ok(()),
-        Requirement::Role(role) if caller.may(role) => Ok(()),
-        Requirement::Role(role) => caller.require(role, &format!("session frame {method}")),
-        Requirement::Node if caller.node_id().is_some() => Ok(()),
-        Requirement::Node => Err(Status::permission_denied(format!(
-            "session frame {method} is for cluster nodes only"
-        ))),
     }
 }
 
