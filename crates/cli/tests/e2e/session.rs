@@ -191,7 +191,7 @@ async fn session_story(sandbox: &Sandbox) -> Result<()> {
         "a frame under a removed token was refused with {error}"
     );
 
-    phase("a node that shuts down ends its sessions with its reason, read or not");
+    phase("a node that shuts down ends its sessions with its reason, and stops with one unread");
     // A session flooded with frames whose answers are never read: the
     // node's answers fill the stream's window, and the node stops reading.
     // A small stream window (64 KiB) makes the node's answers fill it

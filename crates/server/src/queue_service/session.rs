@@ -13,7 +13,7 @@ use leasehold_proto::v1;
 use leasehold_proto::v1::session_request::Call;
 use leasehold_proto::v1::session_response::Result as Answer;
 use leasehold_replica::metrics::AuthLabels;
-use tokio::sync::{mpsc, watch};
+use tokio::sync::{mpsc, oneshot, watch};
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response as Reply, Status, Streaming};
 
@@ -30,9 +30,10 @@ use crate::limits;
 pub const MAX_SESSION_IN_FLIGHT: usize = 16;
 /// Answers of a session queued for sending while the client reads.
 const ANSWERS_QUEUED: usize = 8;
-/// A session with nothing running and no frame for this long ends
-/// (UNAVAILABLE): a stream nobody uses does not hold a node's task and
-/// buffers for ever. Long-polls count as running.
+/// A session with nothing running and no frame for this long, or whose
+/// ready answer has waited this long for the client to read, ends
+/// (UNAVAILABLE): a stream nobody uses or reads does not hold a node's
+/// task and buffers for ever. Long-polls count as running.
 pub const SESSION_IDLE: Duration = Duration::from_secs(600);
 
 /// The answers of a session, as tonic sends them.
@@ -54,8 +55,13 @@ impl QueueService {
             .ok_or_else(|| Status::internal("no credentials on this session"))?;
         let frames = request.into_inner();
         let (answers, outgoing) = mpsc::channel(ANSWERS_QUEUED);
-        tokio::spawn(self.clone().serve_session(credentials, frames, answers));
-        Ok(Reply::new(Box::pin(ReceiverStream::new(outgoing)) as SessionStream))
+        // Why the session ended, when the node ended it: sent after every
+        // queued answer, however full the queue was.
+        let (end, ended) = oneshot::channel::<Status>();
+        let ending =
+            futures::stream::once(ended).filter_map(|end| std::future::ready(end.ok().map(Err)));
+        tokio::spawn(self.clone().serve_session(credentials, frames, answers, end));
+        Ok(Reply::new(Box::pin(ReceiverStream::new(outgoing).chain(ending)) as SessionStream))
     }
 
     /// Reads frames and runs up to [`MAX_SESSION_IN_FLIGHT`] of them at a
@@ -69,6 +75,7 @@ impl QueueService {
         credentials: Readmission,
         mut frames: Streaming<v1::SessionRequest>,
         answers: Answers,
+        end: oneshot::Sender<Status>,
     ) {
         let mut running = FuturesUnordered::new();
         // An answer that is ready and waits for room in `answers`.
@@ -98,13 +105,14 @@ impl QueueService {
                             // why, if anyone is still listening.
                             let status =
                                 limits::too_large(super::SERVICE, &status).unwrap_or(status);
-                            let _ = answers.try_send(Err(status));
+                            let _ = end.send(status);
                             return;
                         }
                     }
                 }
                 Some(answer) = running.next(), if ready.is_none() && !running.is_empty() => {
                     ready = Some(answer);
+                    idle.as_mut().reset(tokio::time::Instant::now() + SESSION_IDLE);
                 }
                 permit = answers.reserve(), if ready.is_some() => match (permit, ready.take()) {
                     (Ok(permit), Some(answer)) => {
@@ -116,19 +124,20 @@ impl QueueService {
                     // The client went away.
                     _ => return,
                 },
-                () = &mut idle, if running.is_empty() && ready.is_none() => {
+                () = &mut idle, if ready.is_some() || running.is_empty() => {
                     let idle_for = SESSION_IDLE.as_secs();
                     let status = Status::unavailable(format!(
-                        "session idle for {idle_for} s: it ended; open another"
+                        "session idle for {idle_for} s (no frame, or an answer unread): it \
+                         ended; open another"
                     ));
-                    let _ = answers.try_send(Err(status));
+                    let _ = end.send(status);
                     return;
                 }
                 () = &mut closing => {
                     let status = Status::unavailable(
                         "node shutting down: the session ended; open one on another node",
                     );
-                    let _ = answers.try_send(Err(status));
+                    let _ = end.send(status);
                     return;
                 }
                 () = answers.closed() => return,
