@@ -304,6 +304,23 @@ impl AuthLayer {
             "call refused"
         );
     }
+
+    /// Counts and logs a service's own refusal of a call at `path` for
+    /// its role (a command queue needs admin), as [`Self::record`] does
+    /// the layer's refusals.
+    fn record_role(&self, path: &str, status: &tonic::Status) {
+        let service = path.trim_start_matches('/').split('/').next().unwrap_or_default();
+        self.refused
+            .get_or_create(&AuthLabels { service: service.to_string(), reason: "role".to_string() })
+            .inc();
+        tracing::info!(
+            event = "auth.refuse",
+            method = %path,
+            reason = "role",
+            message = %status.message(),
+            "call refused"
+        );
+    }
 }
 
 /// The gRPC path of the worker session, whose frames are admitted one by
@@ -331,6 +348,12 @@ impl Readmission {
             self.layer.record(path, &refusal, self.connection.as_ref().and_then(|c| c.remote));
             refusal.status
         })
+    }
+
+    /// Counts and logs a handler's refusal of a frame at `path` for its
+    /// role, as the layer does a call's.
+    pub fn record_role_refusal(&self, path: &str, status: &tonic::Status) {
+        self.layer.record_role(path, status);
     }
 }
 
@@ -390,7 +413,7 @@ where
                 let ready = self.inner.clone();
                 let mut inner = std::mem::replace(&mut self.inner, ready);
                 let future = inner.call(request);
-                let refused = self.layer.refused.clone();
+                let layer = self.layer.clone();
                 Box::pin(async move {
                     let response = future.await?;
                     // A service's own role check (a command queue needs
@@ -398,21 +421,7 @@ where
                     if let Some(status) = tonic::Status::from_header_map(response.headers())
                         && status.code() == tonic::Code::PermissionDenied
                     {
-                        let service =
-                            path.trim_start_matches('/').split('/').next().unwrap_or_default();
-                        refused
-                            .get_or_create(&AuthLabels {
-                                service: service.to_string(),
-                                reason: "role".to_string(),
-                            })
-                            .inc();
-                        tracing::info!(
-                            event = "auth.refuse",
-                            method = %path,
-                            reason = "role",
-                            message = %status.message(),
-                            "call refused"
-                        );
+                        layer.record_role(&path, &status);
                     }
                     Ok(response)
                 })

@@ -12,7 +12,6 @@ use futures::stream::{FuturesUnordered, Stream, StreamExt};
 use leasehold_proto::v1;
 use leasehold_proto::v1::session_request::Call;
 use leasehold_proto::v1::session_response::Result as Answer;
-use leasehold_replica::metrics::AuthLabels;
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response as Reply, Status, Streaming};
@@ -214,26 +213,9 @@ impl QueueService {
         if code == tonic::Code::PermissionDenied
             && let Err(status) = &answer
         {
-            self.count_refusal(path, status);
+            credentials.record_role_refusal(path, status);
         }
         answer
-    }
-
-    /// Counts and logs a handler's role refusal of a frame (a command
-    /// queue needs admin) as the auth layer does a call's.
-    fn count_refusal(&self, path: &str, status: &Status) {
-        self.journal
-            .metrics()
-            .auth_refused
-            .get_or_create(&AuthLabels { service: super::SERVICE.into(), reason: "role".into() })
-            .inc();
-        tracing::info!(
-            event = "auth.refuse",
-            method = %path,
-            reason = "role",
-            message = %status.message(),
-            "session frame refused"
-        );
     }
 }
 
