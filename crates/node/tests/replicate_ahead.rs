@@ -186,11 +186,12 @@ async fn followers_store_a_batch_while_the_leader_still_syncs_it() -> Result<()>
     for _ in 0..20 {
         write().await?;
     }
-    // The carried commit indexes reached the followers while the writes
-    // went on: both have applied one of those writes. (A carrier without
-    // the commit index leaves the follower it carried for behind while
-    // the writes go on; how far depends on how many were carried, so
-    // this catches it only when that follower got most of its carriers.)
+    // The followers learned commit indexes while the writes went on: both
+    // have applied one of those writes. (Not all of them by carriers: a
+    // commit that comes after the next write was appended goes out by
+    // itself, so this does not tell a carrier without the commit index
+    // from one with it; the network's unit test checks the index handed
+    // to the carrier.)
     let followers = (applied(&nodes[&2]), applied(&nodes[&3]));
     let carried = answers.carried() - carried_before;
     answers.set_commit_hold(leasehold_raft::network::COMMIT_HOLD);

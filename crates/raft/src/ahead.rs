@@ -59,11 +59,12 @@
 //! same shape. Under load the next batch goes ahead to the follower a
 //! moment later anyway, so such a message is held, [`COMMIT_HOLD`] at
 //! most, for that batch to carry its commit index
-//! (`AheadAnswers::carry` in [`crate::network`]); if the follower answers the
-//! carrier `Success`, the held message is answered `Success` and never
-//! sent. Otherwise (no batch in time, another vote, a refusal, an error)
-//! it goes out as usual. That saves a message and its answer per commit
-//! and follower.
+//! (`AheadAnswers::carry` in [`crate::network`]), and then waits for the
+//! carrier's answer, as openraft's own request for the batch would. If the
+//! follower answers the carrier `Success`, the held message is answered
+//! `Success` and never sent. Otherwise (no batch in time, another vote, a
+//! refusal, an error, no answer within half its deadline) it goes out as
+//! usual. That saves a message and its answer per commit and follower.
 //!
 //! Why this is safe: the carrier is a message of the leader's vote, sent
 //! after the held one was asked for, with the held one's commit index,
@@ -253,6 +254,13 @@ pub async fn run(
         tokio::select! {
             batch = batches.recv() => {
                 let Some(batch) = batch else { break };
+                // Sends that ended since are no longer in flight, though
+                // `select!` may not have seen them end yet.
+                while let Some(done) = sends.try_join_next() {
+                    if let Ok(target) = done {
+                        busy.remove(&target);
+                    }
+                }
                 // The batch with a commit index, made once per index: the
                 // followers usually wait for the same one.
                 let mut with_commit: Option<Arc<AppendEntriesRequest<TypeConfig>>> = None;

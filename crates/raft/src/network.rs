@@ -312,12 +312,12 @@ struct AheadSent {
 }
 
 /// A message of openraft's without entries, held for the next message
-/// sent ahead to the same follower to carry its commit index; its sender
-/// learns whether that message was taken.
+/// sent ahead to the same follower to carry its commit index; its waiter
+/// is handed, once a carrier goes out, where that carrier's answer comes.
 struct HeldCommit {
     vote: Vote<NodeId>,
     leader_commit: Option<LogId<NodeId>>,
-    answer: tokio::sync::oneshot::Sender<bool>,
+    carrier: tokio::sync::oneshot::Sender<tokio::sync::oneshot::Receiver<bool>>,
 }
 
 /// What the network knows of one follower for replication ahead.
@@ -440,8 +440,9 @@ impl AheadAnswers {
     }
 
     /// Holds `rpc`, a message of openraft's without entries to `target`,
-    /// for the next message sent ahead to it: the receiver learns whether
-    /// that message, carrying `rpc`'s commit index, was taken. `None` (send
+    /// for the next message sent ahead to it: the receiver gets, once that
+    /// message goes out carrying `rpc`'s commit index, where its answer
+    /// (whether the follower took it) comes. `None` (send
     /// it now) when `rpc` has entries, nothing is sent ahead, a
     /// linearizable read is in progress (its heartbeats must not wait), or
     /// a message sent ahead to `target` waits for openraft's stream to
@@ -452,7 +453,7 @@ impl AheadAnswers {
         &self,
         target: NodeId,
         rpc: &AppendEntriesRequest<TypeConfig>,
-    ) -> Option<tokio::sync::oneshot::Receiver<bool>> {
+    ) -> Option<tokio::sync::oneshot::Receiver<tokio::sync::oneshot::Receiver<bool>>> {
         use std::sync::atomic::Ordering::SeqCst;
         if !rpc.entries.is_empty() || !self.carrying.load(SeqCst) || self.reads.load(SeqCst) > 0 {
             return None;
@@ -467,10 +468,10 @@ impl AheadAnswers {
         if follower.sent.is_some() {
             return None;
         }
-        let (answer, answered) = tokio::sync::oneshot::channel();
-        follower.held =
-            Some(HeldCommit { vote: rpc.vote, leader_commit: rpc.leader_commit, answer });
-        Some(answered)
+        let (carrier, carried) = tokio::sync::oneshot::channel();
+        let held = HeldCommit { vote: rpc.vote, leader_commit: rpc.leader_commit, carrier };
+        follower.held = Some(held);
+        Some(carried)
     }
 
     /// Lets every held message go out now (their waiters send them): a
@@ -499,7 +500,13 @@ impl AheadAnswers {
         vote: Vote<NodeId>,
     ) -> Option<(Option<LogId<NodeId>>, tokio::sync::oneshot::Sender<bool>)> {
         let held = self.lock().followers.get_mut(&target)?.held.take()?;
-        (held.vote == vote && !held.answer.is_closed()).then_some((held.leader_commit, held.answer))
+        if held.vote != vote {
+            return None;
+        }
+        let (answer, answered) = tokio::sync::oneshot::channel();
+        // Its waiter gone (the hold is over): nothing to carry.
+        held.carrier.send(answered).ok()?;
+        Some((held.leader_commit, answer))
     }
 
     /// How many of openraft's messages without entries were carried by a
@@ -650,23 +657,30 @@ impl PeerClient {
     /// Whether the follower took `rpc`'s commit index and this leader's
     /// vote from a message sent ahead after `rpc` was asked for (see
     /// [`crate::ahead`], "Messages without entries"): `rpc`, without
-    /// entries, waits [`COMMIT_HOLD`] at most (half its deadline if that
-    /// is shorter; [`AheadAnswers::set_commit_hold`] changes it) for the next message sent ahead to the follower to
-    /// carry its commit index, and is answered `Success` if that message
-    /// was. `false` when it was not held, or nothing carried it in time, or
-    /// the carrier was refused or failed: then `rpc` is sent as usual.
+    /// entries, waits [`COMMIT_HOLD`] at most
+    /// ([`AheadAnswers::set_commit_hold`] changes it) for the next message
+    /// sent ahead to the follower to carry its commit index, then for that
+    /// message's answer, as openraft's request for the same entries would,
+    /// and is answered `Success` if the follower took it; all within half
+    /// its deadline, so it can still go out in time. `false` when it was
+    /// not held, or nothing carried it in time, or the carrier was refused,
+    /// failed or not answered in time: then `rpc` is sent as usual.
     async fn carried_ahead(
         &self,
         rpc: &AppendEntriesRequest<TypeConfig>,
         option: &RPCOption,
     ) -> bool {
-        let Some(answer) = self.ahead.hold(self.target, rpc) else {
+        let Some(carrier) = self.ahead.hold(self.target, rpc) else {
             return false;
         };
         let ttl = option.hard_ttl();
-        let hold = self.ahead.commit_hold();
-        let wait = if ttl.is_zero() { hold } else { hold.min(ttl / 2) };
-        let took = matches!(tokio::time::timeout(wait, answer).await, Ok(Ok(true)));
+        let half = if ttl.is_zero() { DEFAULT_RPC_TIMEOUT } else { ttl } / 2;
+        let deadline = tokio::time::Instant::now() + half;
+        let hold = self.ahead.commit_hold().min(half);
+        let Ok(Ok(answer)) = tokio::time::timeout(hold, carrier).await else {
+            return false;
+        };
+        let took = matches!(tokio::time::timeout_at(deadline, answer).await, Ok(Ok(true)));
         if took {
             // What commit index that brought, the sender noted.
             self.ahead.carried.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
