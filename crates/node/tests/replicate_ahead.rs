@@ -38,6 +38,9 @@ mod support;
 const SYNC_DELAY: Duration = Duration::from_millis(600);
 /// The followers must hold the entry well before the leader's sync ends.
 const AHEAD_WITHIN: Duration = Duration::from_millis(300);
+/// Less than a message without entries is held here (half of openraft's
+/// deadline, `heartbeat_ms` below).
+const WITHIN_HOLD: Duration = Duration::from_millis(40);
 
 /// How many AppendEntries carrying entries `node` has served (its
 /// `follower_append` stage's count).
@@ -192,16 +195,21 @@ async fn followers_store_a_batch_while_the_leader_still_syncs_it() -> Result<()>
     // itself, so this does not tell a carrier without the commit index
     // from one with it; the network's unit test checks the index handed
     // to the carrier.)
-    let followers = (applied(&nodes[&2]), applied(&nodes[&3]));
+    // Applying runs on its own on a follower, so allow it a moment, less
+    // than the hold (half of openraft's 100 ms deadline here).
     let carried = answers.carried() - carried_before;
+    let applied_burst = wait_for("both followers apply a write of the burst", WITHIN_HOLD, || {
+        applied(&nodes[&2]).min(applied(&nodes[&3])) > Some(burst_start)
+    })
+    .await;
+    let followers = (applied(&nodes[&2]), applied(&nodes[&3]));
     answers.set_commit_hold(leasehold_raft::network::COMMIT_HOLD);
     // One more write carries the last one held; its own goes out alone.
     let last = write().await?;
     assert!(carried >= 1, "no message without entries was carried in 20 writes");
-    assert!(
-        followers.0.min(followers.1) > Some(burst_start),
-        "followers applied {followers:?} after 20 writes from {burst_start} ({carried} carried)"
-    );
+    applied_burst.with_context(|| {
+        format!("followers at {followers:?} after 20 writes from {burst_start} ({carried} carried)")
+    })?;
     wait_for("both followers apply the last write", Duration::from_secs(5), || {
         applied(&nodes[&2]) >= Some(last) && applied(&nodes[&3]) >= Some(last)
     })
