@@ -281,8 +281,7 @@ impl Node {
         // The leader sends each batch to its followers as its own sync
         // starts, rather than after it (leasehold_raft::ahead).
         let ahead = config.replicate_ahead.then(|| {
-            let (observer, batches) =
-                leasehold_raft::ahead::AheadObserver::new(raft.clone(), peers.clone());
+            let (observer, batches) = leasehold_raft::ahead::AheadObserver::new(raft.clone());
             log.observe_appends(Arc::new(observer));
             batches
         });

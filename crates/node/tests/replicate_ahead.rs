@@ -17,10 +17,6 @@
 //! entries again. Each follower counts the AppendEntries carrying entries
 //! it serves (its `follower_append` stage); over the write that count
 //! may not exceed the entries it received.
-//!
-//! And after each commit, openraft's message without entries that brings
-//! followers the commit index rides on the next batch sent ahead instead
-//! of going out itself; the followers still apply every write.
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
@@ -38,9 +34,6 @@ mod support;
 const SYNC_DELAY: Duration = Duration::from_millis(600);
 /// The followers must hold the entry well before the leader's sync ends.
 const AHEAD_WITHIN: Duration = Duration::from_millis(300);
-/// Less than a message without entries is held here (half of openraft's
-/// deadline, `heartbeat_ms` below).
-const WITHIN_HOLD: Duration = Duration::from_millis(40);
 
 /// How many AppendEntries carrying entries `node` has served (its
 /// `follower_append` stage's count).
@@ -170,51 +163,7 @@ async fn followers_store_a_batch_while_the_leader_still_syncs_it() -> Result<()>
     let taken = leader.journal().peers().ahead_answers().taken() - taken_before;
     assert!(taken >= 1, "openraft's stream never took an answer of a message sent ahead");
 
-    phase("a commit index rides on the next batch sent ahead, and followers still apply");
     leader.log_store().set_sync_delay(Duration::ZERO);
-    let answers = leader.journal().peers().ahead_answers();
-    let applied = |node: &NodeHandle| node.raft().metrics().borrow().last_applied.map(|l| l.index);
-    let write = || async {
-        let proposal = Proposal { now_ms: 0, command: Command::Sweep };
-        let written = leader.raft().client_write(proposal).await;
-        written.map(|w| w.log_id.index).map_err(|e| anyhow!("write: {e}"))
-    };
-    // Writes one after another, as one client makes them, each commit's
-    // message without entries held until the next write goes ahead to
-    // carry its commit index (held as long as the hold may last, half of
-    // openraft's deadline; a follower that a batch skips gets its own).
-    answers.set_commit_hold(Duration::from_secs(5));
-    let carried_before = answers.carried();
-    let burst_start = last_index(leader);
-    for _ in 0..20 {
-        write().await?;
-    }
-    // The followers learned commit indexes while the writes went on: both
-    // have applied one of those writes. (Not all of them by carriers: a
-    // commit that comes after the next write was appended goes out by
-    // itself, so this does not tell a carrier without the commit index
-    // from one with it; the network's unit test checks the index handed
-    // to the carrier.)
-    // Applying runs on its own on a follower, so allow it a moment, less
-    // than the hold (half of openraft's 100 ms deadline here).
-    let carried = answers.carried() - carried_before;
-    let applied_burst = wait_for("both followers apply a write of the burst", WITHIN_HOLD, || {
-        applied(&nodes[&2]).min(applied(&nodes[&3])) > Some(burst_start)
-    })
-    .await;
-    let followers = (applied(&nodes[&2]), applied(&nodes[&3]));
-    answers.set_commit_hold(leasehold_raft::network::COMMIT_HOLD);
-    // One more write carries the last one held; its own goes out alone.
-    let last = write().await?;
-    assert!(carried >= 1, "no message without entries was carried in 20 writes");
-    applied_burst.with_context(|| {
-        format!("followers at {followers:?} after 20 writes from {burst_start} ({carried} carried)")
-    })?;
-    wait_for("both followers apply the last write", Duration::from_secs(5), || {
-        applied(&nodes[&2]) >= Some(last) && applied(&nodes[&3]) >= Some(last)
-    })
-    .await?;
-
     for (_, node) in nodes {
         node.shutdown(Duration::from_secs(5)).await.map_err(|e| anyhow!("shutdown: {e}"))?;
     }

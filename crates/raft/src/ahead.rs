@@ -43,52 +43,13 @@
 //! only for a request of the same vote and log ids; a log id names one
 //! entry, since every entry sent ahead is of the leader's own vote and a
 //! restarted node never leads a term it led before (below). The message
-//! carries no commit index of its own, so it can only add entries, never
-//! commit them (see "Messages without entries" below for one it may carry
-//! for openraft). The two properties of openraft 0.9 this rests on (a
-//! follower answers only after its flush callback; a leader replicates
-//! only after its own flush) must be checked again on an upgrade.
+//! carries no commit index, so it can only add entries, never commit
+//! them. The two properties of openraft 0.9 this rests on (a follower
+//! answers only after its flush callback; a leader replicates only after
+//! its own flush) must be checked again on an upgrade.
 //! Sending entries before the leader's own sync is allowed by Raft (the
 //! leader's copy counts towards the quorum only once durable, like any
 //! other).
-//!
-//! # Messages without entries
-//!
-//! After each commit openraft 0.9 sends every follower a message without
-//! entries to bring it the new commit index, and it sends heartbeats of the
-//! same shape. Under load the next batch goes ahead to the follower a
-//! moment later anyway, so such a message is held, [`COMMIT_HOLD`] at
-//! most, for that batch to carry its commit index
-//! (`AheadAnswers::carry` in [`crate::network`]), and then waits for the
-//! carrier's answer, as openraft's own request for the batch would. If the
-//! follower answers the carrier `Success`, the held message is answered
-//! `Success` and never sent. Otherwise (no batch in time, another vote, a
-//! refusal, an error, no answer within half its deadline) it goes out as
-//! usual. That saves a message and its answer per commit and follower.
-//!
-//! Why this is safe: the carrier is a message of the leader's vote, sent
-//! after the held one was asked for, with the held one's commit index,
-//! which openraft had already chosen to send this follower under that
-//! vote, and which is committed; openraft's follower commits no further
-//! than the entries that message made it hold (the smaller of the two).
-//! The held messages of openraft's streams are heartbeats, whose
-//! `prev_log_id` is openraft's matching log id for the follower (already
-//! acknowledged under this vote, and never truncated by a message of the
-//! same vote), and openraft takes a heartbeat's `Success` only as the
-//! follower's acknowledgement of the vote, at the time the heartbeat was
-//! asked for; the follower gave it later, in answer to the carrier, so any
-//! lease openraft derives comes out shorter, never longer. The leadership
-//! check of a linearizable read sends its own messages without entries
-//! and waits for them: while a read index is asked for on this node
-//! ([`crate::network::NetworkFactory::read_index`]), nothing is held.
-//!
-//! A held message keeps openraft's stream to its follower from sending
-//! anything else, which a commit may need. So a message is held only for
-//! a follower whose log ends at this node's last appended entry, every
-//! append lets go of the held messages (unless its batch is queued to go
-//! ahead, and then that batch lets go of those it does not carry), and
-//! nothing is held while a batch sent ahead to the follower waits for
-//! the stream to take its answer.
 //!
 //! One assumption of openraft's does not survive it: a node whose stored
 //! vote is its own committed one starts as that term's leader again, with
@@ -112,8 +73,6 @@ use openraft::raft::AppendEntriesRequest;
 use openraft::{BasicNode, Entry, LogId, RaftMetrics, ServerState, Vote};
 use tokio::sync::mpsc;
 
-#[cfg(doc)]
-use crate::network::COMMIT_HOLD;
 use crate::network::{NetworkFactory, took_ahead};
 use crate::types::{NodeId, Raft, TypeConfig};
 
@@ -155,48 +114,36 @@ pub struct AheadPlan {
 pub struct AheadObserver {
     raft: Raft,
     queue: mpsc::Sender<AheadBatch>,
-    peers: NetworkFactory,
 }
 
 impl AheadObserver {
     /// An observer reading `raft`'s metrics, and the receiving end of its
-    /// queue, for [`run`]; it tells `peers`' answers what the log holds.
-    pub fn new(raft: Raft, peers: NetworkFactory) -> (Self, mpsc::Receiver<AheadBatch>) {
+    /// queue, for [`run`].
+    pub fn new(raft: Raft) -> (Self, mpsc::Receiver<AheadBatch>) {
         let (queue, batches) = mpsc::channel(AHEAD_QUEUE);
-        (AheadObserver { raft, queue, peers }, batches)
+        (AheadObserver { raft, queue }, batches)
     }
 }
 
 impl AppendObserver for AheadObserver {
     fn appended(&self, prev: Option<LogId<NodeId>>, entries: &[Arc<Entry<TypeConfig>>]) {
-        // From now on a message held for a follower whose log ends before
-        // these entries would keep them from it: none is held, and those
-        // held are let go unless the batch is queued to carry them.
-        let last = entries.last().map(|entry| entry.log_id).or(prev);
-        let answers = self.peers.ahead_answers();
-        answers.note_appended(last);
         let plan = {
             let metrics = self.raft.metrics();
             let metrics = metrics.borrow();
             plan(&metrics, prev, entries)
         };
-        let Some(AheadPlan { vote, targets }) = plan else {
-            answers.release_holds();
-            return;
-        };
+        let Some(AheadPlan { vote, targets }) = plan else { return };
         let request = AppendEntriesRequest {
             vote,
             prev_log_id: prev,
             entries: entries.iter().map(|entry| Entry::clone(entry)).collect(),
-            // No commit index of its own: [`run`] puts in one that
-            // openraft already sent this follower, if any.
+            // Never a commit index: a message sent ahead only adds entries.
             leader_commit: None,
         };
         let batch = AheadBatch { request: Arc::new(request), targets };
         if self.queue.try_send(batch).is_err() {
             // Full or stopped: openraft's stream carries the batch anyway.
             tracing::trace!("replication ahead skipped a batch: queue full or stopped");
-            answers.release_holds();
         }
     }
 }
@@ -249,53 +196,20 @@ pub async fn run(
 ) {
     let mut sends = tokio::task::JoinSet::new();
     let mut busy = BTreeSet::new();
-    peers.ahead_answers().set_carrying(true);
     loop {
         tokio::select! {
             batch = batches.recv() => {
                 let Some(batch) = batch else { break };
-                // Sends that ended since are no longer in flight, though
-                // `select!` may not have seen them end yet.
-                while let Some(done) = sends.try_join_next() {
-                    if let Ok(target) = done {
-                        busy.remove(&target);
-                    }
-                }
-                // The batch with a commit index, made once per index: the
-                // followers usually wait for the same one.
-                let mut with_commit: Option<Arc<AppendEntriesRequest<TypeConfig>>> = None;
                 for (target, addr) in batch.targets {
                     if !busy.insert(target) {
                         continue;
                     }
                     let mut client = peers.clone();
+                    let request = batch.request.clone();
                     // Noted before it is sent: openraft's request for the
                     // same entries, if it comes later, finds it (one that
-                    // comes first is simply sent). Noted before a held
-                    // message is looked for, so that one held from now on
-                    // sees it and is not held (see `AheadAnswers::hold`).
-                    let answered = peers.ahead_answers().sending(target, &batch.request);
-                    // A message of openraft's without entries waiting for
-                    // this follower rides along: its commit index goes in.
-                    let carried = peers.ahead_answers().carry(target, batch.request.vote);
-                    let request = match &carried {
-                        Some((commit, _)) => {
-                            match &with_commit {
-                                Some(made) if made.leader_commit == *commit => made.clone(),
-                                _ => {
-                                    let made = Arc::new(AppendEntriesRequest {
-                                        leader_commit: *commit,
-                                        ..AppendEntriesRequest::clone(&batch.request)
-                                    });
-                                    with_commit = Some(made.clone());
-                                    made
-                                }
-                            }
-                        }
-                        None => batch.request.clone(),
-                    };
-                    let answers = peers.clone();
-                    let last_entry = request.entries.last().map(|entry| entry.log_id);
+                    // comes first is simply sent).
+                    let answered = peers.ahead_answers().sending(target, &request);
                     sends.spawn(async move {
                         let mut client = client.new_client(target, &BasicNode { addr }).await;
                         let option = RPCOption::new(AHEAD_TIMEOUT);
@@ -306,22 +220,9 @@ pub async fn run(
                         let took = took_ahead(&answer);
                         // Nobody may be waiting (openraft moved on): fine.
                         let _ = answered.send(took);
-                        if let Some((commit, held)) = carried {
-                            if took {
-                                // The follower commits no further than it
-                                // holds: that much is brought.
-                                let brought = commit.min(last_entry);
-                                answers.ahead_answers().committed(target, request.vote, brought);
-                            }
-                            let _ = held.send(took);
-                        }
                         target
                     });
                 }
-                // A follower this batch does not go ahead to gets it from
-                // openraft's stream, which a held message would keep
-                // waiting.
-                peers.ahead_answers().release_holds();
             }
             Some(done) = sends.join_next() => {
                 if let Ok(target) = done {
@@ -331,7 +232,6 @@ pub async fn run(
             _ = shutdown.wait_for(|stop| *stop) => break,
         }
     }
-    peers.ahead_answers().set_carrying(false);
     sends.shutdown().await;
 }
 

@@ -54,10 +54,6 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
 const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(5);
 /// Deadline when openraft does not give one.
 const DEFAULT_RPC_TIMEOUT: Duration = Duration::from_secs(2);
-/// How long a message of openraft's without entries (a commit index, a
-/// heartbeat) waits for the next message sent ahead to the same follower
-/// to carry it instead (see [`crate::ahead`]); then it goes out itself.
-pub const COMMIT_HOLD: Duration = Duration::from_millis(2);
 
 /// How a node proves itself to its peers.
 #[derive(Clone, Default)]
@@ -172,15 +168,6 @@ impl NetworkFactory {
     /// [`crate::ahead`]), shared by every client of this factory.
     pub fn ahead_answers(&self) -> &AheadAnswers {
         &self.ahead
-    }
-
-    /// Marks a linearizable read (openraft's `ensure_linearizable`, or a
-    /// peer's request for the read index) in progress until the guard is
-    /// dropped: the heartbeats that confirm the leadership are then never
-    /// held for a message sent ahead.
-    pub fn read_index(&self) -> ReadIndexGuard {
-        self.ahead.reads.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-        ReadIndexGuard(self.ahead.clone())
     }
 
     /// The envelope layout each peer reads, kept current from its adverts;
@@ -311,15 +298,6 @@ struct AheadSent {
     answer: tokio::sync::oneshot::Receiver<bool>,
 }
 
-/// A message of openraft's without entries, held for the next message
-/// sent ahead to the same follower to carry its commit index; its waiter
-/// is handed, once a carrier goes out, where that carrier's answer comes.
-struct HeldCommit {
-    vote: Vote<NodeId>,
-    leader_commit: Option<LogId<NodeId>>,
-    carrier: tokio::sync::oneshot::Sender<tokio::sync::oneshot::Receiver<bool>>,
-}
-
 /// What the network knows of one follower for replication ahead.
 #[derive(Default)]
 struct Follower {
@@ -328,8 +306,6 @@ struct Follower {
     /// The newest commit index a message of openraft's brought it, as
     /// far as the network saw it taken (with its vote).
     committed: Option<(Vote<NodeId>, Option<LogId<NodeId>>)>,
-    /// openraft's message without entries waiting for a carrier, if any.
-    held: Option<HeldCommit>,
 }
 
 /// The answers of the messages sent ahead, one per follower (the last
@@ -337,26 +313,8 @@ struct Follower {
 /// answer to the same message (see [`crate::ahead`]).
 #[derive(Default)]
 pub struct AheadAnswers {
-    state: Mutex<AheadState>,
+    followers: Mutex<HashMap<NodeId, Follower>>,
     taken: std::sync::atomic::AtomicU64,
-    /// Whether messages are being sent ahead at all, so that one of
-    /// openraft's without entries may wait for one to carry it.
-    carrying: std::sync::atomic::AtomicBool,
-    /// Linearizable reads in progress on this node ([`ReadIndexGuard`]):
-    /// while any is, no message without entries is held.
-    reads: std::sync::atomic::AtomicUsize,
-    carried: std::sync::atomic::AtomicU64,
-    /// How long a message without entries is held, in microseconds; 0 is
-    /// [`COMMIT_HOLD`].
-    hold_micros: std::sync::atomic::AtomicU64,
-}
-
-/// Under [`AheadAnswers`]' lock: what each follower is known to hold and
-/// is sent, and the log id of the last entry this node's log accepted.
-#[derive(Default)]
-struct AheadState {
-    followers: HashMap<NodeId, Follower>,
-    appended: Option<LogId<NodeId>>,
 }
 
 impl AheadAnswers {
@@ -370,7 +328,7 @@ impl AheadAnswers {
     ) -> tokio::sync::oneshot::Sender<bool> {
         let (answered, answer) = tokio::sync::oneshot::channel();
         let sent = AheadSent { key: AheadKey::of(rpc), answer };
-        self.lock().followers.entry(target).or_default().sent = Some(sent);
+        self.lock().entry(target).or_default().sent = Some(sent);
         answered
     }
 
@@ -384,8 +342,8 @@ impl AheadAnswers {
         target: NodeId,
         rpc: &AppendEntriesRequest<TypeConfig>,
     ) -> Option<tokio::sync::oneshot::Receiver<bool>> {
-        let mut state = self.lock();
-        let follower = state.followers.get_mut(&target)?;
+        let mut followers = self.lock();
+        let follower = followers.get_mut(&target)?;
         let noted = &follower.sent.as_ref()?.key;
         let same = noted.vote == rpc.vote
             && noted.prev_log_id == rpc.prev_log_id
@@ -402,14 +360,9 @@ impl AheadAnswers {
 
     /// Notes that `target` took a message of openraft's carrying
     /// `leader_commit` under `vote`.
-    pub(crate) fn committed(
-        &self,
-        target: NodeId,
-        vote: Vote<NodeId>,
-        leader_commit: Option<LogId<NodeId>>,
-    ) {
-        let mut state = self.lock();
-        let follower = state.followers.entry(target).or_default();
+    fn committed(&self, target: NodeId, vote: Vote<NodeId>, leader_commit: Option<LogId<NodeId>>) {
+        let mut followers = self.lock();
+        let follower = followers.entry(target).or_default();
         if is_news(follower.committed, vote, leader_commit) {
             follower.committed = Some((vote, leader_commit));
         }
@@ -423,7 +376,7 @@ impl AheadAnswers {
         vote: Vote<NodeId>,
         leader_commit: Option<LogId<NodeId>>,
     ) -> bool {
-        let known = self.lock().followers.get(&target).and_then(|follower| follower.committed);
+        let known = self.lock().get(&target).and_then(|follower| follower.committed);
         is_news(known, vote, leader_commit)
     }
 
@@ -433,118 +386,8 @@ impl AheadAnswers {
         self.taken.load(std::sync::atomic::Ordering::Relaxed)
     }
 
-    /// Whether messages are sent ahead (the sender of [`crate::ahead::run`]
-    /// runs): only then does a message without entries wait for a carrier.
-    pub(crate) fn set_carrying(&self, carrying: bool) {
-        self.carrying.store(carrying, std::sync::atomic::Ordering::SeqCst);
-    }
-
-    /// Holds `rpc`, a message of openraft's without entries to `target`,
-    /// for the next message sent ahead to it: the receiver gets, once that
-    /// message goes out carrying `rpc`'s commit index, where its answer
-    /// (whether the follower took it) comes. `None` (send
-    /// it now) when `rpc` has entries, nothing is sent ahead, a
-    /// linearizable read is in progress (its heartbeats must not wait), or
-    /// a message sent ahead to `target` waits for openraft's stream to
-    /// take it: that stream must not be kept from its next batch, which a
-    /// commit may need. Replaces a message held before, whose waiter then
-    /// sends its own.
-    fn hold(
-        &self,
-        target: NodeId,
-        rpc: &AppendEntriesRequest<TypeConfig>,
-    ) -> Option<tokio::sync::oneshot::Receiver<tokio::sync::oneshot::Receiver<bool>>> {
-        use std::sync::atomic::Ordering::SeqCst;
-        if !rpc.entries.is_empty() || !self.carrying.load(SeqCst) || self.reads.load(SeqCst) > 0 {
-            return None;
-        }
-        let mut state = self.lock();
-        // Held only when the follower's log ends where this node's does, so
-        // that openraft's stream has nothing else to send it.
-        if rpc.prev_log_id != state.appended {
-            return None;
-        }
-        let follower = state.followers.entry(target).or_default();
-        if follower.sent.is_some() {
-            return None;
-        }
-        let (carrier, carried) = tokio::sync::oneshot::channel();
-        let held = HeldCommit { vote: rpc.vote, leader_commit: rpc.leader_commit, carrier };
-        follower.held = Some(held);
-        Some(carried)
-    }
-
-    /// Lets every held message go out now (their waiters send them): a
-    /// batch went ahead without carrying them, and openraft's streams
-    /// must be free to send it to those followers themselves.
-    pub(crate) fn release_holds(&self) {
-        for follower in self.lock().followers.values_mut() {
-            follower.held = None;
-        }
-    }
-
-    /// Notes that this node's log accepted entries up to `last`: a message
-    /// without entries is held from now on only for a follower whose log
-    /// ends there (see [`AheadAnswers::hold`]).
-    pub(crate) fn note_appended(&self, last: Option<LogId<NodeId>>) {
-        self.lock().appended = last;
-    }
-
-    /// The commit index a message sent ahead to `target` under `vote`
-    /// should carry, and whom to tell whether it was taken: the message of
-    /// openraft's held for it, if it is of the same vote and still waits.
-    /// It is handed out once.
-    pub(crate) fn carry(
-        &self,
-        target: NodeId,
-        vote: Vote<NodeId>,
-    ) -> Option<(Option<LogId<NodeId>>, tokio::sync::oneshot::Sender<bool>)> {
-        let held = self.lock().followers.get_mut(&target)?.held.take()?;
-        if held.vote != vote {
-            return None;
-        }
-        let (answer, answered) = tokio::sync::oneshot::channel();
-        // Its waiter gone (the hold is over): nothing to carry.
-        held.carrier.send(answered).ok()?;
-        Some((held.leader_commit, answer))
-    }
-
-    /// How many of openraft's messages without entries were carried by a
-    /// message sent ahead, so never sent themselves.
-    pub fn carried(&self) -> u64 {
-        self.carried.load(std::sync::atomic::Ordering::Relaxed)
-    }
-
-    /// Holds messages without entries `hold` at most from now on, instead
-    /// of [`COMMIT_HOLD`] (a test's way to make every one wait for its
-    /// carrier).
-    pub fn set_commit_hold(&self, hold: Duration) {
-        let micros = u64::try_from(hold.as_micros()).unwrap_or(u64::MAX).max(1);
-        self.hold_micros.store(micros, std::sync::atomic::Ordering::Relaxed);
-    }
-
-    /// How long a message without entries is held at most.
-    fn commit_hold(&self) -> Duration {
-        match self.hold_micros.load(std::sync::atomic::Ordering::Relaxed) {
-            0 => COMMIT_HOLD,
-            micros => Duration::from_micros(micros),
-        }
-    }
-
-    fn lock(&self) -> std::sync::MutexGuard<'_, AheadState> {
-        self.state.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
-    }
-}
-
-/// A linearizable read in progress on this node (see
-/// [`NetworkFactory::read_index`]): while one lives, openraft's messages
-/// without entries go out at once, since the leader's check of its
-/// leadership waits for them.
-pub struct ReadIndexGuard(Arc<AheadAnswers>);
-
-impl Drop for ReadIndexGuard {
-    fn drop(&mut self) {
-        self.0.reads.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<NodeId, Follower>> {
+        self.followers.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 }
 
@@ -654,40 +497,6 @@ impl PeerClient {
         took
     }
 
-    /// Whether the follower took `rpc`'s commit index and this leader's
-    /// vote from a message sent ahead after `rpc` was asked for (see
-    /// [`crate::ahead`], "Messages without entries"): `rpc`, without
-    /// entries, waits [`COMMIT_HOLD`] at most
-    /// ([`AheadAnswers::set_commit_hold`] changes it) for the next message
-    /// sent ahead to the follower to carry its commit index, then for that
-    /// message's answer, as openraft's request for the same entries would,
-    /// and is answered `Success` if the follower took it; all within half
-    /// its deadline, so it can still go out in time. `false` when it was
-    /// not held, or nothing carried it in time, or the carrier was refused,
-    /// failed or not answered in time: then `rpc` is sent as usual.
-    async fn carried_ahead(
-        &self,
-        rpc: &AppendEntriesRequest<TypeConfig>,
-        option: &RPCOption,
-    ) -> bool {
-        let Some(carrier) = self.ahead.hold(self.target, rpc) else {
-            return false;
-        };
-        let ttl = option.hard_ttl();
-        let half = if ttl.is_zero() { DEFAULT_RPC_TIMEOUT } else { ttl } / 2;
-        let deadline = tokio::time::Instant::now() + half;
-        let hold = self.ahead.commit_hold().min(half);
-        let Ok(Ok(answer)) = tokio::time::timeout(hold, carrier).await else {
-            return false;
-        };
-        let took = matches!(tokio::time::timeout_at(deadline, answer).await, Ok(Ok(true)));
-        if took {
-            // What commit index that brought, the sender noted.
-            self.ahead.carried.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        }
-        took
-    }
-
     /// The answer to `rpc` once the follower took its entries sent ahead:
     /// `Success`, after bringing the follower `rpc`'s commit index when
     /// no message of openraft's brought it yet (the message sent ahead
@@ -748,9 +557,6 @@ impl RaftNetwork<TypeConfig> for PeerClient {
         rpc: AppendEntriesRequest<TypeConfig>,
         option: RPCOption,
     ) -> RpcResult<AppendEntriesResponse<NodeId>, RaftError<NodeId>> {
-        if self.carried_ahead(&rpc, &option).await {
-            return Ok(AppendEntriesResponse::Success);
-        }
         let carries_entries = !rpc.entries.is_empty();
         let started = std::time::Instant::now();
         let answer = if self.answered_ahead(&rpc, &option).await {
@@ -928,96 +734,6 @@ mod tests {
         assert!(client.append_entries(rpc, option).await.is_err());
         let sent = asked.lock().expect("the test's lock is never poisoned").len();
         assert_eq!((sent, factory.ahead_answers().taken()), (3, 1));
-    }
-
-    /// A sender ahead that, for up to 200 ms, looks for a message held
-    /// for follower 2 under `vote` and answers it `took`; the commit index
-    /// it carried, if it found one.
-    fn carrier(
-        factory: &NetworkFactory,
-        vote: Vote<NodeId>,
-        took: bool,
-    ) -> tokio::task::JoinHandle<Option<Option<LogId<NodeId>>>> {
-        let factory = factory.clone();
-        tokio::spawn(async move {
-            let deadline = tokio::time::Instant::now() + Duration::from_millis(200);
-            while tokio::time::Instant::now() < deadline {
-                if let Some((commit, held)) = factory.ahead_answers().carry(2, vote) {
-                    let _ = held.send(took);
-                    return Some(commit);
-                }
-                tokio::task::yield_now().await;
-            }
-            None
-        })
-    }
-
-    #[tokio::test]
-    async fn a_message_without_entries_rides_on_the_next_one_sent_ahead() {
-        let asked = Dialled::default();
-        let mut factory = NetworkFactory::new().with_connector(refusing(asked.clone()));
-        let vote = Vote::new_committed(3, 1);
-        let commit = Some(LogId::new(openraft::CommittedLeaderId::new(3, 1), 9));
-        let mut heartbeat = append(vote, 9, &[]);
-        heartbeat.leader_commit = commit;
-        let option = RPCOption::new(Duration::from_secs(1));
-        let dialled = || asked.lock().expect("the test's lock is never poisoned").len();
-        let mut client = factory.new_client(2, &BasicNode::new("peer-2:7001")).await;
-
-        // Nothing is sent ahead: it goes out at once, nothing is held.
-        let sender = carrier(&factory, vote, true);
-        assert!(client.append_entries(heartbeat.clone(), option.clone()).await.is_err());
-        assert_eq!((dialled(), sender.await.ok().flatten()), (1, None));
-
-        // Sent ahead, but this node's log holds entries past the
-        // follower's: openraft's stream has them to send, so nothing waits.
-        factory.ahead_answers().set_carrying(true);
-        let sender = carrier(&factory, vote, true);
-        assert!(client.append_entries(heartbeat.clone(), option.clone()).await.is_err());
-        assert_eq!((dialled(), sender.await.ok().flatten()), (2, None));
-
-        // The follower holds all this node's log does: the next message
-        // sent ahead carries its commit index, and once the follower took
-        // that one, the held message is answered without going out.
-        factory.ahead_answers().note_appended(heartbeat.prev_log_id);
-        let sender = carrier(&factory, vote, true);
-        let answer = client.append_entries(heartbeat.clone(), option.clone()).await;
-        assert!(matches!(answer, Ok(AppendEntriesResponse::Success)), "{answer:?}");
-        assert_eq!(sender.await.ok().flatten(), Some(commit), "the carrier's commit index");
-        assert_eq!((dialled(), factory.ahead_answers().carried()), (2, 1));
-
-        // The carrier refused or failed: the message goes out itself.
-        let sender = carrier(&factory, vote, false);
-        assert!(client.append_entries(heartbeat.clone(), option.clone()).await.is_err());
-        assert_eq!(sender.await.ok().flatten(), Some(commit));
-        assert_eq!((dialled(), factory.ahead_answers().carried()), (3, 1));
-
-        // A message ahead under another vote does not carry it; it goes
-        // out at once rather than at the end of the hold (made long here).
-        factory.ahead_answers().set_commit_hold(Duration::from_secs(30));
-        let sender = carrier(&factory, Vote::new_committed(4, 2), true);
-        let started = tokio::time::Instant::now();
-        assert!(client.append_entries(heartbeat.clone(), option.clone()).await.is_err());
-        assert!(started.elapsed() < Duration::from_secs(5), "waited {:?}", started.elapsed());
-        assert_eq!((dialled(), sender.await.ok().flatten()), (4, None));
-        factory.ahead_answers().set_commit_hold(COMMIT_HOLD);
-
-        // Nothing carries it: it goes out once the hold is over.
-        let started = tokio::time::Instant::now();
-        assert!(client.append_entries(heartbeat.clone(), option.clone()).await.is_err());
-        assert!(started.elapsed() >= COMMIT_HOLD, "waited {:?}", started.elapsed());
-        assert_eq!(dialled(), 5);
-
-        // During a linearizable read, heartbeats are never held: the
-        // leadership check waits for them.
-        let reading = factory.read_index();
-        let sender = carrier(&factory, vote, true);
-        assert!(client.append_entries(heartbeat.clone(), option.clone()).await.is_err());
-        assert_eq!((dialled(), sender.await.ok().flatten()), (6, None));
-        drop(reading);
-        let sender = carrier(&factory, vote, true);
-        assert!(client.append_entries(heartbeat, option).await.is_ok(), "held again after it");
-        assert_eq!((dialled(), sender.await.ok().flatten()), (6, Some(commit)));
     }
 
     #[tokio::test]

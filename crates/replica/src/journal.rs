@@ -400,12 +400,7 @@ impl Journal {
     }
 
     async fn leader_read_index(&self) -> Result<u64, Error> {
-        // The leadership check's heartbeats go out at once, never held
-        // for a message sent ahead (leasehold_raft::ahead).
-        let reading = self.inner.peers.read_index();
-        let confirmed = self.inner.raft.ensure_linearizable().await;
-        drop(reading);
-        match confirmed {
+        match self.inner.raft.ensure_linearizable().await {
             Ok(log_id) => Ok(log_id.map(|id| id.index).unwrap_or(0)),
             Err(RaftError::APIError(CheckIsLeaderError::ForwardToLeader(forward))) => {
                 match self
@@ -637,7 +632,6 @@ impl Journal {
             },
             ForwardRequest::ReadIndex => {
                 let timeout = self.inner.config.quorum_timeout;
-                let _reading = self.inner.peers.read_index();
                 match tokio::time::timeout(timeout, self.inner.raft.ensure_linearizable()).await {
                     Ok(Ok(log_id)) => {
                         Ok(ForwardResponse::ReadIndex(log_id.map(|id| id.index).unwrap_or(0)))
