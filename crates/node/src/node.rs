@@ -937,33 +937,25 @@ impl NodeHandle {
     }
 
     /// If this node leads, asks the most caught-up other voter to start an
-    /// election and waits (briefly) for leadership to move.
+    /// election (`Journal::hand_over`) and waits (briefly) for leadership
+    /// to move.
     async fn hand_over(&self) {
         if !self.journal.is_leader() {
             return;
         }
-        let metrics = self.journal.raft().metrics().borrow().clone();
         let me = self.journal.node_id();
-        let membership = metrics.membership_config.membership().clone();
-        let matched = |id: &u64| {
-            metrics
-                .replication
-                .as_ref()
-                .and_then(|r| r.get(id).cloned().flatten())
-                .map(|log_id| log_id.index)
-                .unwrap_or(0)
+        let successor = match self
+            .journal
+            .hand_over(leasehold_replica::journal::HAND_OVER_CATCH_UP)
+            .await
+        {
+            Ok(Some(successor)) => successor,
+            Ok(None) => return,
+            Err(error) => {
+                tracing::warn!(%error, "handover failed; followers will elect after the timeout");
+                return;
+            }
         };
-        let Some(successor) = membership.voter_ids().filter(|id| *id != me).max_by_key(matched)
-        else {
-            return;
-        };
-        let Some(addr) = membership.get_node(&successor).map(|n| n.addr.clone()) else {
-            return;
-        };
-        if let Err(error) = self.journal.ask_to_campaign(successor, addr).await {
-            tracing::warn!(%error, successor, "handover failed; followers will elect after the timeout");
-            return;
-        }
         let mut watch = self.journal.raft().metrics();
         let moved = watch.wait_for(|m| m.current_leader.is_some_and(|leader| leader != me));
         match tokio::time::timeout(Duration::from_secs(3), moved).await {

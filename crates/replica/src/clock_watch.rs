@@ -151,24 +151,39 @@ fn signed_duration(duration: Duration) -> i64 {
 /// How often [`guard_elections`] looks at the verdict.
 const GUARD_EVERY: Duration = Duration::from_millis(250);
 
+/// How often a skewed leader asks again for a successor to take over.
+const HAND_OVER_EVERY: Duration = Duration::from_secs(1);
+
+/// Margin past the leader's own lease before it first asks.
+const LEASE_MARGIN: Duration = Duration::from_millis(50);
+
 /// Keeps a node whose clock is skewed out of leadership until `shutdown`:
 /// it does not stand for election, and if it leads it stops sending
-/// heartbeats, so the others elect a leader whose clock agrees (openraft
-/// 0.9 has no step-down; the higher term deposes it). It stamps nothing
-/// meanwhile (the journal refuses). When the clock is back within the
-/// bound, both come back on by themselves (unless the node drains, which
-/// keeps it from standing).
+/// heartbeats and hands over. openraft 0.9 has no step-down, and left to
+/// their own timers the others would elect only after their leader lease
+/// and an election timeout, more when their votes split. So once its own
+/// lease has run out (a leader refuses votes until then), the skewed
+/// leader asks the most caught-up voter to campaign at once
+/// (`Journal::hand_over`; again every [`HAND_OVER_EVERY`] while it still
+/// leads) and grants it its vote: the higher term deposes it in a vote
+/// round. It stamps nothing meanwhile (the journal refuses). When the clock
+/// is back within the bound, both come back on by themselves (unless the
+/// node drains, which keeps it from standing).
 pub async fn guard_elections(
     journal: crate::Journal,
     mut shutdown: tokio::sync::watch::Receiver<bool>,
 ) {
     let mut tick = tokio::time::interval(GUARD_EVERY);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    // A leader's lease is openraft's: its longest election timeout.
+    let lease = Duration::from_millis(journal.raft().config().election_timeout_max);
     let mut skewed = false;
+    // The hand-over under way or last made, and when it began.
+    let mut handing_over: Option<(Instant, tokio::task::JoinHandle<()>)> = None;
     loop {
         tokio::select! {
             biased;
-            _ = shutdown.changed() => return,
+            _ = shutdown.changed() => break,
             _ = tick.tick() => {}
         }
         let verdict = journal.clock_verdict();
@@ -185,6 +200,45 @@ pub async fn guard_elections(
         let runtime = journal.raft().runtime_config();
         runtime.elect(!skewed && !journal.is_draining());
         runtime.heartbeat(!skewed);
+        let leads = journal.raft().metrics().borrow().state == openraft::ServerState::Leader;
+        if !(skewed && leads) {
+            // Stood aside, or right again: the next skew starts afresh.
+            if let Some((_, task)) = handing_over.take() {
+                task.abort();
+            }
+            continue;
+        }
+        let wait = match &handing_over {
+            // Heartbeats stopped just now: the lease runs out first.
+            None => lease + LEASE_MARGIN,
+            Some((at, task)) if task.is_finished() && at.elapsed() >= HAND_OVER_EVERY => {
+                Duration::ZERO
+            }
+            Some(_) => continue,
+        };
+        let task = tokio::spawn(hand_over(journal.clone(), wait));
+        handing_over = Some((Instant::now(), task));
+    }
+    if let Some((_, task)) = handing_over {
+        task.abort();
+    }
+}
+
+/// One hand-over by a skewed leader after `wait`, logged.
+async fn hand_over(journal: crate::Journal, wait: Duration) {
+    tokio::time::sleep(wait).await;
+    match journal.hand_over(crate::journal::HAND_OVER_CATCH_UP).await {
+        Ok(Some(successor)) => tracing::info!(
+            event = "clock.skew",
+            successor,
+            "asked the most caught-up voter to take over leadership"
+        ),
+        Ok(None) => {}
+        Err(error) => tracing::warn!(
+            event = "clock.skew",
+            %error,
+            "handing over failed; the others elect after their election timeout"
+        ),
     }
 }
 

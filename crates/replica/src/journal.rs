@@ -309,13 +309,49 @@ impl Journal {
         self.inner.drain_request.subscribe()
     }
 
-    /// Asks `leader_id`'s peer `addr` to start an election now; used by a
-    /// draining leader to hand over.
+    /// Asks node `node_id` at `addr` to start an election now (see
+    /// [`Journal::hand_over`]); it refuses while its own clock is skewed or
+    /// it drains.
     pub async fn ask_to_campaign(&self, node_id: NodeId, addr: String) -> Result<(), Error> {
         match self.forward(Some(node_id), Some(addr), ForwardRequest::Campaign).await? {
             ForwardResponse::Campaigning => Ok(()),
             other => Err(Error::Internal(format!("unexpected campaign answer {other:?}"))),
         }
+    }
+
+    /// If this node leads, asks the voter `State::successor` picks (the
+    /// most caught-up one that is not draining) to start an election now,
+    /// after giving it up to `catch_up_within` to hold this node's whole
+    /// log, so the vote this node then receives is one it can grant.
+    /// Answers the voter asked, or `None` when this node does not lead or
+    /// has no voter to ask. A leader that must stop leading (it drains, or
+    /// its clock is beyond the bound) calls it: openraft 0.9 has no
+    /// step-down, and otherwise the others wait out the leader lease and an
+    /// election timeout before they elect.
+    pub async fn hand_over(&self, catch_up_within: Duration) -> Result<Option<NodeId>, Error> {
+        let me = self.inner.config.node_id;
+        let mut watch = self.inner.raft.metrics();
+        let (successor, addr, last_index) = {
+            let metrics = watch.borrow();
+            if metrics.state != openraft::ServerState::Leader {
+                return Ok(None);
+            }
+            let membership = metrics.membership_config.membership();
+            let matched: Vec<(NodeId, u64)> =
+                membership.voter_ids().map(|id| (id, matched_index(&metrics, id))).collect();
+            let Some(successor) = self.read_stale(|state| state.successor(me, &matched)) else {
+                return Ok(None);
+            };
+            let Some(addr) = membership.get_node(&successor).map(|node| node.addr.clone()) else {
+                return Ok(None);
+            };
+            (successor, addr, metrics.last_log_index.unwrap_or(0))
+        };
+        let caught_up = watch.wait_for(|m| matched_index(m, successor) >= last_index);
+        // Asked regardless: a vote it cannot win costs a term, no more.
+        let _ = tokio::time::timeout(catch_up_within, caught_up).await;
+        self.ask_to_campaign(successor, addr).await?;
+        Ok(Some(successor))
     }
 
     /// Makes the readiness store probe fail (fault injection).
@@ -626,6 +662,8 @@ impl Journal {
                 let why = clock_watch::describe(&verdict, self.inner.clock_watch.bound_ms());
                 Err(Unavailable::ClockUnverified(why).into())
             }
+            // A draining node is on its way out: it must not take over.
+            ForwardRequest::Campaign if self.is_draining() => Err(Unavailable::Draining.into()),
             ForwardRequest::Campaign => match self.inner.raft.trigger().elect().await {
                 Ok(()) => Ok(ForwardResponse::Campaigning),
                 Err(fatal) => Err(Unavailable::RaftStopped(fatal.to_string()).into()),
@@ -649,6 +687,23 @@ impl Journal {
             },
         }
     }
+}
+
+/// How long a leader handing over waits for its successor to hold its
+/// whole log before asking it to campaign ([`Journal::hand_over`]).
+pub const HAND_OVER_CATCH_UP: Duration = Duration::from_millis(500);
+
+/// The index of the last entry `node` holds, as this leader's replication
+/// reports it (0 when unknown).
+fn matched_index(
+    metrics: &openraft::RaftMetrics<NodeId, openraft::BasicNode>,
+    node: NodeId,
+) -> u64 {
+    metrics
+        .replication
+        .as_ref()
+        .and_then(|replication| replication.get(&node).cloned().flatten())
+        .map_or(0, |log_id| log_id.index)
 }
 
 /// The role name `cluster status` prints and adverts carry.

@@ -40,6 +40,21 @@ impl State {
         targets.dedup();
         targets
     }
+
+    /// The voter a leader hands leadership to when it must stop leading (it
+    /// drains, or its clock is beyond the bound): of `matched` (each other
+    /// voter with the index of the last log entry it holds, as the leader's
+    /// replication reports it), the most caught-up one that is not `me` and
+    /// not draining here; ties go to the lower id. `None` when no voter
+    /// qualifies. The most caught-up voter is the one whose election the
+    /// others' logs cannot refuse.
+    pub fn successor(&self, me: u64, matched: &[(u64, u64)]) -> Option<u64> {
+        matched
+            .iter()
+            .filter(|(id, _)| *id != me && !self.nodes.get(id).is_some_and(|node| node.draining))
+            .max_by_key(|(id, index)| (*index, std::cmp::Reverse(*id)))
+            .map(|(id, _)| *id)
+    }
 }
 
 #[cfg(test)]
@@ -106,5 +121,19 @@ mod tests {
         assert_eq!(state.each_targets(&members, &tags(&["eu"])), vec![1, 2]);
         assert_eq!(state.each_targets(&members, &[]), vec![1, 2], "4 never registered");
         assert_eq!(state.each_targets(&[], &[]), Vec::<u64>::new());
+    }
+
+    #[test]
+    fn the_successor_is_the_most_caught_up_voter_that_is_not_draining() {
+        let mut state = State::new();
+        // Node 1 leads; 2 and 4 hold everything, 3 lags.
+        let matched = [(2, 40), (3, 39), (4, 40), (1, 41)];
+        assert_eq!(state.successor(1, &matched), Some(2), "ties go to the lower id");
+        apply(&mut state, Command::SetDraining { node: 2, draining: true });
+        assert_eq!(state.successor(1, &matched), Some(4), "2 drains");
+        apply(&mut state, Command::SetDraining { node: 4, draining: true });
+        assert_eq!(state.successor(1, &matched), Some(3), "the laggard is all that is left");
+        assert_eq!(state.successor(3, &[(3, 50)]), None, "never the leader itself");
+        assert_eq!(state.successor(1, &[]), None);
     }
 }

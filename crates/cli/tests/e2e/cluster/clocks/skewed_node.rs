@@ -30,6 +30,14 @@
 //! 7. The leader is paused again; node 3's fast election now wins. The
 //!    paused node resumes, and writes through every node succeed, stamped
 //!    with real time by node 3.
+//! 8. Node 3, leading, has its clock stepped two minutes ahead again: it
+//!    hands leadership to a correct node, which must lead within
+//!    [`HANDED_OVER_WITHIN`] of the step. Left to their own timers the
+//!    correct nodes would wait out the leader lease (2.6 s) and an election
+//!    timeout (at least 2 s) after node 3's last heartbeat; asked to
+//!    campaign by node 3, one wins in a vote round. Node 3 then reports
+//!    its clock skewed and does not lead, and writes through every node
+//!    succeed, stamped with real time.
 
 use std::collections::BTreeSet;
 use std::net::SocketAddr;
@@ -78,6 +86,10 @@ const WRITES_WITHIN: Duration = Duration::from_secs(20);
 const HAND_OVER_WITHIN: Duration = Duration::from_millis(LEASE_TTL_MS + 20_000);
 /// Long-poll wait of a claim that must be granted.
 const CLAIM_WAIT_MS: u64 = 5_000;
+/// How soon after a leading node's clock steps beyond the bound a correct
+/// node must lead (step 8): well under the 4.6 s the correct nodes' own
+/// timers take at the least, with room for a busy machine.
+const HANDED_OVER_WITHIN: Duration = Duration::from_millis(3_000);
 /// Deadline of one call made by the watcher or the second worker.
 const CALL_TIMEOUT: Duration = Duration::from_secs(2);
 
@@ -194,6 +206,28 @@ async fn story(sandbox: &Sandbox) -> Result<()> {
     eprintln!("the watcher looked {looks} times");
     ensure!(violations.is_empty(), "the watcher saw: {violations:#?}");
     ensure!(looks >= 20, "the watcher looked only {looks} times");
+
+    phase("node 3's clock steps ahead while it leads: it hands over to a correct node");
+    cluster
+        .node(SKEWED)?
+        .faults_stub()?
+        .set_clock(v1::SetClockRequest { offset_ms: SKEW_MS, rate: 1.0 })
+        .await
+        .context("Faults.SetClock on node 3, leading")?;
+    let stepped = Instant::now();
+    let successor = cluster.wait_leader_among(&CORRECT, ELECTION_WITHIN).await?;
+    let took = stepped.elapsed();
+    eprintln!("node {successor} leads {} ms after node 3's clock stepped", took.as_millis());
+    ensure!(
+        took < HANDED_OVER_WITHIN,
+        "node {successor} led {} ms after node 3's clock stepped, not within {} ms: node 3 did \
+         not hand over, and the others waited out their own timers",
+        took.as_millis(),
+        HANDED_OVER_WITHIN.as_millis()
+    );
+    let aside = wait_verdict(&cluster, SKEWED, true).await?;
+    ensure!(aside.role != "leader", "node 3 still leads while skewed: {aside:?}");
+    writes_through_every_node(&cluster, "handed-over").await?;
     Ok(())
 }
 
