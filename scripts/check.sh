@@ -46,7 +46,15 @@ cp "$target_dir/debug/leasehold-replay" "$target_dir/older-build/leasehold-repla
 export LEASEHOLD_REQUIRE_OLDER_BUILD=1
 
 step "cargo test"
-cargo test --workspace --locked
+# A failing story's message scrolls far above the end of a long run; it
+# is repeated last, where a log's tail shows it.
+test_log=$(mktemp)
+trap 'rm -f "$test_log"' EXIT
+if ! cargo test --workspace --locked 2>&1 | tee "$test_log"; then
+  echo "what failed (repeated from above):" >&2
+  grep -E ': FAILED: |panicked at|^Error: ' "$test_log" | tail -n 8 >&2 || true
+  exit 1
+fi
 
 step "cargo doc (warnings are errors)"
 RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --locked
