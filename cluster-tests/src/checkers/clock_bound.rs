@@ -40,10 +40,10 @@ pub const ADVERT_INTERVAL_MS: u64 = 1_000;
 /// clock moved from its monotonic clock), but a drift, and the peers' view
 /// of either, waits for a fresh advert round trip — up to one interval, and
 /// one more when the first straddled the change. Then the election guard
-/// (every 250 ms) stops the leader's heartbeats and, once the leader's own
-/// lease has run out (the longest election timeout, at most 600 ms), asks
-/// the most caught-up voter to campaign, which wins in a vote round: a
-/// second for those. So two advert intervals plus one second.
+/// (every 250 ms) stops the leader's heartbeats and asks the most
+/// caught-up voter to campaign, which wins in a vote round (a leader
+/// elected less than its own lease ago, at most 600 ms, asks once the
+/// lease is over): a second for those. So two advert intervals plus one second.
 pub const STAND_ASIDE_GRACE_MS: u64 = 2 * ADVERT_INTERVAL_MS + 1_000;
 
 /// How long after the heal a node may take to say its clock agrees again:

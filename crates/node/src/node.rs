@@ -946,15 +946,15 @@ impl NodeHandle {
         let me = self.journal.node_id();
         let successor = match self
             .journal
-            .hand_over(leasehold_replica::journal::HAND_OVER_CATCH_UP)
+            .hand_over(leasehold_replica::journal::HAND_OVER_CATCH_UP, None)
             .await
         {
-            Ok(Some(successor)) => successor,
-            Ok(None) => return,
-            Err(error) => {
-                tracing::warn!(%error, "handover failed; followers will elect after the timeout");
+            Some((successor, Ok(()))) => successor,
+            Some((successor, Err(error))) => {
+                tracing::warn!(%error, successor, "handover failed; followers will elect after the timeout");
                 return;
             }
+            None => return,
         };
         let mut watch = self.journal.raft().metrics();
         let moved = watch.wait_for(|m| m.current_leader.is_some_and(|leader| leader != me));

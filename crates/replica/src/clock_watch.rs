@@ -151,24 +151,26 @@ fn signed_duration(duration: Duration) -> i64 {
 /// How often [`guard_elections`] looks at the verdict.
 const GUARD_EVERY: Duration = Duration::from_millis(250);
 
-/// How often a skewed leader asks again for a successor to take over.
+/// How long a skewed leader waits after one hand-over before the next,
+/// while it still leads.
 const HAND_OVER_EVERY: Duration = Duration::from_secs(1);
-
-/// Margin past the leader's own lease before it first asks.
-const LEASE_MARGIN: Duration = Duration::from_millis(50);
 
 /// Keeps a node whose clock is skewed out of leadership until `shutdown`:
 /// it does not stand for election, and if it leads it stops sending
 /// heartbeats and hands over. openraft 0.9 has no step-down, and left to
 /// their own timers the others would elect only after their leader lease
-/// and an election timeout, more when their votes split. So once its own
-/// lease has run out (a leader refuses votes until then), the skewed
-/// leader asks the most caught-up voter to campaign at once
-/// (`Journal::hand_over`; again every [`HAND_OVER_EVERY`] while it still
-/// leads) and grants it its vote: the higher term deposes it in a vote
-/// round. It stamps nothing meanwhile (the journal refuses). When the clock
-/// is back within the bound, both come back on by themselves (unless the
-/// node drains, which keeps it from standing).
+/// and an election timeout, later still when their votes split. So the
+/// skewed leader asks the most caught-up voter to campaign at once
+/// (`Journal::hand_over`) and grants it its vote: the higher term deposes
+/// it in a vote round. A leader refuses votes for its own lease (the
+/// longest election timeout) after it was elected, so one elected less
+/// than that ago asks once the lease has run out (as the guard saw it
+/// elected: a tick late at most, never early). While it still leads it
+/// asks again
+/// `HAND_OVER_EVERY` after the last try ended, another voter if the
+/// last one failed. It stamps nothing meanwhile (the journal refuses).
+/// When the clock is back within the bound, both come back on by
+/// themselves (unless the node drains, which keeps it from standing).
 pub async fn guard_elections(
     journal: crate::Journal,
     mut shutdown: tokio::sync::watch::Receiver<bool>,
@@ -178,12 +180,13 @@ pub async fn guard_elections(
     // A leader's lease is openraft's: its longest election timeout.
     let lease = Duration::from_millis(journal.raft().config().election_timeout_max);
     let mut skewed = false;
-    // The hand-over under way or last made, and when it began.
-    let mut handing_over: Option<(Instant, tokio::task::JoinHandle<()>)> = None;
+    let mut hand_overs = HandOvers::default();
+    // The term this node leads in and when the guard first saw it lead.
+    let mut leading_since: Option<(u64, Instant)> = None;
     loop {
         tokio::select! {
             biased;
-            _ = shutdown.changed() => break,
+            _ = shutdown.changed() => return,
             _ = tick.tick() => {}
         }
         let verdict = journal.clock_verdict();
@@ -200,45 +203,90 @@ pub async fn guard_elections(
         let runtime = journal.raft().runtime_config();
         runtime.elect(!skewed && !journal.is_draining());
         runtime.heartbeat(!skewed);
-        let leads = journal.raft().metrics().borrow().state == openraft::ServerState::Leader;
-        if !(skewed && leads) {
-            // Stood aside, or right again: the next skew starts afresh.
-            if let Some((_, task)) = handing_over.take() {
-                task.abort();
-            }
-            continue;
-        }
-        let wait = match &handing_over {
-            // Heartbeats stopped just now: the lease runs out first.
-            None => lease + LEASE_MARGIN,
-            Some((at, task)) if task.is_finished() && at.elapsed() >= HAND_OVER_EVERY => {
-                Duration::ZERO
-            }
-            Some(_) => continue,
+        let (leads, term) = {
+            let metrics = journal.raft().metrics();
+            let metrics = metrics.borrow();
+            (metrics.state == openraft::ServerState::Leader, metrics.current_term)
         };
-        let task = tokio::spawn(hand_over(journal.clone(), wait));
-        handing_over = Some((Instant::now(), task));
-    }
-    if let Some((_, task)) = handing_over {
-        task.abort();
+        leading_since = match leading_since {
+            Some((led, since)) if leads && led == term => Some((led, since)),
+            _ if leads => Some((term, Instant::now())),
+            _ => None,
+        };
+        let lease_over = leading_since.is_none_or(|(_, since)| since.elapsed() > lease);
+        if skewed && leads && lease_over {
+            hand_overs.start_if_due(&journal);
+        } else if !(skewed && leads) {
+            // Stood aside, or right again: the next skew starts afresh.
+            hand_overs = HandOvers::default();
+        }
     }
 }
 
-/// One hand-over by a skewed leader after `wait`, logged.
-async fn hand_over(journal: crate::Journal, wait: Duration) {
-    tokio::time::sleep(wait).await;
-    match journal.hand_over(crate::journal::HAND_OVER_CATCH_UP).await {
-        Ok(Some(successor)) => tracing::info!(
-            event = "clock.skew",
-            successor,
-            "asked the most caught-up voter to take over leadership"
-        ),
-        Ok(None) => {}
-        Err(error) => tracing::warn!(
-            event = "clock.skew",
-            %error,
-            "handing over failed; the others elect after their election timeout"
-        ),
+/// A skewed leader's hand-overs: the one under way (aborted when this is
+/// dropped), and how the last one ended.
+#[derive(Default)]
+struct HandOvers {
+    task: Option<tokio::task::JoinHandle<()>>,
+    /// How the last try ended.
+    last: Arc<Mutex<Option<Ended>>>,
+}
+
+/// When a hand-over ended and, if it failed, the voter it asked.
+type Ended = (Instant, Option<u64>);
+
+impl HandOvers {
+    /// Starts a hand-over unless one is under way or the last ended less
+    /// than `HAND_OVER_EVERY` ago.
+    fn start_if_due(&mut self, journal: &crate::Journal) {
+        if self.task.as_ref().is_some_and(|task| !task.is_finished()) {
+            return;
+        }
+        let last = self.last.lock().map(|last| *last).unwrap_or_default();
+        if last.is_some_and(|(ended, _)| ended.elapsed() < HAND_OVER_EVERY) {
+            return;
+        }
+        let avoid = last.and_then(|(_, failed)| failed);
+        let (journal, record) = (journal.clone(), self.last.clone());
+        self.task = Some(tokio::spawn(async move {
+            let failed = hand_over(&journal, avoid).await;
+            if let Ok(mut last) = record.lock() {
+                *last = Some((Instant::now(), failed));
+            }
+        }));
+    }
+}
+
+impl Drop for HandOvers {
+    fn drop(&mut self) {
+        if let Some(task) = self.task.take() {
+            task.abort();
+        }
+    }
+}
+
+/// One hand-over by a skewed leader, logged; answers the voter asked if
+/// it failed.
+async fn hand_over(journal: &crate::Journal, avoid: Option<u64>) -> Option<u64> {
+    match journal.hand_over(crate::journal::HAND_OVER_CATCH_UP, avoid).await {
+        Some((successor, Ok(()))) => {
+            tracing::info!(
+                event = "clock.skew",
+                successor,
+                "asked the most caught-up voter to take over leadership"
+            );
+            None
+        }
+        Some((successor, Err(error))) => {
+            tracing::warn!(
+                event = "clock.skew",
+                successor,
+                %error,
+                "handing over failed; asking another voter next"
+            );
+            Some(successor)
+        }
+        None => None,
     }
 }
 

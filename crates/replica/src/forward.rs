@@ -12,9 +12,21 @@ pub enum ForwardRequest {
     Write(Box<Proposal>),
     /// Confirm leadership with a quorum and answer the index a read must wait for.
     ReadIndex,
-    /// The leader is draining and asks the receiver to start an election
-    /// now (leadership handover).
+    /// Start an election now: what an earlier build's draining leader
+    /// sends (no leader or term named, so taken on the caller's word).
     Campaign,
+    /// Leader `leader` of `term` must stop leading (it drains, or its clock
+    /// is beyond the bound) and asks the receiver to start an election now.
+    /// The receiver does so only while it still follows that leader in that
+    /// term (Raft's "timeout now"), so a deposed leader that never heard of
+    /// its successor cannot have a healthy leader deposed in turn. The
+    /// service takes it only from `leader` itself.
+    HandOver {
+        /// The leader asking.
+        leader: u64,
+        /// Its term.
+        term: u64,
+    },
 }
 
 /// The leader's answer.

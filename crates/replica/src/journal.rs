@@ -309,49 +309,52 @@ impl Journal {
         self.inner.drain_request.subscribe()
     }
 
-    /// Asks node `node_id` at `addr` to start an election now (see
-    /// [`Journal::hand_over`]); it refuses while its own clock is skewed or
-    /// it drains.
-    pub async fn ask_to_campaign(&self, node_id: NodeId, addr: String) -> Result<(), Error> {
-        match self.forward(Some(node_id), Some(addr), ForwardRequest::Campaign).await? {
-            ForwardResponse::Campaigning => Ok(()),
-            other => Err(Error::Internal(format!("unexpected campaign answer {other:?}"))),
-        }
-    }
-
     /// If this node leads, asks the voter `State::successor` picks (the
-    /// most caught-up one that is not draining) to start an election now,
-    /// after giving it up to `catch_up_within` to hold this node's whole
-    /// log, so the vote this node then receives is one it can grant.
-    /// Answers the voter asked, or `None` when this node does not lead or
-    /// has no voter to ask. A leader that must stop leading (it drains, or
-    /// its clock is beyond the bound) calls it: openraft 0.9 has no
-    /// step-down, and otherwise the others wait out the leader lease and an
-    /// election timeout before they elect.
-    pub async fn hand_over(&self, catch_up_within: Duration) -> Result<Option<NodeId>, Error> {
+    /// most caught-up one that is not draining; other than `avoid` when
+    /// another qualifies) to start an election now, after giving it up to
+    /// `catch_up_within` to hold this node's whole log, so the vote this
+    /// node then receives is one it can grant. Answers the voter asked and
+    /// how the request went, or `None` when this node does not lead or has
+    /// no voter to ask. A leader
+    /// that must stop leading (it drains, or its clock is beyond the bound)
+    /// calls it: openraft 0.9 has no step-down, and otherwise the others
+    /// wait out their leader lease and an election timeout before they
+    /// elect. The request names this leader and its term, and is taken
+    /// only by a voter that still follows it in that term.
+    pub async fn hand_over(
+        &self,
+        catch_up_within: Duration,
+        avoid: Option<NodeId>,
+    ) -> Option<(NodeId, Result<(), Error>)> {
         let me = self.inner.config.node_id;
         let mut watch = self.inner.raft.metrics();
-        let (successor, addr, last_index) = {
+        let (mut matched, members, term, last_index) = {
             let metrics = watch.borrow();
             if metrics.state != openraft::ServerState::Leader {
-                return Ok(None);
+                return None;
             }
             let membership = metrics.membership_config.membership();
             let matched: Vec<(NodeId, u64)> =
                 membership.voter_ids().map(|id| (id, matched_index(&metrics, id))).collect();
-            let Some(successor) = self.read_stale(|state| state.successor(me, &matched)) else {
-                return Ok(None);
-            };
-            let Some(addr) = membership.get_node(&successor).map(|node| node.addr.clone()) else {
-                return Ok(None);
-            };
-            (successor, addr, metrics.last_log_index.unwrap_or(0))
+            let members: Vec<(NodeId, String)> =
+                membership.nodes().map(|(id, node)| (*id, node.addr.clone())).collect();
+            (matched, members, metrics.current_term, metrics.last_log_index.unwrap_or(0))
         };
+        if matched.iter().any(|(id, _)| Some(*id) != avoid && *id != me) {
+            matched.retain(|(id, _)| Some(*id) != avoid);
+        }
+        let successor = self.read_stale(|state| state.successor(me, &matched))?;
+        let addr = members.into_iter().find(|(id, _)| *id == successor).map(|(_, a)| a)?;
         let caught_up = watch.wait_for(|m| matched_index(m, successor) >= last_index);
         // Asked regardless: a vote it cannot win costs a term, no more.
         let _ = tokio::time::timeout(catch_up_within, caught_up).await;
-        self.ask_to_campaign(successor, addr).await?;
-        Ok(Some(successor))
+        let request = ForwardRequest::HandOver { leader: me, term };
+        let outcome = match self.forward(Some(successor), Some(addr), request).await {
+            Ok(ForwardResponse::Campaigning) => Ok(()),
+            Ok(other) => Err(Error::Internal(format!("unexpected hand-over answer {other:?}"))),
+            Err(error) => Err(error),
+        };
+        Some((successor, outcome))
     }
 
     /// Makes the readiness store probe fail (fault injection).
@@ -614,11 +617,21 @@ impl Journal {
             .channel(&addr)
             .map_err(|e| Unavailable::Peer(format!("leader {leader_id} at {addr}: {e}")))?;
         let wire = self.inner.peers.wires().of(leader_id);
+        let request_kind = match &request {
+            ForwardRequest::HandOver { .. } | ForwardRequest::Campaign => RequestKind::HandOver,
+            ForwardRequest::Write(_) | ForwardRequest::ReadIndex => RequestKind::Other,
+        };
         let started = std::time::Instant::now();
         let data =
             envelope::encode_as(wire, &request).map_err(|e| Error::Internal(e.to_string()))?;
         let mut grpc = tonic::Request::new(RaftEnvelope { data });
-        grpc.set_timeout(self.inner.config.quorum_timeout);
+        // Asking for an election is answered at once; waiting the quorum
+        // timeout on a peer that does not answer would only hold the next
+        // try back.
+        grpc.set_timeout(match request_kind {
+            RequestKind::HandOver => HAND_OVER_DEADLINE,
+            RequestKind::Other => self.inner.config.quorum_timeout,
+        });
         let reply = RaftClient::new(channel)
             .max_decoding_message_size(envelope::MAX_ENVELOPE_BYTES)
             .max_encoding_message_size(envelope::MAX_ENVELOPE_BYTES)
@@ -648,6 +661,40 @@ impl Journal {
         }
     }
 
+    /// Starts an election at a leader's request: `from` (leader, term) must
+    /// still be who this node follows, when named. Refused while this
+    /// node's own clock is skewed or it drains: neither may take over.
+    async fn campaign(&self, from: Option<(NodeId, u64)>) -> Result<ForwardResponse, Error> {
+        if let Some((leader, term)) = from {
+            let (current_leader, current_term) = {
+                let metrics = self.inner.raft.metrics();
+                let metrics = metrics.borrow();
+                (metrics.current_leader, metrics.current_term)
+            };
+            if current_leader != Some(leader) || current_term != term {
+                return Err(Unavailable::Peer(format!(
+                    "not handing over for node {leader} of term {term}: this node follows {} in \
+                     term {current_term}",
+                    current_leader.map_or("no leader".to_string(), |id| format!("node {id}"))
+                ))
+                .into());
+            }
+        }
+        if self.clock_verdict().is_skewed() {
+            let verdict = self.clock_verdict();
+            let why = clock_watch::describe(&verdict, self.inner.clock_watch.bound_ms());
+            return Err(Unavailable::ClockUnverified(why).into());
+        }
+        // A draining node is on its way out: it must not take over.
+        if self.is_draining() {
+            return Err(Unavailable::Draining.into());
+        }
+        match self.inner.raft.trigger().elect().await {
+            Ok(()) => Ok(ForwardResponse::Campaigning),
+            Err(fatal) => Err(Unavailable::RaftStopped(fatal.to_string()).into()),
+        }
+    }
+
     /// Serves a forwarded request on the leader. Never forwards again, so a
     /// request cannot bounce between nodes.
     pub async fn serve_forwarded(&self, request: ForwardRequest) -> ForwardResponse {
@@ -657,17 +704,8 @@ impl Journal {
             ForwardRequest::Write(proposal) => {
                 self.enqueue_proposal(*proposal, false).await.map(ForwardResponse::Written)
             }
-            ForwardRequest::Campaign if self.clock_verdict().is_skewed() => {
-                let verdict = self.clock_verdict();
-                let why = clock_watch::describe(&verdict, self.inner.clock_watch.bound_ms());
-                Err(Unavailable::ClockUnverified(why).into())
-            }
-            // A draining node is on its way out: it must not take over.
-            ForwardRequest::Campaign if self.is_draining() => Err(Unavailable::Draining.into()),
-            ForwardRequest::Campaign => match self.inner.raft.trigger().elect().await {
-                Ok(()) => Ok(ForwardResponse::Campaigning),
-                Err(fatal) => Err(Unavailable::RaftStopped(fatal.to_string()).into()),
-            },
+            ForwardRequest::Campaign => self.campaign(None).await,
+            ForwardRequest::HandOver { leader, term } => self.campaign(Some((leader, term))).await,
             ForwardRequest::ReadIndex => {
                 let timeout = self.inner.config.quorum_timeout;
                 match tokio::time::timeout(timeout, self.inner.raft.ensure_linearizable()).await {
@@ -687,6 +725,15 @@ impl Journal {
             },
         }
     }
+}
+
+/// The deadline of a hand-over request.
+const HAND_OVER_DEADLINE: Duration = Duration::from_secs(1);
+
+/// What a forwarded request is, for its deadline.
+enum RequestKind {
+    HandOver,
+    Other,
 }
 
 /// How long a leader handing over waits for its successor to hold its

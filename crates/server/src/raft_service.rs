@@ -155,8 +155,15 @@ impl RaftRpc for RaftService {
         &self,
         request: Request<RaftEnvelope>,
     ) -> Result<Response<RaftEnvelope>, Status> {
-        Caller::node_of(&request)?;
+        let (caller, _) = Caller::node_of(&request)?;
         let (forwarded, wire): (ForwardRequest, _) = self.open(request)?;
+        if let ForwardRequest::HandOver { leader, .. } = &forwarded
+            && *leader != caller
+        {
+            return Err(Status::permission_denied(format!(
+                "data.leader: node {caller} sent a hand-over for node {leader}"
+            )));
+        }
         if let ForwardRequest::Write(proposal) = &forwarded {
             check_forwarded(&proposal.command).map_err(|error| {
                 Status::from(Error::Invalid(ValidationError {

@@ -14,6 +14,8 @@
 //! - `gate`: the node's real gate measures clocks by its adverts over the
 //!   Peer gRPC service on simulated TCP, and every node switches claim
 //!   paths at one instant when a flag changes.
+//! - `hand_over`: a leader hands leadership over by `Raft.Forward`, and a
+//!   voter takes a hand-over only from the leader it follows, in its term.
 //! - `journal`: the replica's real journal proposes and reads through
 //!   openraft on simulated disks.
 //! - `journal_hosts`: the turmoil hosts with a journal each that
@@ -34,6 +36,7 @@ mod crash;
 mod duties;
 mod forward;
 mod gate;
+mod hand_over;
 mod journal;
 mod journal_hosts;
 mod node_duties;

@@ -229,6 +229,20 @@ pub fn cases() -> Result<Vec<Case>> {
             Invalid,
             "commands[1].jobs[0].queue",
         ),
+        bad(
+            "forward: a hand-over for another leader",
+            rpc::forward(json_envelope(&json!({ "HandOver": { "leader": other, "term": 1 } }))?),
+            PermissionDenied,
+            "data.leader",
+        ),
+        bad(
+            "forward: a hand-over with a term that is a string",
+            rpc::forward(json_envelope(
+                &json!({ "HandOver": { "leader": PROBE_NODE, "term": "one" } }),
+            )?),
+            Invalid,
+            "data.HandOver.term",
+        ),
     ]);
     // Every RPC: a message over the 64 MiB limit, and bytes that are no
     // message. Under the limit the appends, votes and snapshots would be
