@@ -1,6 +1,7 @@
 //! What the journal can fail with. Callers branch on [`Unavailable`]'s
 //! variants (retry elsewhere, wait, give up); the edge maps all of them to
-//! UNAVAILABLE, and [`JournalError::Internal`] to INTERNAL. Refusals are not
+//! UNAVAILABLE, and [`JournalError::Internal`] and
+//! [`JournalError::PeerRefused`] to INTERNAL. Refusals are not
 //! errors: they come back as `Response::Refused` values.
 
 /// Why a write or a read cannot be served now; retryable.
@@ -61,4 +62,8 @@ pub enum JournalError {
     /// A bug or a storage failure.
     #[error("internal error: {0}")]
     Internal(String),
+    /// A peer refused a forwarded request as invalid: a bug here, or a
+    /// peer of an earlier build that does not know the request.
+    #[error("refused by a peer: {0}")]
+    PeerRefused(String),
 }

@@ -328,7 +328,7 @@ impl Journal {
     ) -> Option<(NodeId, Result<(), Error>)> {
         let me = self.inner.config.node_id;
         let mut watch = self.inner.raft.metrics();
-        let (mut matched, members, term, last_index) = {
+        let (matched, members, term, last_index) = {
             let metrics = watch.borrow();
             if metrics.state != openraft::ServerState::Leader {
                 return None;
@@ -340,16 +340,25 @@ impl Journal {
                 membership.nodes().map(|(id, node)| (*id, node.addr.clone())).collect();
             (matched, members, metrics.current_term, metrics.last_log_index.unwrap_or(0))
         };
-        if matched.iter().any(|(id, _)| Some(*id) != avoid && *id != me) {
-            matched.retain(|(id, _)| Some(*id) != avoid);
-        }
-        let successor = self.read_stale(|state| state.successor(me, &matched))?;
+        let others: Vec<(NodeId, u64)> =
+            matched.iter().copied().filter(|(id, _)| Some(*id) != avoid).collect();
+        let successor = self.read_stale(|state| {
+            state.successor(me, &others).or_else(|| state.successor(me, &matched))
+        })?;
         let addr = members.into_iter().find(|(id, _)| *id == successor).map(|(_, a)| a)?;
         let caught_up = watch.wait_for(|m| matched_index(m, successor) >= last_index);
         // Asked regardless: a vote it cannot win costs a term, no more.
         let _ = tokio::time::timeout(catch_up_within, caught_up).await;
         let request = ForwardRequest::HandOver { leader: me, term };
-        let outcome = match self.forward(Some(successor), Some(addr), request).await {
+        let outcome = match self.forward(Some(successor), Some(addr.clone()), request).await {
+            // A peer of an earlier build knows only the bare request, which
+            // names no leader or term (a rolling upgrade's window).
+            Err(Error::PeerRefused(_)) => {
+                self.forward(Some(successor), Some(addr), ForwardRequest::Campaign).await
+            }
+            answer => answer,
+        };
+        let outcome = match outcome {
             Ok(ForwardResponse::Campaigning) => Ok(()),
             Ok(other) => Err(Error::Internal(format!("unexpected hand-over answer {other:?}"))),
             Err(error) => Err(error),
@@ -645,7 +654,9 @@ impl Journal {
                     | tonic::Code::DeadlineExceeded
                     | tonic::Code::Cancelled
                     | tonic::Code::Unknown => Error::Unavailable(Unavailable::Peer(message)),
-                    // The leader refused what this node sent: a bug here.
+                    // The leader refused what this node sent: a bug here,
+                    // or a request an earlier build does not know.
+                    tonic::Code::InvalidArgument => Error::PeerRefused(message),
                     code => Error::Internal(format!("{message} ({code:?})")),
                 }
             })?;

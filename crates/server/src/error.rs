@@ -33,7 +33,9 @@ impl From<JournalError> for Error {
     fn from(error: JournalError) -> Self {
         match error {
             JournalError::Unavailable(why) => Error::Unavailable(why),
-            JournalError::Internal(message) => Error::Internal(message),
+            JournalError::Internal(message) | JournalError::PeerRefused(message) => {
+                Error::Internal(message)
+            }
         }
     }
 }
