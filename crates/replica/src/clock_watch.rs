@@ -166,9 +166,8 @@ const HAND_OVER_EVERY: Duration = Duration::from_secs(1);
 /// longest election timeout) after it was elected, so one elected less
 /// than that ago asks once the lease has run out (as the guard saw it
 /// elected: a tick late at most, never early). While it still leads it
-/// asks again
-/// `HAND_OVER_EVERY` after the last try ended, another voter if the
-/// last one failed. It stamps nothing meanwhile (the journal refuses).
+/// asks again `HAND_OVER_EVERY` after the last try ended, another voter
+/// if the last one failed. It stamps nothing meanwhile (the journal refuses).
 /// When the clock is back within the bound, both come back on by
 /// themselves (unless the node drains, which keeps it from standing).
 pub async fn guard_elections(

@@ -315,9 +315,8 @@ impl Journal {
     /// `catch_up_within` to hold this node's whole log, so the vote this
     /// node then receives is one it can grant. Answers the voter asked and
     /// how the request went, or `None` when this node does not lead or has
-    /// no voter to ask. A leader
-    /// that must stop leading (it drains, or its clock is beyond the bound)
-    /// calls it: openraft 0.9 has no step-down, and otherwise the others
+    /// no voter to ask. A leader that must stop leading (it drains, or its
+    /// clock is beyond the bound) calls it: openraft 0.9 has no step-down, and otherwise the others
     /// wait out their leader lease and an election timeout before they
     /// elect. The request names this leader and its term, and is taken
     /// only by a voter that still follows it in that term.
@@ -626,21 +625,20 @@ impl Journal {
             .channel(&addr)
             .map_err(|e| Unavailable::Peer(format!("leader {leader_id} at {addr}: {e}")))?;
         let wire = self.inner.peers.wires().of(leader_id);
-        let request_kind = match &request {
-            ForwardRequest::HandOver { .. } | ForwardRequest::Campaign => RequestKind::HandOver,
-            ForwardRequest::Write(_) | ForwardRequest::ReadIndex => RequestKind::Other,
+        // Asking for an election is answered at once; waiting the quorum
+        // timeout on a peer that does not answer would only hold the next
+        // try back.
+        let deadline = match &request {
+            ForwardRequest::HandOver { .. } | ForwardRequest::Campaign => HAND_OVER_DEADLINE,
+            ForwardRequest::Write(_) | ForwardRequest::ReadIndex => {
+                self.inner.config.quorum_timeout
+            }
         };
         let started = std::time::Instant::now();
         let data =
             envelope::encode_as(wire, &request).map_err(|e| Error::Internal(e.to_string()))?;
         let mut grpc = tonic::Request::new(RaftEnvelope { data });
-        // Asking for an election is answered at once; waiting the quorum
-        // timeout on a peer that does not answer would only hold the next
-        // try back.
-        grpc.set_timeout(match request_kind {
-            RequestKind::HandOver => HAND_OVER_DEADLINE,
-            RequestKind::Other => self.inner.config.quorum_timeout,
-        });
+        grpc.set_timeout(deadline);
         let reply = RaftClient::new(channel)
             .max_decoding_message_size(envelope::MAX_ENVELOPE_BYTES)
             .max_encoding_message_size(envelope::MAX_ENVELOPE_BYTES)
@@ -740,12 +738,6 @@ impl Journal {
 
 /// The deadline of a hand-over request.
 const HAND_OVER_DEADLINE: Duration = Duration::from_secs(1);
-
-/// What a forwarded request is, for its deadline.
-enum RequestKind {
-    HandOver,
-    Other,
-}
 
 /// How long a leader handing over waits for its successor to hold its
 /// whole log before asking it to campaign ([`Journal::hand_over`]).
