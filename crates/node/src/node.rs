@@ -532,7 +532,7 @@ fn serve(
                 .max_decoding_message_size(limits::MAX_SCHEDULES_REQUEST_BYTES),
         )
         .add_service(
-            RaftServer::new(RaftService::new(journal.clone()))
+            RaftServer::new(RaftService::new(journal.clone()).with_shutdown(shutdown.clone()))
                 .max_decoding_message_size(limits::MAX_RAFT_MESSAGE_BYTES)
                 .max_encoding_message_size(limits::MAX_RAFT_MESSAGE_BYTES),
         );

@@ -29,9 +29,14 @@ pub const MAX_ENVELOPE_BYTES: usize = 64 * 1024 * 1024;
 /// with `{`, `[`, a quote, a digit or white space, never with this.
 pub const BINARY_V1: u8 = 0x01;
 
-/// The newest envelope layout this build reads and writes, as adverts
-/// carry it (`Advert.wire_format`; 0 or absent: JSON only).
-pub const WIRE_FORMAT: u32 = 1;
+/// The newest peer wire this build reads and writes, as adverts carry it
+/// (`Advert.wire_format`): 0 or absent, JSON envelopes only; 1, binary
+/// envelopes too; 2, also the `AppendStream` call (appends on one
+/// long-lived stream per follower, see [`crate::stream`]).
+pub const WIRE_FORMAT: u32 = 2;
+
+/// The first wire format whose nodes serve `AppendStream`.
+pub const STREAM_FORMAT: u32 = 2;
 
 /// How an envelope is laid out.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -49,24 +54,33 @@ impl Wire {
     }
 }
 
-/// Which layout each peer reads, by its adverts; a peer not heard from is
-/// sent JSON, which every build reads.
+/// Which wire format each peer reads, by its adverts; a peer not heard
+/// from is sent JSON in unary calls, which every build reads.
 #[derive(Clone, Debug, Default)]
-pub struct PeerWires(Arc<RwLock<BTreeMap<NodeId, Wire>>>);
+pub struct PeerWires(Arc<RwLock<BTreeMap<NodeId, u32>>>);
 
 impl PeerWires {
     /// The layout to send to `node`.
     pub fn of(&self, node: NodeId) -> Wire {
+        Wire::for_format(self.format(node))
+    }
+
+    /// Whether `node` serves `AppendStream`.
+    pub fn streams(&self, node: NodeId) -> bool {
+        self.format(node) >= STREAM_FORMAT
+    }
+
+    fn format(&self, node: NodeId) -> u32 {
         match self.0.read() {
-            Ok(map) => map.get(&node).copied().unwrap_or(Wire::Json),
-            Err(_) => Wire::Json,
+            Ok(map) => map.get(&node).copied().unwrap_or(0),
+            Err(_) => 0,
         }
     }
 
     /// Records what `node` advertised.
     pub fn set(&self, node: NodeId, wire_format: u32) {
         if let Ok(mut map) = self.0.write() {
-            map.insert(node, Wire::for_format(wire_format));
+            map.insert(node, wire_format);
         }
     }
 }
@@ -284,7 +298,14 @@ mod tests {
         assert_eq!(wires.of(2), Wire::Json);
         wires.set(2, WIRE_FORMAT);
         wires.set(3, 0);
+        wires.set(4, 1);
         assert_eq!(wires.of(2), Wire::Binary);
         assert_eq!(wires.of(3), Wire::Json, "an earlier build advertises no wire format");
+        assert_eq!(wires.of(4), Wire::Binary);
+        assert_eq!(
+            [2, 3, 4, 5].map(|node| wires.streams(node)),
+            [true, false, false, false],
+            "only a peer advertising format 2 is sent appends on a stream"
+        );
     }
 }

@@ -46,6 +46,7 @@ use tonic::transport::{Channel, ClientTlsConfig, Endpoint, Uri};
 use leasehold_security::secret::NODE_PROOF_HEADER;
 
 use crate::envelope;
+use crate::stream::Links;
 use crate::types::{NodeId, TypeConfig};
 
 /// How long a connection attempt to a peer may take.
@@ -125,6 +126,7 @@ pub struct NetworkFactory {
     wires: envelope::PeerWires,
     replication: Arc<std::sync::OnceLock<ReplicationObserver>>,
     ahead: Arc<AheadAnswers>,
+    links: Arc<Links>,
 }
 
 impl NetworkFactory {
@@ -145,6 +147,7 @@ impl NetworkFactory {
             wires: envelope::PeerWires::default(),
             replication: Arc::default(),
             ahead: Arc::default(),
+            links: Arc::default(),
         }
     }
 
@@ -170,6 +173,12 @@ impl NetworkFactory {
         &self.ahead
     }
 
+    /// How many append streams this factory opened to its peers, each
+    /// reconnection counted (see [`crate::stream`]).
+    pub fn append_streams_opened(&self) -> u64 {
+        self.links.opened()
+    }
+
     /// The envelope layout each peer reads, kept current from its adverts;
     /// every client of this factory sends by it.
     pub fn wires(&self) -> &envelope::PeerWires {
@@ -187,6 +196,7 @@ impl NetworkFactory {
             Ok(mut guard) => guard.clear(),
             Err(poisoned) => poisoned.into_inner().clear(),
         }
+        self.links.close_all();
     }
 
     fn security(&self) -> PeerSecurity {
@@ -267,6 +277,7 @@ impl RaftNetworkFactory<TypeConfig> for NetworkFactory {
             wires: self.wires.clone(),
             replication: self.replication.clone(),
             ahead: self.ahead.clone(),
+            links: self.links.clone(),
         }
     }
 }
@@ -421,6 +432,7 @@ pub struct PeerClient {
     wires: envelope::PeerWires,
     replication: Arc<std::sync::OnceLock<ReplicationObserver>>,
     ahead: Arc<AheadAnswers>,
+    links: Arc<Links>,
 }
 
 type RpcResult<T, E> = Result<T, RPCError<NodeId, BasicNode, E>>;
@@ -444,18 +456,26 @@ impl PeerClient {
             ));
             return Err(RPCError::Unreachable(Unreachable::new(&problem)));
         };
-        let data = envelope::encode_as(self.wires.of(self.target), request)
+        let wire = self.wires.of(self.target);
+        let data = envelope::encode_as(wire, request)
             .map_err(|e| RPCError::Network(NetworkError::new(&e)))?;
-        let mut grpc = tonic::Request::new(RaftEnvelope { data });
         let ttl = option.hard_ttl();
-        grpc.set_timeout(if ttl.is_zero() { DEFAULT_RPC_TIMEOUT } else { ttl });
-        let mut client = RaftClient::new(channel)
-            .max_decoding_message_size(envelope::MAX_ENVELOPE_BYTES)
-            .max_encoding_message_size(envelope::MAX_ENVELOPE_BYTES);
-        let reply = match method {
-            Method::Append => client.append_entries(grpc).await,
-            Method::Vote => client.vote(grpc).await,
-            Method::Snapshot => client.install_snapshot(grpc).await,
+        let deadline = if ttl.is_zero() { DEFAULT_RPC_TIMEOUT } else { ttl };
+        let streamed = matches!(method, Method::Append)
+            && self.wires.streams(self.target)
+            && self.links.streaming(self.target);
+        let reply = if streamed {
+            match self.links.call(self.target, &self.addr, &channel, data, deadline).await {
+                // A follower of an earlier build: this message goes unary.
+                Err(status) if status.code() == tonic::Code::Unimplemented => {
+                    let data = envelope::encode_as(wire, request)
+                        .map_err(|e| RPCError::Network(NetworkError::new(&e)))?;
+                    unary(channel, method, data, deadline).await
+                }
+                reply => reply,
+            }
+        } else {
+            unary(channel, method, data, deadline).await
         };
         let reply = reply.map_err(|status| match status.code() {
             tonic::Code::Unavailable | tonic::Code::DeadlineExceeded | tonic::Code::Cancelled => {
@@ -463,8 +483,8 @@ impl PeerClient {
             }
             _ => RPCError::Network(NetworkError::new(&status)),
         })?;
-        let answer: Result<Resp, E> = envelope::decode(&reply.into_inner().data)
-            .map_err(|e| RPCError::Network(NetworkError::new(&e)))?;
+        let answer: Result<Resp, E> =
+            envelope::decode(&reply).map_err(|e| RPCError::Network(NetworkError::new(&e)))?;
         answer.map_err(|e| RPCError::RemoteError(openraft::error::RemoteError::new(self.target, e)))
     }
 }
@@ -542,6 +562,26 @@ impl PeerClient {
     ) -> RpcResult<AppendEntriesResponse<NodeId>, RaftError<NodeId>> {
         self.call(Method::Append, rpc, option).await
     }
+}
+
+/// One message as its own gRPC call, with `deadline`.
+async fn unary(
+    channel: PeerChannel,
+    method: Method,
+    data: Vec<u8>,
+    deadline: Duration,
+) -> Result<Vec<u8>, tonic::Status> {
+    let mut grpc = tonic::Request::new(RaftEnvelope { data });
+    grpc.set_timeout(deadline);
+    let mut client = RaftClient::new(channel)
+        .max_decoding_message_size(envelope::MAX_ENVELOPE_BYTES)
+        .max_encoding_message_size(envelope::MAX_ENVELOPE_BYTES);
+    let reply = match method {
+        Method::Append => client.append_entries(grpc).await,
+        Method::Vote => client.vote(grpc).await,
+        Method::Snapshot => client.install_snapshot(grpc).await,
+    };
+    reply.map(|reply| reply.into_inner().data)
 }
 
 #[derive(Clone, Copy)]

@@ -65,6 +65,9 @@ pub struct GateLabels {
 pub struct WireLabels {
     /// binary or json.
     pub wire: &'static str,
+    /// How it came: `unary` (a call of its own) or `stream` (a message of
+    /// a leader's append stream).
+    pub call: &'static str,
 }
 
 /// Labels of a dropped peer message.
@@ -195,7 +198,7 @@ pub struct Metrics {
     pub adverts_accepted: Counter,
     /// Peer messages dropped, by kind and reason.
     pub peer_rejected: Family<RejectLabels, Counter>,
-    /// Raft envelopes received from peers, by layout.
+    /// Raft envelopes received from peers, by layout and by call.
     pub raft_envelopes: Family<WireLabels, Counter>,
     /// Bus claims made by this node, by outcome.
     pub bus_claims: Family<OutcomeLabels, Counter>,
@@ -286,7 +289,7 @@ impl Metrics {
         let raft_envelopes = Family::<WireLabels, Counter>::default();
         registry.register(
             "raft_envelopes_received",
-            "Raft messages received from peers, by envelope layout (binary, or json from a peer of an earlier build or not yet heard from)",
+            "Raft messages received from peers, by envelope layout (binary, or json from a peer of an earlier build or not yet heard from) and by how they came (unary call, or a message of an append stream)",
             raft_envelopes.clone(),
         );
         let bus_claims = Family::<OutcomeLabels, Counter>::default();

@@ -37,7 +37,9 @@ pub const MAX_HEADER_LIST_BYTES: u32 = 16 * 1024;
 /// of up to 120 s; a claim's long-poll is capped at 30 s). A worker
 /// session is meant to last: it is bounded instead by its frames in
 /// flight and its idle time (`queue_service::MAX_SESSION_IN_FLIGHT`,
-/// `queue_service::SESSION_IDLE`).
+/// `queue_service::SESSION_IDLE`). So is a leader's append stream to a
+/// follower (only nodes open one): it carries one message at a time, and
+/// ends when the leader closes it or its connection drops.
 pub const CALL_DEADLINE: Duration = Duration::from_secs(130);
 
 /// The decode limit of `service` (`leasehold.v1.Queue`), for messages.

@@ -3,32 +3,69 @@
 //!
 //! Only nodes reach it ([`crate::auth`]), and a vote request or an append
 //! must come from the node it names as candidate or leader: a node cannot
-//! speak for another.
+//! speak for another. Appends come as unary calls or, from a leader of a
+//! newer build, as messages of one long-lived `AppendStream`, each judged
+//! as a unary append is.
 
+use std::pin::Pin;
+
+use futures::Stream;
 use leasehold_core::{Command, Limits, ValidationError, validate_command};
 use leasehold_proto::v1::RaftEnvelope;
 use leasehold_proto::v1::raft_server::Raft as RaftRpc;
 use leasehold_raft::envelope::{self, Wire};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
-use tonic::{Request, Response, Status};
+use tonic::{Request, Response, Status, Streaming};
 
 use crate::auth::Caller;
 use crate::error::Error;
+use crate::limits::too_large;
 use leasehold_replica::Journal;
 use leasehold_replica::forward::ForwardRequest;
 use leasehold_replica::metrics::Stage;
+
+/// The service's name, as paths and limits spell it.
+const RAFT_SERVICE: &str = "leasehold.v1.Raft";
+
+/// The `call` label of a message that came as a call of its own.
+const UNARY: &str = "unary";
+/// The `call` label of a message of an append stream.
+const STREAM: &str = "stream";
 
 /// Serves `leasehold.v1.Raft`.
 #[derive(Clone)]
 pub struct RaftService {
     journal: Journal,
+    /// Set when the node shuts down: open append streams end.
+    closing: Option<tokio::sync::watch::Receiver<bool>>,
 }
 
 impl RaftService {
     /// A service feeding `journal`'s Raft instance.
     pub fn new(journal: Journal) -> Self {
-        RaftService { journal }
+        RaftService { journal, closing: None }
+    }
+
+    /// The same service, ending its open append streams when `closing`
+    /// turns true (a long-lived stream would otherwise hold the server's
+    /// graceful shutdown open; the server takes no new call from then on
+    /// either).
+    pub fn with_shutdown(mut self, closing: tokio::sync::watch::Receiver<bool>) -> Self {
+        self.closing = Some(closing);
+        self
+    }
+
+    /// Resolves once the node shuts down; never without a signal.
+    async fn closed(&self) {
+        match self.closing.clone() {
+            Some(mut closing) => {
+                if closing.wait_for(|closed| *closed).await.is_err() {
+                    std::future::pending::<()>().await;
+                }
+            }
+            None => std::future::pending().await,
+        }
     }
 }
 
@@ -36,14 +73,13 @@ impl RaftService {
 /// `data` it fails at (`data.vote.leader_id.term: invalid type: …`).
 /// The layout it came in is the layout to answer in (a peer of an earlier
 /// build sends and reads JSON only).
-fn open<T: DeserializeOwned>(request: Request<RaftEnvelope>) -> Result<(T, Wire), Status> {
-    let data = request.into_inner().data;
+fn open<T: DeserializeOwned>(data: &[u8]) -> Result<(T, Wire), Status> {
     if data.is_empty() {
         return Err(Status::invalid_argument(
             "data: must not be empty (an openraft message, binary or JSON)",
         ));
     }
-    envelope::decode_with_wire(&data).map_err(|error| {
+    envelope::decode_with_wire(data).map_err(|error| {
         let field = match error.path() {
             "" => "data".to_string(),
             path => format!("data.{path}"),
@@ -94,7 +130,17 @@ impl RaftService {
         &self,
         request: Request<RaftEnvelope>,
     ) -> Result<(T, Wire), Status> {
-        let (value, wire) = open(request)?;
+        self.open_data(&request.into_inner().data, UNARY)
+    }
+
+    /// Opens an envelope's bytes that came by `call` (see [`open`]) and
+    /// counts its layout.
+    fn open_data<T: DeserializeOwned>(
+        &self,
+        data: &[u8],
+        call: &'static str,
+    ) -> Result<(T, Wire), Status> {
+        let (value, wire) = open(data)?;
         let label = match wire {
             Wire::Binary => "binary",
             Wire::Json => "json",
@@ -102,16 +148,49 @@ impl RaftService {
         self.journal
             .metrics()
             .raft_envelopes
-            .get_or_create(&leasehold_replica::metrics::WireLabels { wire: label })
+            .get_or_create(&leasehold_replica::metrics::WireLabels { wire: label, call })
             .inc();
         Ok((value, wire))
     }
 }
 
 fn seal<T: Serialize>(wire: Wire, value: &T) -> Result<Response<RaftEnvelope>, Status> {
-    let data = envelope::encode_as(wire, value).map_err(|e| Status::internal(e.to_string()))?;
-    Ok(Response::new(RaftEnvelope { data }))
+    Ok(Response::new(seal_envelope(wire, value)?))
 }
+
+fn seal_envelope<T: Serialize>(wire: Wire, value: &T) -> Result<RaftEnvelope, Status> {
+    let data = envelope::encode_as(wire, value).map_err(|e| Status::internal(e.to_string()))?;
+    Ok(RaftEnvelope { data })
+}
+
+impl RaftService {
+    /// Hands `caller`'s append in `data`, which came by `call`, to
+    /// openraft: the answer, sealed in the layout it came in, or why it
+    /// was refused.
+    async fn append(
+        &self,
+        caller: u64,
+        data: &[u8],
+        call: &'static str,
+    ) -> Result<RaftEnvelope, Status> {
+        let started = std::time::Instant::now();
+        let (rpc, wire): (openraft::raft::AppendEntriesRequest<leasehold_raft::TypeConfig>, _) =
+            self.open_data(data, call)?;
+        from_its_sender(caller, &rpc.vote, "an append")?;
+        let carries_entries = !rpc.entries.is_empty();
+        let answer = self.journal.raft().append_entries(rpc).await;
+        let sealed = seal_envelope(wire, &answer);
+        if carries_entries {
+            self.journal.metrics().observe_stage(Stage::FollowerAppend, started.elapsed());
+        }
+        sealed
+    }
+}
+
+/// The answers of an `AppendStream`: one per message, in order, each
+/// message taken only once the one before is answered. A message refused
+/// (malformed, or not from the caller) ends the stream with its status.
+pub type AppendAnswers = Pin<Box<dyn Stream<Item = Result<RaftEnvelope, Status>> + Send>>;
 
 #[tonic::async_trait]
 impl RaftRpc for RaftService {
@@ -119,18 +198,38 @@ impl RaftRpc for RaftService {
         &self,
         request: Request<RaftEnvelope>,
     ) -> Result<Response<RaftEnvelope>, Status> {
-        let started = std::time::Instant::now();
         let (caller, _) = Caller::node_of(&request)?;
-        let (rpc, wire): (openraft::raft::AppendEntriesRequest<leasehold_raft::TypeConfig>, _) =
-            self.open(request)?;
-        from_its_sender(caller, &rpc.vote, "an append")?;
-        let carries_entries = !rpc.entries.is_empty();
-        let answer = self.journal.raft().append_entries(rpc).await;
-        let sealed = seal(wire, &answer);
-        if carries_entries {
-            self.journal.metrics().observe_stage(Stage::FollowerAppend, started.elapsed());
-        }
-        sealed
+        let answer = self.append(caller, &request.into_inner().data, UNARY).await?;
+        Ok(Response::new(answer))
+    }
+
+    type AppendStreamStream = AppendAnswers;
+
+    async fn append_stream(
+        &self,
+        request: Request<Streaming<RaftEnvelope>>,
+    ) -> Result<Response<AppendAnswers>, Status> {
+        // Checked once: every message of the stream is this caller's.
+        let (caller, _) = Caller::node_of(&request)?;
+        let messages = request.into_inner();
+        let answers =
+            futures::stream::unfold(Some((messages, self.clone())), move |state| async move {
+                let (mut messages, service) = state?;
+                // Only between messages: an append under way is finished.
+                let next = tokio::select! {
+                    next = messages.message() => next,
+                    () = service.closed() => Err(Status::unavailable("node shutting down")),
+                };
+                let answer = match next {
+                    Ok(Some(envelope)) => service.append(caller, &envelope.data, STREAM).await,
+                    Ok(None) => return None,
+                    Err(status) => Err(too_large(RAFT_SERVICE, &status).unwrap_or(status)),
+                };
+                // After a refusal the stream ends, with the refusal.
+                let next = answer.is_ok().then_some((messages, service));
+                Some((answer, next))
+            });
+        Ok(Response::new(Box::pin(answers)))
     }
 
     async fn vote(&self, request: Request<RaftEnvelope>) -> Result<Response<RaftEnvelope>, Status> {

@@ -21,6 +21,7 @@ use std::process::Command;
 use std::time::Duration;
 
 use anyhow::{Context, Result, ensure};
+use futures::StreamExt;
 use leasehold_proto::v1;
 use leasehold_proto::v1::cluster_client::ClusterClient;
 use leasehold_proto::v1::queue_client::QueueClient;
@@ -73,6 +74,22 @@ fn wire(
         metadata.push((*key, value.parse()?));
     }
     Ok(InterceptedService::new(endpoint.connect_lazy(), Headers(metadata)))
+}
+
+/// The first answer on an append stream that sends `message` and then
+/// waits: the stream's status when it refused the call or the message.
+async fn first_streamed_answer(
+    channel: Wire,
+    message: v1::RaftEnvelope,
+) -> Result<v1::RaftEnvelope, tonic::Status> {
+    let messages = futures::stream::iter([message]).chain(futures::stream::pending());
+    let mut answers = RaftClient::new(channel).append_stream(messages).await?.into_inner();
+    match tokio::time::timeout(RPC_TIMEOUT, answers.message()).await {
+        Ok(Ok(Some(answer))) => Ok(answer),
+        Ok(Ok(None)) => Err(tonic::Status::unknown("the stream ended without an answer")),
+        Ok(Err(status)) => Err(status),
+        Err(_) => Err(tonic::Status::deadline_exceeded("no answer on the append stream")),
+    }
 }
 
 fn bearer(token: &str) -> (&'static str, String) {
@@ -287,11 +304,39 @@ async fn proof_story(sandbox: &Sandbox) -> Result<()> {
     }
 
     phase("with the proof the call reaches the service, which judges the body");
-    let channel = wire(&addr, None, &[(NODE_PROOF_HEADER, proof)])?;
-    let answer = RaftClient::new(channel).append_entries(garbage).await;
+    let proven = wire(&addr, None, &[(NODE_PROOF_HEADER, proof)])?;
+    let answer = RaftClient::new(proven.clone()).append_entries(garbage.clone()).await;
     ensure!(
         matches!(&answer, Err(s) if s.code() == tonic::Code::InvalidArgument),
         "a proven node's malformed append was answered {answer:?}"
+    );
+
+    phase("an append stream: opened only with the proof, each message judged as a call");
+    let unproven = wire(&addr, None, &[])?;
+    let answer = first_streamed_answer(unproven, garbage.clone()).await;
+    ensure!(
+        matches!(&answer, Err(s) if s.code() == tonic::Code::Unauthenticated),
+        "an append stream without a proof was answered {answer:?}"
+    );
+    let answer = first_streamed_answer(proven.clone(), garbage).await;
+    ensure!(
+        matches!(&answer, Err(s) if s.code() == tonic::Code::InvalidArgument
+            && s.message().starts_with("data")),
+        "a malformed message on an append stream was answered {answer:?}"
+    );
+    // Node 2's proof, an append in node 3's name: refused, whatever it says.
+    let impostor = openraft::raft::AppendEntriesRequest::<leasehold_raft::TypeConfig> {
+        vote: openraft::Vote::new_committed(7, 3),
+        prev_log_id: None,
+        entries: Vec::new(),
+        leader_commit: None,
+    };
+    let impostor = v1::RaftEnvelope { data: serde_json::to_vec(&impostor)? };
+    let answer = first_streamed_answer(proven, impostor).await;
+    ensure!(
+        matches!(&answer, Err(s) if s.code() == tonic::Code::PermissionDenied
+            && s.message().starts_with("data.vote")),
+        "an append in another node's name on a stream was answered {answer:?}"
     );
 
     phase("a node joining without TLS and without the cluster's secret refuses to start");

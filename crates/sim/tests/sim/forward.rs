@@ -67,7 +67,7 @@ fn served_calls(host: &Host) -> u64 {
     let envelopes = &host.journal.metrics().raft_envelopes;
     ["binary", "json"]
         .into_iter()
-        .map(|wire| envelopes.get_or_create(&WireLabels { wire }).get())
+        .map(|wire| envelopes.get_or_create(&WireLabels { wire, call: "unary" }).get())
         .sum()
 }
 

@@ -1,14 +1,19 @@
 //! Goal: nodes speak the binary Raft envelope to each other once their
-//! adverts say they read it (issue 15, item 3), and a payload near the
-//! size limit replicates (as JSON, each of its bytes was a decimal number
-//! and a comma: four times the bytes, and slow to parse).
+//! adverts say they read it (issue 15, item 3), a leader sends its
+//! appends as messages of one long-lived stream per follower rather than
+//! as calls, and a payload near the size limit replicates (as JSON, each
+//! of its bytes was a decimal number and a comma: four times the bytes,
+//! and slow to parse).
 //!
 //! Method: a three-node cluster; every node counts the envelopes it
-//! receives by layout (`leasehold_raft_envelopes_received_total{wire}`).
-//! Within a few advert rounds of forming, each follower must be receiving
-//! binary envelopes. Then a 200 KiB payload of 0xff bytes is enqueued and
-//! must commit and converge, and while it replicates the followers receive
-//! no JSON envelope at all: every node of this build is sent binary.
+//! receives by layout and by call
+//! (`leasehold_raft_envelopes_received_total{wire,call}`). Within a few
+//! advert rounds of forming, each follower must be receiving binary
+//! envelopes on the leader's append stream. Then a 200 KiB payload of 0xff
+//! bytes is enqueued and must commit and converge, and while it replicates
+//! the followers receive no JSON envelope and no unary call at all, but
+//! more stream messages: every node of this build is sent binary, on the
+//! stream.
 
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -32,13 +37,13 @@ async fn peers_speak_binary_and_a_large_payload_replicates() -> Result<()> {
     sandbox.run(Duration::from_secs(120), story(&sandbox)).await
 }
 
-/// Raft envelopes `http`'s node received in `wire`'s layout.
-async fn received(http: SocketAddr, wire: &str) -> Result<u64> {
+/// Raft envelopes `http`'s node received whose labels include `label`
+/// (`wire="binary"`, `call="stream"`).
+async fn received(http: SocketAddr, label: &str) -> Result<u64> {
     let metrics = http_get(http, "/metrics").await?;
     let family = "leasehold_raft_envelopes_received_total{";
-    let label = format!("wire=\"{wire}\"");
     let mut total = 0;
-    for line in metrics.body.lines().filter(|l| l.starts_with(family) && l.contains(&label)) {
+    for line in metrics.body.lines().filter(|l| l.starts_with(family) && l.contains(label)) {
         total += line
             .rsplit(' ')
             .next()
@@ -46,6 +51,20 @@ async fn received(http: SocketAddr, wire: &str) -> Result<u64> {
             .with_context(|| format!("metric line {line:?}"))? as u64;
     }
     Ok(total)
+}
+
+const JSON: &str = "wire=\"json\"";
+const BINARY: &str = "wire=\"binary\"";
+const STREAM: &str = "call=\"stream\"";
+const UNARY: &str = "call=\"unary\"";
+
+/// Each follower's count of envelopes with `label`.
+async fn counts(followers: &[SocketAddr], label: &str) -> Result<Vec<u64>> {
+    let mut counts = Vec::new();
+    for http in followers {
+        counts.push(received(*http, label).await?);
+    }
+    Ok(counts)
 }
 
 async fn story(sandbox: &Sandbox) -> Result<()> {
@@ -59,33 +78,30 @@ async fn story(sandbox: &Sandbox) -> Result<()> {
         .map(|id| cluster.node(id).map(|node| node.http))
         .collect::<Result<_>>()?;
 
-    phase("the followers receive binary envelopes once adverts are heard");
+    phase("the followers receive binary envelopes on a stream once adverts are heard");
     for http in &followers {
         let http = *http;
         wait_until(
-            "a follower to receive binary envelopes",
+            "a follower to receive binary envelopes on the leader's stream",
             deadline_in(Duration::from_secs(20)),
             || async move {
-                let binary = received(http, "binary").await?;
-                Ok(if binary > 0 {
+                let binary = received(http, BINARY).await?;
+                let streamed = received(http, STREAM).await?;
+                Ok(if binary > 0 && streamed > 0 {
                     Check::Done(())
                 } else {
                     Check::NotYet(format!(
-                        "{} JSON envelopes, no binary",
-                        received(http, "json").await?
+                        "{} JSON envelopes, {binary} binary, {streamed} on a stream",
+                        received(http, JSON).await?
                     ))
                 })
             },
         )
         .await?;
     }
-    let json_before: Vec<u64> = {
-        let mut counts = Vec::new();
-        for http in &followers {
-            counts.push(received(*http, "json").await?);
-        }
-        counts
-    };
+    let json_before = counts(&followers, JSON).await?;
+    let unary_before = counts(&followers, UNARY).await?;
+    let streamed_before = counts(&followers, STREAM).await?;
 
     phase("a 200 KiB payload commits and replicates");
     let client = cluster.client()?;
@@ -96,12 +112,23 @@ async fn story(sandbox: &Sandbox) -> Result<()> {
     ensure!(ids.len() == 1, "one job enqueued, got {ids:?}");
     let after = cluster.wait_quiet(Duration::from_secs(2), CLUSTER_CONVERGE_TIMEOUT).await?;
     ensure!(after.applied_index > converged.applied_index, "nothing applied: {after:?}");
-    for (http, before) in followers.iter().zip(json_before) {
-        let now = received(*http, "json").await?;
+    let json_after = counts(&followers, JSON).await?;
+    let unary_after = counts(&followers, UNARY).await?;
+    let streamed_after = counts(&followers, STREAM).await?;
+    for (index, http) in followers.iter().enumerate() {
         ensure!(
-            now == before,
-            "a follower received {} JSON envelopes after binary began",
-            now - before
+            json_after[index] == json_before[index],
+            "follower {http} received {} JSON envelopes after binary began",
+            json_after[index] - json_before[index]
+        );
+        ensure!(
+            unary_after[index] == unary_before[index],
+            "follower {http} received {} unary calls after its stream opened",
+            unary_after[index] - unary_before[index]
+        );
+        ensure!(
+            streamed_after[index] > streamed_before[index],
+            "follower {http} received nothing on its stream while the payload replicated"
         );
     }
     Ok(())
