@@ -278,6 +278,7 @@ impl RaftNetworkFactory<TypeConfig> for NetworkFactory {
             replication: self.replication.clone(),
             ahead: self.ahead.clone(),
             links: self.links.clone(),
+            factory: self.clone(),
         }
     }
 }
@@ -433,6 +434,8 @@ pub struct PeerClient {
     replication: Arc<std::sync::OnceLock<ReplicationObserver>>,
     ahead: Arc<AheadAnswers>,
     links: Arc<Links>,
+    /// Where a new append stream takes its channel from.
+    factory: NetworkFactory,
 }
 
 type RpcResult<T, E> = Result<T, RPCError<NodeId, BasicNode, E>>;
@@ -465,12 +468,21 @@ impl PeerClient {
             && self.wires.streams(self.target)
             && self.links.streaming(self.target);
         let reply = if streamed {
-            match self.links.call(self.target, &self.addr, &channel, data, deadline).await {
-                // A follower of an earlier build: this message goes unary.
+            let started = std::time::Instant::now();
+            // A new stream goes on the channel of the credentials now in
+            // force (this client's may predate a rotation).
+            let current = || self.factory.channel(&self.addr).ok();
+            match self.links.call(self.target, &self.addr, current, data, deadline).await {
+                // A follower of an earlier build: this message goes unary,
+                // in what is left of its deadline.
                 Err(status) if status.code() == tonic::Code::Unimplemented => {
+                    let left = deadline.saturating_sub(started.elapsed());
+                    if left.is_zero() {
+                        return Err(RPCError::Network(NetworkError::new(&status)));
+                    }
                     let data = envelope::encode_as(wire, request)
                         .map_err(|e| RPCError::Network(NetworkError::new(&e)))?;
-                    unary(channel, method, data, deadline).await
+                    unary(channel, method, data, left).await
                 }
                 reply => reply,
             }

@@ -10,9 +10,12 @@
 //!
 //! What a unary call gave, a stream keeps:
 //! - **A deadline per message.** The caller waits for its answer as long
-//!   as openraft's deadline (or the sender's) allows. When it gives up,
-//!   the stream is closed, so a later message never waits behind an
-//!   answer that is not coming; the next message opens a new stream.
+//!   as openraft's deadline (or the sender's) allows. When it gives up
+//!   (or openraft's own timer drops it), the stream is closed, so a later
+//!   message never waits behind an answer that is not coming; the next
+//!   message opens a new stream. A stream this node closed answers its
+//!   waiting messages ABORTED, which openraft takes as a failed call to
+//!   send again, not as a peer down to back off from.
 //! - **Failure is seen.** When the stream ends or fails, every message
 //!   still waiting is answered with the stream's status (UNAVAILABLE when
 //!   it just ended), which the network reports to openraft as it would a
@@ -98,32 +101,44 @@ impl Links {
         self.opened.load(std::sync::atomic::Ordering::Relaxed)
     }
 
-    /// Sends `data` to `target` on its stream (opened on `channel`, to
-    /// `addr`, if there is none to that address) and waits for its answer, `deadline` at most. A
-    /// message not answered in time closes the stream. UNIMPLEMENTED
-    /// means the follower does not serve the call: it is then sent unary
-    /// calls for a while (see [`Links::streaming`]).
+    /// Sends `data` to `target` on its stream (opened on the channel
+    /// `channel` gives, to `addr`, if there is none to that address) and
+    /// waits for its answer, `deadline` at most. A message not answered
+    /// in time closes the stream, and so does a caller that stops waiting
+    /// (openraft's own timer, say): no later message waits behind an
+    /// answer nobody wants. UNIMPLEMENTED means the follower does not
+    /// serve the call: it is then sent unary calls for a while (see
+    /// [`Links::streaming`]).
+    ///
+    /// A stream this node closed answers ABORTED, its own missed deadline
+    /// included: the peer is not known to be down, so openraft should
+    /// send again at once rather than back off as it does for an
+    /// unreachable peer (which would leave the follower without
+    /// heartbeats for long enough to start an election).
     pub(crate) async fn call(
         &self,
         target: NodeId,
         addr: &str,
-        channel: &PeerChannel,
+        channel: impl FnOnce() -> Option<PeerChannel>,
         data: Vec<u8>,
         deadline: Duration,
     ) -> Answer {
         let (answered, answer) = oneshot::channel();
-        let link = self.send(target, addr, channel, RaftEnvelope { data }, answered);
+        let link = self.send(target, addr, channel, RaftEnvelope { data }, answered)?;
+        let mut waiting = Waiting { links: self, target, link: Some(link) };
         let answer = match tokio::time::timeout(deadline, answer).await {
-            Ok(Ok(answer)) => answer,
-            Ok(Err(_)) => Err(Status::unavailable("the append stream closed")),
-            Err(_) => {
-                self.close(target, &link);
-                Err(Status::deadline_exceeded(format!(
-                    "no answer on the append stream in {} ms",
-                    deadline.as_millis()
-                )))
+            Ok(Ok(answer)) => {
+                waiting.link = None;
+                answer
             }
+            Ok(Err(_)) => Err(Status::aborted("the append stream closed")),
+            // `waiting` closes the stream as it goes.
+            Err(_) => Err(Status::aborted(format!(
+                "no answer on the append stream in {} ms",
+                deadline.as_millis()
+            ))),
         };
+        drop(waiting);
         if matches!(&answer, Err(status) if status.code() == tonic::Code::Unimplemented) {
             lock(&self.unary).insert(target, Instant::now() + UNARY_AFTER_UNIMPLEMENTED);
         }
@@ -137,30 +152,33 @@ impl Links {
         &self,
         target: NodeId,
         addr: &str,
-        channel: &PeerChannel,
+        channel: impl FnOnce() -> Option<PeerChannel>,
         envelope: RaftEnvelope,
         answered: oneshot::Sender<Answer>,
-    ) -> Arc<Link> {
+    ) -> Result<Arc<Link>, Status> {
         let mut links = lock(&self.links);
         let (envelope, answered) = match links.get(&target) {
             Some(link) if link.addr == addr => match link.push(envelope, answered) {
-                Ok(()) => return link.clone(),
+                Ok(()) => return Ok(link.clone()),
                 Err(unsent) => unsent,
             },
             Some(moved) => {
-                moved.close(Status::unavailable("the member's address changed"));
+                moved.close(Status::aborted("the member's address changed"));
                 (envelope, answered)
             }
             None => (envelope, answered),
         };
-        let link = Link::open(addr, channel.clone());
+        let Some(channel) = channel() else {
+            return Err(Status::unavailable(format!("bad address {addr} for node {target}")));
+        };
+        let link = Link::open(addr, channel);
         self.opened.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         // A new link is open until its reader runs, which it has not yet.
         if let Err((_, answered)) = link.push(envelope, answered) {
-            let _ = answered.send(Err(Status::unavailable("the append stream closed")));
+            let _ = answered.send(Err(Status::aborted("the append stream closed")));
         }
         links.insert(target, link.clone());
-        link
+        Ok(link)
     }
 
     /// Closes `link` and forgets it, if it is still `target`'s.
@@ -170,7 +188,7 @@ impl Links {
             links.remove(&target);
         }
         drop(links);
-        link.close(Status::unavailable("the append stream was closed"));
+        link.close(Status::aborted("the append stream was closed"));
     }
 
     /// Closes every stream (the credentials changed: the next message
@@ -178,7 +196,23 @@ impl Links {
     pub(crate) fn close_all(&self) {
         let links: Vec<Arc<Link>> = lock(&self.links).drain().map(|(_, link)| link).collect();
         for link in links {
-            link.close(Status::unavailable("the node's credentials changed"));
+            link.close(Status::aborted("the node's credentials changed"));
+        }
+    }
+}
+
+/// A message waiting for its answer: if it stops waiting before the
+/// answer came (`link` still set), its stream is closed.
+struct Waiting<'a> {
+    links: &'a Links,
+    target: NodeId,
+    link: Option<Arc<Link>>,
+}
+
+impl Drop for Waiting<'_> {
+    fn drop(&mut self) {
+        if let Some(link) = self.link.take() {
+            self.links.close(self.target, &link);
         }
     }
 }
@@ -186,7 +220,7 @@ impl Links {
 impl Drop for Links {
     fn drop(&mut self) {
         for link in lock(&self.links).values() {
-            link.close(Status::unavailable("the node's network is gone"));
+            link.close(Status::aborted("the node's network is gone"));
         }
     }
 }
@@ -316,6 +350,8 @@ mod tests {
     #[derive(Clone)]
     struct Peer {
         streams: bool,
+        /// Answers nothing on its append stream for two seconds.
+        stalls: bool,
     }
 
     type Answers = Pin<Box<dyn Stream<Item = Result<RaftEnvelope, Status>> + Send>>;
@@ -351,7 +387,7 @@ mod tests {
             if !self.streams {
                 return Err(Status::unimplemented("an earlier build"));
             }
-            let answers = answer_each(request.into_inner());
+            let answers = answer_each(request.into_inner(), self.stalls);
             Ok(Response::new(answers))
         }
 
@@ -375,11 +411,14 @@ mod tests {
     }
 
     /// The answers to `messages`, one at a time, ending after a refusal.
-    fn answer_each(messages: Streaming<RaftEnvelope>) -> Answers {
+    fn answer_each(messages: Streaming<RaftEnvelope>, stalls: bool) -> Answers {
         let (answers, stream) = mpsc::unbounded_channel();
         tokio::spawn(async move {
             let mut messages = messages;
             while let Ok(Some(envelope)) = messages.message().await {
+                if stalls {
+                    tokio::time::sleep(Duration::from_secs(2)).await;
+                }
                 let answered = answer(envelope.data).await;
                 let refused = answered.is_err();
                 if answers.send(answered).is_err() || refused {
@@ -416,12 +455,12 @@ mod tests {
         deadline: Duration,
     ) -> anyhow::Result<Answer> {
         let channel = factory.channel(addr)?;
-        Ok(links.call(2, addr, &channel, data.to_vec(), deadline).await)
+        Ok(links.call(2, addr, || Some(channel), data.to_vec(), deadline).await)
     }
 
     #[tokio::test]
     async fn each_answer_reaches_its_own_message_on_one_stream() -> anyhow::Result<()> {
-        let (addr, server) = serve(Peer { streams: true }).await?;
+        let (addr, server) = serve(Peer { streams: true, stalls: false }).await?;
         let addr = addr.to_string();
         let (links, factory) = (Links::default(), NetworkFactory::new());
         let messages: Vec<Vec<u8>> = (0..32u8)
@@ -446,11 +485,11 @@ mod tests {
 
     #[tokio::test]
     async fn a_message_not_answered_in_time_closes_its_stream() -> anyhow::Result<()> {
-        let (addr, server) = serve(Peer { streams: true }).await?;
+        let (addr, server) = serve(Peer { streams: true, stalls: false }).await?;
         let addr = addr.to_string();
         let (links, factory) = (Links::default(), NetworkFactory::new());
         let slow = call(&links, &factory, &addr, b"slow", Duration::from_millis(200)).await?;
-        assert_eq!(slow.map_err(|s| s.code()), Err(tonic::Code::DeadlineExceeded));
+        assert_eq!(slow.map_err(|s| s.code()), Err(tonic::Code::Aborted));
         // The next message does not wait behind the answer still to come:
         // it goes on a new stream and is answered at once.
         let started = Instant::now();
@@ -458,6 +497,19 @@ mod tests {
         assert_eq!(next.map_err(|s| s.to_string()), Ok(b"ba".to_vec()));
         assert!(started.elapsed() < Duration::from_secs(1));
         assert_eq!(links.opened(), 2);
+        // A caller that stops waiting (as openraft's own timer drops a
+        // call) closes its stream just the same.
+        let gave_up = tokio::time::timeout(
+            Duration::from_millis(200),
+            call(&links, &factory, &addr, b"slow", Duration::from_secs(5)),
+        )
+        .await;
+        assert!(gave_up.is_err(), "the slow message was answered: {gave_up:?}");
+        let started = Instant::now();
+        let next = call(&links, &factory, &addr, b"cd", Duration::from_secs(1)).await?;
+        assert_eq!(next.map_err(|s| s.to_string()), Ok(b"dc".to_vec()));
+        assert!(started.elapsed() < Duration::from_secs(1));
+        assert_eq!(links.opened(), 3);
         server.abort();
         Ok(())
     }
@@ -465,7 +517,7 @@ mod tests {
     #[tokio::test]
     async fn a_stream_the_peer_ends_fails_its_message_and_the_next_opens_another()
     -> anyhow::Result<()> {
-        let (addr, server) = serve(Peer { streams: true }).await?;
+        let (addr, server) = serve(Peer { streams: true, stalls: false }).await?;
         let addr = addr.to_string();
         let (links, factory) = (Links::default(), NetworkFactory::new());
         let refused = call(&links, &factory, &addr, b"refuse", Duration::from_secs(5)).await?;
@@ -477,19 +529,41 @@ mod tests {
         Ok(())
     }
 
-    #[tokio::test]
-    async fn a_peer_of_an_earlier_build_is_sent_unary_appends() -> anyhow::Result<()> {
-        let (addr, server) = serve(Peer { streams: false }).await?;
+    /// A factory whose node 2, at `addr`, advertises streams; a client
+    /// to it; and a heartbeat of node 1's to send it.
+    async fn streaming_client(
+        addr: SocketAddr,
+    ) -> (NetworkFactory, crate::network::PeerClient, AppendEntriesRequest<TypeConfig>) {
         let mut factory = NetworkFactory::new();
-        // Its advert says it streams (stale: it was downgraded since).
         factory.wires().set(2, crate::envelope::WIRE_FORMAT);
-        let mut client = factory.new_client(2, &BasicNode::new(addr.to_string())).await;
+        let client = factory.new_client(2, &BasicNode::new(addr.to_string())).await;
         let rpc = AppendEntriesRequest::<TypeConfig> {
             vote: Vote::new_committed(3, 1),
             prev_log_id: None,
             entries: Vec::new(),
             leader_commit: None,
         };
+        (factory, client, rpc)
+    }
+
+    #[tokio::test]
+    async fn a_stream_closed_on_a_missed_deadline_is_no_unreachable_peer() -> anyhow::Result<()> {
+        let (addr, server) = serve(Peer { streams: true, stalls: true }).await?;
+        let (_factory, mut client, rpc) = streaming_client(addr).await;
+        // openraft backs off from an unreachable peer (no heartbeat for
+        // 500 ms); a message this node gave up on must not read as one.
+        let option = RPCOption::new(Duration::from_millis(200));
+        let answer = client.append_entries(rpc, option).await;
+        assert!(matches!(answer, Err(openraft::error::RPCError::Network(_))), "{answer:?}");
+        server.abort();
+        Ok(())
+    }
+
+    #[tokio::test]
+    async fn a_peer_of_an_earlier_build_is_sent_unary_appends() -> anyhow::Result<()> {
+        let (addr, server) = serve(Peer { streams: false, stalls: false }).await?;
+        // Its advert says it streams (stale: it was downgraded since).
+        let (factory, mut client, rpc) = streaming_client(addr).await;
         let option = RPCOption::new(Duration::from_secs(2));
         for _ in 0..2 {
             let answer = client.append_entries(rpc.clone(), option.clone()).await;

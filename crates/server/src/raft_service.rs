@@ -56,14 +56,12 @@ impl RaftService {
         self
     }
 
-    /// Resolves once the node shuts down; never without a signal.
+    /// Resolves once the node shuts down (its signal turned true, or its
+    /// sender is gone); never without a signal.
     async fn closed(&self) {
         match self.closing.clone() {
-            Some(mut closing) => {
-                if closing.wait_for(|closed| *closed).await.is_err() {
-                    std::future::pending::<()>().await;
-                }
-            }
+            // Either way the node is stopping.
+            Some(mut closing) => drop(closing.wait_for(|closed| *closed).await),
             None => std::future::pending().await,
         }
     }
