@@ -277,7 +277,6 @@ impl RaftNetworkFactory<TypeConfig> for NetworkFactory {
             wires: self.wires.clone(),
             replication: self.replication.clone(),
             ahead: self.ahead.clone(),
-            links: self.links.clone(),
             factory: self.clone(),
         }
     }
@@ -433,8 +432,8 @@ pub struct PeerClient {
     wires: envelope::PeerWires,
     replication: Arc<std::sync::OnceLock<ReplicationObserver>>,
     ahead: Arc<AheadAnswers>,
-    links: Arc<Links>,
-    /// Where a new append stream takes its channel from.
+    /// Its append streams (shared by every client of the factory), and
+    /// where a new one takes its channel from.
     factory: NetworkFactory,
 }
 
@@ -466,13 +465,13 @@ impl PeerClient {
         let deadline = if ttl.is_zero() { DEFAULT_RPC_TIMEOUT } else { ttl };
         let streamed = matches!(method, Method::Append)
             && self.wires.streams(self.target)
-            && self.links.streaming(self.target);
+            && self.factory.links.streaming(self.target);
         let reply = if streamed {
             let started = std::time::Instant::now();
             // A new stream goes on the channel of the credentials now in
             // force (this client's may predate a rotation).
             let current = || self.factory.channel(&self.addr).ok();
-            match self.links.call(self.target, &self.addr, current, data, deadline).await {
+            match self.factory.links.call(self.target, &self.addr, current, data, deadline).await {
                 // A follower of an earlier build: this message goes unary,
                 // in what is left of its deadline.
                 Err(status) if status.code() == tonic::Code::Unimplemented => {
