@@ -26,6 +26,7 @@ use std::time::Duration;
 
 use leasehold_core::clock_bound::{ClockVerdict, PeerOffset, judge_clock, sustain_skew};
 
+use tokio::sync::Notify;
 use tokio::time::Instant;
 
 use crate::clock::Clock;
@@ -54,13 +55,21 @@ pub struct ClockWatch {
     last_skew: Arc<Mutex<Option<ClockVerdict>>>,
     bound_ms: u64,
     fresh_for: Duration,
+    /// Woken at each measurement, for a leader waiting to stamp.
+    measured: Arc<Notify>,
 }
 
 impl ClockWatch {
     /// A watch enforcing `bound_ms` (`max_clock_offset_ms`), counting a
     /// measurement for `fresh_for` after it was made.
     pub fn new(bound_ms: u64, fresh_for: Duration) -> ClockWatch {
-        ClockWatch { measurements: Arc::default(), last_skew: Arc::default(), bound_ms, fresh_for }
+        ClockWatch {
+            measurements: Arc::default(),
+            last_skew: Arc::default(),
+            bound_ms,
+            fresh_for,
+            measured: Arc::default(),
+        }
     }
 
     /// The bound enforced.
@@ -90,6 +99,16 @@ impl ClockWatch {
         if let Ok(mut measurements) = self.measurements.lock() {
             measurements.insert(peer, measurement);
         }
+        self.measured.notify_waiters();
+    }
+
+    /// Completes at the next measurement [`ClockWatch::record`] takes after
+    /// this call (the future is registered at once, so a measurement made
+    /// between this call and the first poll is not missed).
+    pub fn next_measurement(&self) -> impl std::future::Future<Output = ()> + Send + '_ {
+        let mut notified = Box::pin(self.measured.notified());
+        notified.as_mut().enable();
+        notified
     }
 
     /// The fresh offsets, corrected to now by how far `clock` has moved

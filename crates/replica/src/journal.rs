@@ -11,6 +11,7 @@ use leasehold_proto::v1::RaftEnvelope;
 use leasehold_proto::v1::raft_client::RaftClient;
 use leasehold_raft::{NetworkFactory, NodeId, Raft, envelope};
 use openraft::error::{CheckIsLeaderError, ClientWriteError, RaftError};
+use tokio::time::Instant;
 
 use crate::clock::Clock;
 use crate::clock_watch::{self, ClockWatch};
@@ -78,6 +79,10 @@ struct Pending {
 /// one was as fast or faster at 1, 32 and 128 clients. More may pay where
 /// syncs are slow and CPU is spare.
 pub const DEFAULT_BATCHES_IN_FLIGHT: usize = 1;
+
+/// How often a leader waiting for its clock to be measured looks again
+/// without a new measurement (leadership or membership may have changed).
+const STAMP_RECHECK: Duration = Duration::from_millis(100);
 
 /// Most proposals waiting for the batcher before proposers wait for room.
 const BATCH_QUEUE: usize = 4_096;
@@ -274,19 +279,41 @@ impl Journal {
     }
 
     /// The time this node stamps an entry with: its clock, when it leads
-    /// with a clock agreed by a majority of the voters; a leader whose
-    /// clock is skewed or unmeasured stamps nothing (UNAVAILABLE). On a
-    /// follower the stamp is a placeholder: the leader stamps again.
-    fn stamp(&self) -> Result<u64, Error> {
-        let leading = self.inner.raft.metrics().borrow().state == openraft::ServerState::Leader;
-        if leading {
+    /// with a clock agreed by a majority of the voters. A leader whose
+    /// clock is skewed stamps nothing (UNAVAILABLE at once: it is handing
+    /// leadership over). One whose clock is not measured against a
+    /// majority yet (its measurements lapsed while peers were away, as
+    /// after a partition heals or a follower restarts) waits for the next
+    /// measurements until `deadline`, the write's quorum deadline, and
+    /// stamps nothing if none agree by then: adverts measure every peer
+    /// once a second, so a leader that can reach a majority stamps within
+    /// about a second instead of refusing. On a follower the stamp is a
+    /// placeholder: the leader stamps again.
+    async fn stamp(&self, deadline: Instant) -> Result<u64, Error> {
+        loop {
+            // Registered before the verdict is read, so a measurement that
+            // lands in between wakes this wait.
+            let measured = self.inner.clock_watch.next_measurement();
+            let leading = self.inner.raft.metrics().borrow().state == openraft::ServerState::Leader;
+            if !leading {
+                return Ok(self.inner.clock.now_ms());
+            }
             let verdict = self.clock_verdict();
-            if !verdict.may_stamp() {
+            if verdict.may_stamp() {
+                return Ok(self.inner.clock.now_ms());
+            }
+            if verdict.is_skewed() || Instant::now() >= deadline {
                 let why = clock_watch::describe(&verdict, self.inner.clock_watch.bound_ms());
                 return Err(Unavailable::ClockUnverified(why).into());
             }
+            // Leadership and membership change without a measurement:
+            // look again now and then.
+            let recheck = (Instant::now() + STAMP_RECHECK).min(deadline);
+            tokio::select! {
+                () = measured => {}
+                () = tokio::time::sleep_until(recheck) => {}
+            }
         }
-        Ok(self.inner.clock.now_ms())
     }
 
     /// Whether this node is draining (refuses new claims).
@@ -542,14 +569,16 @@ impl Journal {
         }
     }
 
-    /// One write, bounded by the quorum timeout.
+    /// One write, bounded by `deadline` (the quorum timeout from when its
+    /// batch was formed).
     async fn write_bounded(
         &self,
         proposal: Proposal,
         may_forward: bool,
+        deadline: Instant,
     ) -> Result<Response, Error> {
         let timeout = self.inner.config.quorum_timeout;
-        match tokio::time::timeout(timeout, self.write(proposal, may_forward)).await {
+        match tokio::time::timeout_at(deadline, self.write(proposal, may_forward)).await {
             Ok(result) => result,
             Err(_) => Err(no_quorum(timeout)),
         }
@@ -852,7 +881,8 @@ async fn write_batch(journal: &Journal, mut batch: Vec<Pending>) {
     // replaced when the leader forms its own batch, so only the leader's
     // clock ever enters the journal, never a time that came over the
     // network from a follower.
-    let now_ms = match journal.stamp() {
+    let deadline = Instant::now() + journal.inner.config.quorum_timeout;
+    let now_ms = match journal.stamp(deadline).await {
         Ok(now_ms) => now_ms,
         Err(error) => {
             for pending in batch {
@@ -865,14 +895,17 @@ async fn write_batch(journal: &Journal, mut batch: Vec<Pending>) {
         && let Some(pending) = batch.pop()
     {
         let proposal = Proposal { now_ms, command: pending.proposal.command };
-        let result = journal.write_bounded(proposal, may_forward).await;
+        let result = journal.write_bounded(proposal, may_forward, deadline).await;
         let _ = pending.reply.send(result);
         return;
     }
     let (replies, commands): (Vec<_>, Vec<_>) =
         batch.into_iter().map(|pending| (pending.reply, pending.proposal.command)).unzip();
     let (command, shares) = batch::merge(commands);
-    let answers = match journal.write_bounded(Proposal { now_ms, command }, may_forward).await {
+    let answers = match journal
+        .write_bounded(Proposal { now_ms, command }, may_forward, deadline)
+        .await
+    {
         Ok(response) => batch::split(response, &shares).map_err(|e| Error::Internal(e.to_string())),
         Err(error) => Err(error),
     };

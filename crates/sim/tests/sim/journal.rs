@@ -56,10 +56,21 @@ fn journal(id: NodeId, node: &Node, clock: Clock) -> Journal {
 
 /// A journal on `node` that keeps `batches_in_flight` batches in flight.
 fn journal_with(id: NodeId, node: &Node, clock: Clock, batches_in_flight: usize) -> Journal {
+    journal_timed(id, node, clock, batches_in_flight, Duration::from_secs(5))
+}
+
+/// A journal on `node` whose writes wait up to `quorum_timeout`.
+fn journal_timed(
+    id: NodeId,
+    node: &Node,
+    clock: Clock,
+    batches_in_flight: usize,
+    quorum_timeout: Duration,
+) -> Journal {
     let config = JournalConfig {
         node_id: id,
         limits: Limits::default(),
-        quorum_timeout: Duration::from_secs(5),
+        quorum_timeout,
         batches_in_flight,
         max_clock_offset_ms: 500,
         clock_fresh_for: Duration::from_secs(60),
@@ -154,15 +165,6 @@ async fn the_journal_proposes_and_reads_through_openraft_on_simulated_disks() ->
     let clock = Clock::system();
     let leader = journal(1, &nodes[&1], clock.clone());
     assert!(leader.is_leader());
-
-    tracing::info!("--- no voter has measured the leader's clock: it stamps nothing");
-    let before = last_log_index(leader.raft());
-    let refused = leader.propose(enqueue(0)).await;
-    assert!(
-        matches!(refused, Err(JournalError::Unavailable(Unavailable::ClockUnverified(_)))),
-        "an unmeasured leader proposed: {refused:?}"
-    );
-    assert_eq!(last_log_index(leader.raft()), before, "a refused proposal reached the log");
 
     tracing::info!("--- node 2's clock agrees (as an advert would measure): a majority");
     let sent_at = Instant::now();
@@ -298,6 +300,87 @@ async fn the_journal_proposes_and_reads_through_openraft_on_simulated_disks() ->
     );
 
     follower.shutdown().await;
+    leader.shutdown().await;
+    for (_, node) in nodes {
+        node.raft.shutdown().await?;
+    }
+    Ok(())
+}
+
+/// A leader stamps only with a clock a majority agrees with. Unmeasured,
+/// it holds the write until a measurement agrees, within the quorum
+/// timeout, and refuses it at the deadline if none does; skewed, it
+/// refuses at once. Nothing reaches the log while it waits or refuses.
+#[tokio::test]
+async fn an_unmeasured_leader_waits_for_its_clock_and_a_skewed_one_refuses_at_once()
+-> anyhow::Result<()> {
+    let nodes = three_nodes().await?;
+    let clock = Clock::system();
+    let quorum_timeout = Duration::from_secs(2);
+    let leader =
+        journal_timed(1, &nodes[&1], clock.clone(), DEFAULT_BATCHES_IN_FLIGHT, quorum_timeout);
+    let before = last_log_index(leader.raft());
+
+    tracing::info!("--- no voter measures the leader's clock: refused at the quorum deadline");
+    let started = Instant::now();
+    let refused = leader.propose(enqueue(0)).await;
+    let waited = started.elapsed();
+    assert!(
+        matches!(&refused, Err(JournalError::Unavailable(Unavailable::ClockUnverified(why)))
+            if why.contains("not measured against a majority")),
+        "an unmeasured leader proposed: {refused:?}"
+    );
+    assert!(
+        waited >= quorum_timeout - Duration::from_millis(50) && waited < 2 * quorum_timeout,
+        "refused after {waited:?}, not at the {quorum_timeout:?} deadline"
+    );
+    assert_eq!(last_log_index(leader.raft()), before, "a refused proposal reached the log");
+
+    tracing::info!("--- a write waits while unmeasured, and is stamped once node 2 agrees");
+    let write = tokio::spawn({
+        let leader = leader.clone();
+        async move { leader.propose(enqueue(1)).await }
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(!write.is_finished(), "the write was answered before any measurement");
+    assert_eq!(last_log_index(leader.raft()), before, "an unstamped write reached the log");
+    let measured_ms = clock.now_ms();
+    leader.clock_watch().record(2, measured_ms, Instant::now(), Instant::now(), measured_ms);
+    let answered = tokio::time::timeout(quorum_timeout, write).await??;
+    match answered? {
+        Response::Enqueued(outcomes) if outcomes.len() == 1 => {}
+        other => anyhow::bail!("the held write was answered {other:?}"),
+    }
+    let written = proposals(&nodes[&1].log_store, before + 1).await?;
+    assert_eq!(written.len(), 1, "one entry for the held write: {written:?}");
+    assert!(
+        written[0].now_ms >= measured_ms,
+        "stamped {} ms, before the clock was agreed at {measured_ms} ms",
+        written[0].now_ms
+    );
+
+    tracing::info!("--- both peers read two minutes behind: skewed, refused at once");
+    let now_ms = clock.now_ms();
+    for peer in [2, 3] {
+        let behind_ms = now_ms - 120_000;
+        leader.clock_watch().record(peer, now_ms, Instant::now(), Instant::now(), behind_ms);
+    }
+    assert!(leader.clock_verdict().is_skewed(), "{:?}", leader.clock_verdict());
+    let before = last_log_index(leader.raft());
+    let started = Instant::now();
+    let refused = leader.propose(enqueue(2)).await;
+    assert!(
+        matches!(&refused, Err(JournalError::Unavailable(Unavailable::ClockUnverified(why)))
+            if why.contains("more than 500 ms off")),
+        "a skewed leader proposed: {refused:?}"
+    );
+    assert!(
+        started.elapsed() < quorum_timeout / 2,
+        "a skewed leader held the write {:?}",
+        started.elapsed()
+    );
+    assert_eq!(last_log_index(leader.raft()), before, "a refused proposal reached the log");
+
     leader.shutdown().await;
     for (_, node) in nodes {
         node.raft.shutdown().await?;

@@ -3,9 +3,13 @@
 //! short plans whose only fault is the cut, and compare the two ends of
 //! the link as Raft's metrics show them when it was cut and when it was
 //! repaired.
-//! - Follower → leader: the leader's appends still reach the follower (its
-//!   log grows) but the follower's answers are lost (the leader's record
-//!   of what it holds does not move), and nobody campaigns.
+//! - Follower → leader: the leader's appends still reach the follower and
+//!   take effect there, but the follower's answers are lost (the leader's
+//!   record of what it holds does not move). openraft waits before it
+//!   retries an unanswered append, so the follower may hear too little and
+//!   campaign, and then refuses the leader's later appends for its newer
+//!   term: whether its log grows first depends on the seed's timing, so
+//!   the test asks that in at least one of its seeds.
 //! - Leader → follower: the follower hears nothing and campaigns; its vote
 //!   requests reach the leader, whose answers are lost.
 //!
@@ -38,14 +42,16 @@ fn views(plan: &Plan, record: &Run) -> (LinkView, LinkView) {
 
 #[test]
 fn a_follower_cut_towards_the_leader_receives_but_is_not_heard() -> anyhow::Result<()> {
+    let mut grew = Vec::new();
     for seed in 1..=3 {
         let plan = cut_only(seed, OneWay::FollowerToLeader);
         let record = run(&plan)?;
         let (cut, repair) = views(&plan, &record);
-        assert!(
-            repair.follower_last_log > cut.follower_last_log,
-            "seed {seed}: the follower received nothing during the cut: {cut:?} then {repair:?}"
-        );
+        if repair.follower_last_log > cut.follower_last_log {
+            grew.push(seed);
+        }
+        // Each lost answer is the follower's to a request of the leader's
+        // that reached it and took effect there.
         assert!(
             repair.lost_to_leader.answers > 0,
             "seed {seed}: no answer of the follower was lost: {repair:?}"
@@ -64,6 +70,7 @@ fn a_follower_cut_towards_the_leader_receives_but_is_not_heard() -> anyhow::Resu
             "seed {seed}: the leader heard the cut follower: {cut:?} then {repair:?}"
         );
     }
+    assert!(!grew.is_empty(), "in no seed did the cut follower's log grow during the cut");
     Ok(())
 }
 
