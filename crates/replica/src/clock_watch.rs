@@ -88,13 +88,21 @@ impl ClockWatch {
         answered_at: Instant,
         peer_now_ms: u64,
     ) {
-        let round_trip = answered_at.saturating_duration_since(sent_at);
+        let sent = Paired { at: sent_at, wall_ms: sent_wall_ms, spread: Duration::ZERO };
+        self.record_paired(peer, sent, answered_at, peer_now_ms);
+    }
+
+    /// [`ClockWatch::record`] with the send time as [`read_paired`] read
+    /// it: how far apart its two readings were widens the uncertainty.
+    pub fn record_paired(&self, peer: u64, sent: Paired, answered_at: Instant, peer_now_ms: u64) {
+        let round_trip = answered_at.saturating_duration_since(sent.at);
         let half = round_trip / 2;
         let half_ms = u64::try_from(half.as_millis()).unwrap_or(u64::MAX);
-        let wall_ms = sent_wall_ms.saturating_add(half_ms);
+        let wall_ms = sent.wall_ms.saturating_add(half_ms);
         let offset_ms = signed(peer_now_ms).saturating_sub(signed(wall_ms));
         // A millisecond for the clocks' own resolution.
-        let uncertainty_ms = half_ms.saturating_add(1);
+        let uncertainty_ms = half_ms.saturating_add(sent.slack_ms()).saturating_add(1);
+        let sent_at = sent.at;
         let measurement = Measurement { offset_ms, uncertainty_ms, wall_ms, at: sent_at + half };
         if let Ok(mut measurements) = self.measurements.lock() {
             measurements.insert(peer, measurement);
@@ -114,8 +122,8 @@ impl ClockWatch {
     /// The fresh offsets, corrected to now by how far `clock` has moved
     /// from the monotonic clock since each was measured.
     pub fn offsets(&self, clock: &Clock) -> Vec<PeerOffset> {
-        let now = Instant::now();
-        let now_wall_ms = signed(clock.now_ms());
+        let paired = read_paired(clock);
+        let (now, now_wall_ms, slack_ms) = (paired.at, signed(paired.wall_ms), paired.slack_ms());
         let Ok(measurements) = self.measurements.lock() else { return Vec::new() };
         measurements
             .iter()
@@ -127,7 +135,7 @@ impl ClockWatch {
                 PeerOffset {
                     node: *peer,
                     offset_ms: m.offset_ms.saturating_sub(drift_ms),
-                    uncertainty_ms: m.uncertainty_ms,
+                    uncertainty_ms: m.uncertainty_ms.saturating_add(slack_ms),
                 }
             })
             .collect()
@@ -157,6 +165,61 @@ impl ClockWatch {
             })
             .unwrap_or_default()
     }
+}
+
+/// This node's monotonic and wall clocks read together: the wall reading
+/// was taken between two monotonic readings `spread` apart, and `at` is
+/// their midpoint. Read one after the other, a thread stalled between the
+/// two reads (a loaded host) would pair a wall time with a monotonic time
+/// that far apart, and every offset corrected by the pair would be off by
+/// the stall: a correct node could judge itself skewed.
+#[derive(Clone, Copy, Debug)]
+pub struct Paired {
+    /// The monotonic clock, at the midpoint of the reading.
+    pub at: Instant,
+    /// The wall clock.
+    pub wall_ms: u64,
+    /// How far apart the two monotonic readings were.
+    pub spread: Duration,
+}
+
+impl Paired {
+    /// How far the wall reading may lie from `at`: half the spread, in
+    /// whole milliseconds rounded up.
+    fn slack_ms(&self) -> u64 {
+        u64::try_from(self.spread.as_micros().div_ceil(2_000)).unwrap_or(u64::MAX)
+    }
+}
+
+/// A pairing whose two monotonic readings are at most this far apart is
+/// taken at once.
+const PAIRED_WITHIN: Duration = Duration::from_millis(2);
+
+/// Readings tried before the tightest is taken.
+const PAIRING_TRIES: usize = 3;
+
+/// Reads `clock` and the monotonic clock together (see [`Paired`]): again
+/// when the two monotonic readings lie more than [`PAIRED_WITHIN`] apart,
+/// up to [`PAIRING_TRIES`] times, keeping the tightest pairing, whose
+/// spread the caller counts as uncertainty.
+pub fn read_paired(clock: &Clock) -> Paired {
+    let read = || {
+        let before = Instant::now();
+        let wall_ms = clock.now_ms();
+        let spread = Instant::now().saturating_duration_since(before);
+        Paired { at: before + spread / 2, wall_ms, spread }
+    };
+    let mut tightest = read();
+    for _ in 1..PAIRING_TRIES {
+        if tightest.spread <= PAIRED_WITHIN {
+            break;
+        }
+        let again = read();
+        if again.spread < tightest.spread {
+            tightest = again;
+        }
+    }
+    tightest
 }
 
 fn signed(ms: u64) -> i64 {
@@ -387,6 +450,46 @@ mod tests {
         std::thread::sleep(Duration::from_millis(250));
         let quiet = watch.verdict(3, &[1, 2, 3], &clock);
         assert!(!quiet.is_skewed() && !quiet.may_stamp(), "{quiet:?}");
+    }
+
+    #[test]
+    fn a_stall_between_reading_the_two_clocks_does_not_move_the_offsets() {
+        use std::sync::atomic::{AtomicBool, Ordering};
+        use std::time::{SystemTime, UNIX_EPOCH};
+        // The system clock, but the read after `stall` is set takes 700 ms,
+        // as a thread descheduled on a loaded host would.
+        let stall = Arc::new(AtomicBool::new(false));
+        let source = {
+            let stall = stall.clone();
+            Arc::new(move || {
+                if stall.swap(false, Ordering::SeqCst) {
+                    std::thread::sleep(Duration::from_millis(700));
+                }
+                SystemTime::now()
+                    .duration_since(UNIX_EPOCH)
+                    .map(|d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+                    .unwrap_or(0)
+            })
+        };
+        let clock = Clock::from_source(source);
+        let watch = ClockWatch::new(500, Duration::from_secs(5));
+        for peer in [2, 3] {
+            let sent = read_paired(&clock);
+            watch.record_paired(peer, sent, sent.at, clock.now_ms());
+        }
+        assert!(watch.verdict(1, &[1, 2, 3], &clock).may_stamp());
+        stall.store(true, Ordering::SeqCst);
+        let offsets = watch.offsets(&clock);
+        assert!(offsets.iter().all(|o| o.offset_ms.abs() < 100), "{offsets:?}");
+        assert!(!stall.load(Ordering::SeqCst), "the stalled read was not taken");
+        stall.store(true, Ordering::SeqCst);
+        let verdict = watch.verdict(1, &[1, 2, 3], &clock);
+        assert!(verdict.may_stamp(), "a stall judged this node's clock: {verdict:?}");
+        // A send time read across a stall widens the measurement instead of
+        // moving it.
+        stall.store(true, Ordering::SeqCst);
+        let sent = read_paired(&clock);
+        assert!(sent.spread < Duration::from_millis(100), "the tightest pairing was {sent:?}");
     }
 
     #[test]

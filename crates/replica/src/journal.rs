@@ -80,6 +80,15 @@ struct Pending {
 /// syncs are slow and CPU is spare.
 pub const DEFAULT_BATCHES_IN_FLIGHT: usize = 1;
 
+/// The time a batch is stamped with, and whether this node stamped it as
+/// the leader with a clock a majority agrees with (otherwise it is a
+/// follower's placeholder: the leader stamps again).
+#[derive(Clone, Copy, Debug)]
+struct Stamp {
+    now_ms: u64,
+    agreed: bool,
+}
+
 /// How often a leader waiting for its clock to be measured looks again
 /// without a new measurement (leadership or membership may have changed).
 const STAMP_RECHECK: Duration = Duration::from_millis(100);
@@ -278,41 +287,82 @@ impl Journal {
         cluster_ms.max(self.inner.clock.now_ms())
     }
 
-    /// The time this node stamps an entry with: its clock, when it leads
+    /// The time this node stamps a batch with: its clock, when it leads
     /// with a clock agreed by a majority of the voters. A leader whose
     /// clock is skewed stamps nothing (UNAVAILABLE at once: it is handing
     /// leadership over). One whose clock is not measured against a
-    /// majority yet (its measurements lapsed while peers were away, as
-    /// after a partition heals or a follower restarts) waits for the next
-    /// measurements until `deadline`, the write's quorum deadline, and
-    /// stamps nothing if none agree by then: adverts measure every peer
-    /// once a second, so a leader that can reach a majority stamps within
-    /// about a second instead of refusing. On a follower the stamp is a
-    /// placeholder: the leader stamps again.
-    async fn stamp(&self, deadline: Instant) -> Result<u64, Error> {
+    /// majority (its measurements lapsed while its peers were out of reach,
+    /// as for a leader cut off for a while, or one just elected after a
+    /// restart) waits for the next measurements until `deadline` and stamps
+    /// nothing if none agree by then: adverts measure every peer each
+    /// advert interval (a second by default), so a leader that can reach a
+    /// majority stamps within one instead of refusing. On a follower the
+    /// stamp is a placeholder ([`Stamp::agreed`] false), good only for a
+    /// write sent on to the leader, which stamps again.
+    async fn stamp(&self, deadline: Instant) -> Result<Stamp, Error> {
+        let mut held = false;
         loop {
-            // Registered before the verdict is read, so a measurement that
-            // lands in between wakes this wait.
-            let measured = self.inner.clock_watch.next_measurement();
             let leading = self.inner.raft.metrics().borrow().state == openraft::ServerState::Leader;
             if !leading {
-                return Ok(self.inner.clock.now_ms());
+                return Ok(Stamp { now_ms: self.inner.clock.now_ms(), agreed: false });
             }
             let verdict = self.clock_verdict();
-            if verdict.may_stamp() {
-                return Ok(self.inner.clock.now_ms());
+            // A batch held to the deadline is refused whatever the verdict
+            // then: its write would start with no time left, and its
+            // proposers would hear "no quorum" for an entry that might
+            // still be written.
+            let late = Instant::now() >= deadline;
+            if verdict.may_stamp() && !late {
+                if held {
+                    tracing::debug!(
+                        event = "clock.unmeasured",
+                        "clock agreed: stamping the held batch"
+                    );
+                }
+                return Ok(Stamp { now_ms: self.inner.clock.now_ms(), agreed: true });
             }
-            if verdict.is_skewed() || Instant::now() >= deadline {
+            if verdict.is_skewed() || late {
                 let why = clock_watch::describe(&verdict, self.inner.clock_watch.bound_ms());
+                if held && !verdict.is_skewed() {
+                    tracing::warn!(
+                        event = "clock.unmeasured",
+                        %why,
+                        "no majority measured this leader's clock within the quorum timeout: \
+                         the held batch is refused"
+                    );
+                }
                 return Err(Unavailable::ClockUnverified(why).into());
             }
-            // Leadership and membership change without a measurement:
-            // look again now and then.
+            // Registered, then the verdict read again, so a measurement
+            // landing in between is not missed; leadership and membership
+            // change without one, so look again now and then.
+            let measured = self.inner.clock_watch.next_measurement();
+            if self.clock_verdict().may_stamp() {
+                continue;
+            }
+            if !held {
+                held = true;
+                tracing::debug!(
+                    event = "clock.unmeasured",
+                    "holding a batch until a majority has measured this leader's clock"
+                );
+            }
             let recheck = (Instant::now() + STAMP_RECHECK).min(deadline);
             tokio::select! {
+                biased;
                 () = measured => {}
                 () = tokio::time::sleep_until(recheck) => {}
             }
+        }
+    }
+
+    /// Why a batch this node stamped as a follower is not proposed here:
+    /// it was to go to the leader, and there is none to send it to, or this
+    /// node became leader after the stamp was taken.
+    fn not_stamped_as_leader(&self) -> Error {
+        match self.inner.raft.metrics().borrow().current_leader {
+            None => Unavailable::NoLeader.into(),
+            Some(_) => Unavailable::LeadershipChanging.into(),
         }
     }
 
@@ -570,21 +620,28 @@ impl Journal {
     }
 
     /// One write, bounded by `deadline` (the quorum timeout from when its
-    /// batch was formed).
+    /// batch was formed); `agreed` says whether `proposal` was stamped by
+    /// this node as leader with an agreed clock.
     async fn write_bounded(
         &self,
         proposal: Proposal,
         may_forward: bool,
+        agreed: bool,
         deadline: Instant,
     ) -> Result<Response, Error> {
         let timeout = self.inner.config.quorum_timeout;
-        match tokio::time::timeout_at(deadline, self.write(proposal, may_forward)).await {
+        match tokio::time::timeout_at(deadline, self.write(proposal, may_forward, agreed)).await {
             Ok(result) => result,
             Err(_) => Err(no_quorum(timeout)),
         }
     }
 
-    async fn write(&self, proposal: Proposal, may_forward: bool) -> Result<Response, Error> {
+    async fn write(
+        &self,
+        proposal: Proposal,
+        may_forward: bool,
+        agreed: bool,
+    ) -> Result<Response, Error> {
         // As leader, the entry is written in the newest format every member
         // decodes and carries this build's limits, so replicas of other
         // builds read it and judge it by the same numbers; a follower
@@ -609,6 +666,14 @@ impl Journal {
         // committed: proposing the same batch again elsewhere could apply
         // it twice. Its proposers hear UNAVAILABLE, with the outcome
         // unknown as after a quorum timeout (docs/api.md).
+        //
+        // Only a stamp this node took as leader with an agreed clock goes
+        // to the core: a follower's placeholder whose leader vanished, or
+        // that this node took before it was elected, would reach the log
+        // unchecked.
+        if !agreed {
+            return Err(self.not_stamped_as_leader());
+        }
         let format = self.log_format();
         let command = proposal.command.for_log_format(format);
         let command = if format >= 2 {
@@ -881,9 +946,15 @@ async fn write_batch(journal: &Journal, mut batch: Vec<Pending>) {
     // replaced when the leader forms its own batch, so only the leader's
     // clock ever enters the journal, never a time that came over the
     // network from a follower.
-    let deadline = Instant::now() + journal.inner.config.quorum_timeout;
-    let now_ms = match journal.stamp(deadline).await {
-        Ok(now_ms) => now_ms,
+    let timeout = journal.inner.config.quorum_timeout;
+    let deadline = Instant::now() + timeout;
+    // A batch forwarded by a follower holds for the clock at most half the
+    // timeout: the follower's own deadline started before it forwarded, and
+    // a refusal must reach it before that runs out, so its client hears
+    // that nothing was written rather than "no quorum".
+    let stamp_deadline = if may_forward { deadline } else { Instant::now() + timeout / 2 };
+    let Stamp { now_ms, agreed } = match journal.stamp(stamp_deadline).await {
+        Ok(stamp) => stamp,
         Err(error) => {
             for pending in batch {
                 let _ = pending.reply.send(Err(error.clone()));
@@ -895,7 +966,7 @@ async fn write_batch(journal: &Journal, mut batch: Vec<Pending>) {
         && let Some(pending) = batch.pop()
     {
         let proposal = Proposal { now_ms, command: pending.proposal.command };
-        let result = journal.write_bounded(proposal, may_forward, deadline).await;
+        let result = journal.write_bounded(proposal, may_forward, agreed, deadline).await;
         let _ = pending.reply.send(result);
         return;
     }
@@ -903,7 +974,7 @@ async fn write_batch(journal: &Journal, mut batch: Vec<Pending>) {
         batch.into_iter().map(|pending| (pending.reply, pending.proposal.command)).unzip();
     let (command, shares) = batch::merge(commands);
     let answers = match journal
-        .write_bounded(Proposal { now_ms, command }, may_forward, deadline)
+        .write_bounded(Proposal { now_ms, command }, may_forward, agreed, deadline)
         .await
     {
         Ok(response) => batch::split(response, &shares).map_err(|e| Error::Internal(e.to_string())),

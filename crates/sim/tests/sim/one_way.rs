@@ -49,9 +49,18 @@ fn a_follower_cut_towards_the_leader_receives_but_is_not_heard() -> anyhow::Resu
         let (cut, repair) = views(&plan, &record);
         if repair.follower_last_log > cut.follower_last_log {
             grew.push(seed);
+        } else {
+            // Its log stood still only because it campaigned and refused
+            // the leader's appends for its newer term.
+            assert!(
+                repair.follower_term > cut.follower_term,
+                "seed {seed}: the follower neither took an append nor campaigned: {cut:?} then \
+                 {repair:?}"
+            );
         }
         // Each lost answer is the follower's to a request of the leader's
-        // that reached it and took effect there.
+        // that reached it and was served there (taken, or refused for a
+        // newer term).
         assert!(
             repair.lost_to_leader.answers > 0,
             "seed {seed}: no answer of the follower was lost: {repair:?}"
