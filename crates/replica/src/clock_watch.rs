@@ -199,9 +199,9 @@ const PAIRED_WITHIN: Duration = Duration::from_millis(2);
 const PAIRING_TRIES: usize = 3;
 
 /// Reads `clock` and the monotonic clock together (see [`Paired`]): again
-/// when the two monotonic readings lie more than [`PAIRED_WITHIN`] apart,
-/// up to [`PAIRING_TRIES`] times, keeping the tightest pairing, whose
-/// spread the caller counts as uncertainty.
+/// when the two monotonic readings lie more than 2 ms apart, up to three
+/// times in all, keeping the tightest pairing, whose spread the caller
+/// counts as uncertainty.
 pub fn read_paired(clock: &Clock) -> Paired {
     let read = || {
         let before = Instant::now();
