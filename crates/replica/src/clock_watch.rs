@@ -88,21 +88,13 @@ impl ClockWatch {
         answered_at: Instant,
         peer_now_ms: u64,
     ) {
-        let sent = Paired { at: sent_at, wall_ms: sent_wall_ms, spread: Duration::ZERO };
-        self.record_paired(peer, sent, answered_at, peer_now_ms);
-    }
-
-    /// [`ClockWatch::record`] with the send time as [`read_paired`] read
-    /// it: how far apart its two readings were widens the uncertainty.
-    pub fn record_paired(&self, peer: u64, sent: Paired, answered_at: Instant, peer_now_ms: u64) {
-        let round_trip = answered_at.saturating_duration_since(sent.at);
+        let round_trip = answered_at.saturating_duration_since(sent_at);
         let half = round_trip / 2;
         let half_ms = u64::try_from(half.as_millis()).unwrap_or(u64::MAX);
-        let wall_ms = sent.wall_ms.saturating_add(half_ms);
+        let wall_ms = sent_wall_ms.saturating_add(half_ms);
         let offset_ms = signed(peer_now_ms).saturating_sub(signed(wall_ms));
         // A millisecond for the clocks' own resolution.
-        let uncertainty_ms = half_ms.saturating_add(sent.slack_ms()).saturating_add(1);
-        let sent_at = sent.at;
+        let uncertainty_ms = half_ms.saturating_add(1);
         let measurement = Measurement { offset_ms, uncertainty_ms, wall_ms, at: sent_at + half };
         if let Ok(mut measurements) = self.measurements.lock() {
             measurements.insert(peer, measurement);
@@ -171,16 +163,20 @@ impl ClockWatch {
 /// was taken between two monotonic readings `spread` apart, and `at` is
 /// their midpoint. Read one after the other, a thread stalled between the
 /// two reads (a loaded host) would pair a wall time with a monotonic time
-/// that far apart, and every offset corrected by the pair would be off by
-/// the stall: a correct node could judge itself skewed.
+/// that far apart, and every offset corrected to now by the pair
+/// ([`ClockWatch::offsets`]) would be off by the stall: a correct node
+/// could judge itself skewed. (A measurement's own send time needs no
+/// pairing: its wall reading cancels out of the corrected offset, which
+/// is the peer's clock minus this node's wall clock now, plus the
+/// monotonic time since the round trip's midpoint.)
 #[derive(Clone, Copy, Debug)]
-pub struct Paired {
+struct Paired {
     /// The monotonic clock, at the midpoint of the reading.
-    pub at: Instant,
+    at: Instant,
     /// The wall clock.
-    pub wall_ms: u64,
+    wall_ms: u64,
     /// How far apart the two monotonic readings were.
-    pub spread: Duration,
+    spread: Duration,
 }
 
 impl Paired {
@@ -202,7 +198,7 @@ const PAIRING_TRIES: usize = 3;
 /// when the two monotonic readings lie more than 2 ms apart, up to three
 /// times in all, keeping the tightest pairing, whose spread the caller
 /// counts as uncertainty.
-pub fn read_paired(clock: &Clock) -> Paired {
+fn read_paired(clock: &Clock) -> Paired {
     let read = || {
         let before = Instant::now();
         let wall_ms = clock.now_ms();
@@ -454,16 +450,18 @@ mod tests {
 
     #[test]
     fn a_stall_between_reading_the_two_clocks_does_not_move_the_offsets() {
-        use std::sync::atomic::{AtomicBool, Ordering};
+        use std::sync::atomic::{AtomicU32, Ordering};
         use std::time::{SystemTime, UNIX_EPOCH};
-        // The system clock, but the read after `stall` is set takes 700 ms,
-        // as a thread descheduled on a loaded host would.
-        let stall = Arc::new(AtomicBool::new(false));
+        // The system clock, but each of the next `stalls` reads takes
+        // 400 ms first, as a thread descheduled on a loaded host would.
+        let stalls = Arc::new(AtomicU32::new(0));
         let source = {
-            let stall = stall.clone();
+            let stalls = stalls.clone();
             Arc::new(move || {
-                if stall.swap(false, Ordering::SeqCst) {
-                    std::thread::sleep(Duration::from_millis(700));
+                let stalled = stalls
+                    .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |left| left.checked_sub(1));
+                if stalled.is_ok() {
+                    std::thread::sleep(Duration::from_millis(400));
                 }
                 SystemTime::now()
                     .duration_since(UNIX_EPOCH)
@@ -474,22 +472,31 @@ mod tests {
         let clock = Clock::from_source(source);
         let watch = ClockWatch::new(500, Duration::from_secs(5));
         for peer in [2, 3] {
-            let sent = read_paired(&clock);
-            watch.record_paired(peer, sent, sent.at, clock.now_ms());
+            let (sent_at, sent_wall_ms) = (Instant::now(), clock.now_ms());
+            watch.record(peer, sent_wall_ms, sent_at, sent_at, clock.now_ms());
         }
         assert!(watch.verdict(1, &[1, 2, 3], &clock).may_stamp());
-        stall.store(true, Ordering::SeqCst);
+        // One stalled read: read again, and the offsets do not move.
+        stalls.store(1, Ordering::SeqCst);
         let offsets = watch.offsets(&clock);
+        assert_eq!(stalls.load(Ordering::SeqCst), 0, "the stalled read was not taken");
         assert!(offsets.iter().all(|o| o.offset_ms.abs() < 100), "{offsets:?}");
-        assert!(!stall.load(Ordering::SeqCst), "the stalled read was not taken");
-        stall.store(true, Ordering::SeqCst);
+        stalls.store(1, Ordering::SeqCst);
         let verdict = watch.verdict(1, &[1, 2, 3], &clock);
         assert!(verdict.may_stamp(), "a stall judged this node's clock: {verdict:?}");
-        // A send time read across a stall widens the measurement instead of
-        // moving it.
-        stall.store(true, Ordering::SeqCst);
-        let sent = read_paired(&clock);
-        assert!(sent.spread < Duration::from_millis(100), "the tightest pairing was {sent:?}");
+        // Every try stalled: the spread widens the uncertainty, so the
+        // true offset (none) stays within it and the node is not judged
+        // skewed.
+        stalls.store(3, Ordering::SeqCst);
+        let offsets = watch.offsets(&clock);
+        assert_eq!(stalls.load(Ordering::SeqCst), 0, "not every try was taken");
+        assert!(
+            offsets.iter().all(|o| o.uncertainty_ms >= 200 && o.offset_ms.abs() <= 250),
+            "{offsets:?}"
+        );
+        stalls.store(3, Ordering::SeqCst);
+        let verdict = watch.verdict(1, &[1, 2, 3], &clock);
+        assert!(!verdict.is_skewed(), "{verdict:?}");
     }
 
     #[test]

@@ -612,14 +612,16 @@ async fn send_adverts(gate: &Gate) {
             let mut client = PeerClient::new(channel);
             // The round trip measures the peer's clock (see clock_watch),
             // on the runtime's monotonic clock, which the watch ages by.
-            let sent = crate::clock_watch::read_paired(journal.clock());
+            let sent_wall_ms = journal.clock().now_ms();
+            let sent_at = tokio::time::Instant::now();
             match tokio::time::timeout(timeout, client.advertise(request)).await {
                 Ok(Ok(reply)) => {
                     let peer_now_ms = reply.into_inner().now_ms;
                     if peer_now_ms != 0 {
-                        journal.clock_watch().record_paired(
+                        journal.clock_watch().record(
                             id,
-                            sent,
+                            sent_wall_ms,
+                            sent_at,
                             tokio::time::Instant::now(),
                             peer_now_ms,
                         );

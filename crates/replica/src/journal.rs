@@ -294,9 +294,10 @@ impl Journal {
     /// majority (its measurements lapsed while its peers were out of reach,
     /// as for a leader cut off for a while, or one just elected after a
     /// restart) waits for the next measurements until `deadline` and stamps
-    /// nothing if none agree by then: adverts measure every peer each
-    /// advert interval (a second by default), so a leader that can reach a
-    /// majority stamps within one instead of refusing. On a follower the
+    /// nothing if none agree by then, whatever the verdict at that moment:
+    /// adverts measure every peer each advert interval (a second by
+    /// default), so a leader that can reach a majority stamps within one
+    /// instead of refusing. On a follower the
     /// stamp is a placeholder ([`Stamp::agreed`] false), good only for a
     /// write sent on to the leader, which stamps again.
     async fn stamp(&self, deadline: Instant) -> Result<Stamp, Error> {
@@ -307,12 +308,30 @@ impl Journal {
                 return Ok(Stamp { now_ms: self.inner.clock.now_ms(), agreed: false });
             }
             let verdict = self.clock_verdict();
-            // A batch held to the deadline is refused whatever the verdict
-            // then: its write would start with no time left, and its
-            // proposers would hear "no quorum" for an entry that might
-            // still be written.
-            let late = Instant::now() >= deadline;
-            if verdict.may_stamp() && !late {
+            let bound_ms = self.inner.clock_watch.bound_ms();
+            if verdict.is_skewed() {
+                let why = clock_watch::describe(&verdict, bound_ms);
+                return Err(Unavailable::ClockUnverified(why).into());
+            }
+            // A batch held to its deadline is refused even if the clock is
+            // agreed that moment: the caller keeps the rest of the quorum
+            // timeout for the write, and a write started later could
+            // outlast it, its proposers told "no quorum" for an entry that
+            // might still be written.
+            if Instant::now() >= deadline {
+                let why = format!(
+                    "not agreed by a majority of the voters within the time a write may wait \
+                     for it (now: {})",
+                    clock_watch::describe(&verdict, bound_ms)
+                );
+                tracing::warn!(
+                    event = "clock.unmeasured",
+                    %why,
+                    "no majority measured this leader's clock in time: the held batch is refused"
+                );
+                return Err(Unavailable::ClockUnverified(why).into());
+            }
+            if verdict.may_stamp() {
                 if held {
                     tracing::debug!(
                         event = "clock.unmeasured",
@@ -320,18 +339,6 @@ impl Journal {
                     );
                 }
                 return Ok(Stamp { now_ms: self.inner.clock.now_ms(), agreed: true });
-            }
-            if verdict.is_skewed() || late {
-                let why = clock_watch::describe(&verdict, self.inner.clock_watch.bound_ms());
-                if held && !verdict.is_skewed() {
-                    tracing::warn!(
-                        event = "clock.unmeasured",
-                        %why,
-                        "no majority measured this leader's clock within the quorum timeout: \
-                         the held batch is refused"
-                    );
-                }
-                return Err(Unavailable::ClockUnverified(why).into());
             }
             // Registered, then the verdict read again, so a measurement
             // landing in between is not missed; leadership and membership
@@ -948,11 +955,12 @@ async fn write_batch(journal: &Journal, mut batch: Vec<Pending>) {
     // network from a follower.
     let timeout = journal.inner.config.quorum_timeout;
     let deadline = Instant::now() + timeout;
-    // A batch forwarded by a follower holds for the clock at most half the
-    // timeout: the follower's own deadline started before it forwarded, and
-    // a refusal must reach it before that runs out, so its client hears
-    // that nothing was written rather than "no quorum".
-    let stamp_deadline = if may_forward { deadline } else { Instant::now() + timeout / 2 };
+    // A batch holds for the clock at most half the quorum timeout: the
+    // write keeps the other half, and a batch a follower forwarded is
+    // refused before the follower's own deadline (which started before it
+    // forwarded) runs out, so its client hears that nothing was written
+    // rather than "no quorum".
+    let stamp_deadline = Instant::now() + timeout / 2;
     let Stamp { now_ms, agreed } = match journal.stamp(stamp_deadline).await {
         Ok(stamp) => stamp,
         Err(error) => {

@@ -308,9 +308,9 @@ async fn the_journal_proposes_and_reads_through_openraft_on_simulated_disks() ->
 }
 
 /// A leader stamps only with a clock a majority agrees with. Unmeasured,
-/// it holds the write until a measurement agrees, within the quorum
-/// timeout, and refuses it at the deadline if none does; skewed, it
-/// refuses at once. Nothing reaches the log while it waits or refuses.
+/// it holds the write until a measurement agrees, for up to half the
+/// quorum timeout, and refuses it then if none does; skewed, it refuses at
+/// once. Nothing reaches the log while it waits or refuses.
 #[tokio::test]
 async fn an_unmeasured_leader_waits_for_its_clock_and_a_skewed_one_refuses_at_once()
 -> anyhow::Result<()> {
@@ -321,7 +321,7 @@ async fn an_unmeasured_leader_waits_for_its_clock_and_a_skewed_one_refuses_at_on
         journal_timed(1, &nodes[&1], clock.clone(), DEFAULT_BATCHES_IN_FLIGHT, quorum_timeout);
     let before = last_log_index(leader.raft());
 
-    tracing::info!("--- no voter measures the leader's clock: refused at the quorum deadline");
+    tracing::info!("--- no voter measures the leader's clock: refused after half the timeout");
     let started = Instant::now();
     let refused = leader.propose(enqueue(0)).await;
     let waited = started.elapsed();
@@ -330,9 +330,11 @@ async fn an_unmeasured_leader_waits_for_its_clock_and_a_skewed_one_refuses_at_on
             if why.contains("not measured against a majority")),
         "an unmeasured leader proposed: {refused:?}"
     );
+    // The write keeps the other half of the quorum timeout.
+    let hold = quorum_timeout / 2;
     assert!(
-        waited >= quorum_timeout - Duration::from_millis(50) && waited < 2 * quorum_timeout,
-        "refused after {waited:?}, not at the {quorum_timeout:?} deadline"
+        waited >= hold - Duration::from_millis(50) && waited < quorum_timeout,
+        "refused after {waited:?}, not after the {hold:?} a batch may wait for the clock"
     );
     assert_eq!(last_log_index(leader.raft()), before, "a refused proposal reached the log");
 
