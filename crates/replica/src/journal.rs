@@ -297,9 +297,9 @@ impl Journal {
     /// nothing if none agree by then, whatever the verdict at that moment:
     /// adverts measure every peer each advert interval (a second by
     /// default), so a leader that can reach a majority stamps within one
-    /// instead of refusing. On a follower the
-    /// stamp is a placeholder ([`Stamp::agreed`] false), good only for a
-    /// write sent on to the leader, which stamps again.
+    /// instead of refusing. On a follower the stamp is a placeholder
+    /// ([`Stamp::agreed`] false), good only for a write sent on to the
+    /// leader, which stamps again.
     async fn stamp(&self, deadline: Instant) -> Result<Stamp, Error> {
         let mut held = false;
         loop {
@@ -954,13 +954,14 @@ async fn write_batch(journal: &Journal, mut batch: Vec<Pending>) {
     // clock ever enters the journal, never a time that came over the
     // network from a follower.
     let timeout = journal.inner.config.quorum_timeout;
-    let deadline = Instant::now() + timeout;
+    let formed = Instant::now();
+    let deadline = formed + timeout;
     // A batch holds for the clock at most half the quorum timeout: the
     // write keeps the other half, and a batch a follower forwarded is
     // refused before the follower's own deadline (which started before it
     // forwarded) runs out, so its client hears that nothing was written
     // rather than "no quorum".
-    let stamp_deadline = Instant::now() + timeout / 2;
+    let stamp_deadline = formed + timeout / 2;
     let Stamp { now_ms, agreed } = match journal.stamp(stamp_deadline).await {
         Ok(stamp) => stamp,
         Err(error) => {
