@@ -142,8 +142,10 @@ pub async fn run_bus_tick(
             tracing::info!(
                 event = "lease.contend",
                 path = "bus",
+                node = gate.node_id(),
                 schedule = %name,
                 bucket,
+                key = %key,
                 winner = winner.unwrap_or(0),
                 "another node won the bus claim"
             );

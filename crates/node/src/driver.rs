@@ -386,7 +386,15 @@ async fn skip_bus_ran(
     };
     match journal.propose(command).await {
         Ok(_) => {
-            tracing::info!(event = "cron.skip", schedule = %schedule.spec.name, bucket = high, reason = "bus", ticks, "ticks the bus ran recorded in the journal");
+            tracing::info!(
+                event = "cron.skip",
+                path = "journal",
+                schedule = %schedule.spec.name,
+                bucket = high,
+                reason = "bus",
+                ticks,
+                "ticks the bus ran recorded in the journal"
+            );
             false
         }
         Err(error) => {
@@ -434,6 +442,7 @@ async fn fire_on_journal(
             Ok(Response::Tick(Some(TickOutcome::Fired { job_ids, lag_ms }))) => {
                 tracing::info!(
                     event = "cron.fire",
+                    path = "journal",
                     schedule = %schedule.spec.name,
                     bucket,
                     lag_ms,
@@ -450,6 +459,7 @@ async fn fire_on_journal(
             Ok(Response::Tick(Some(TickOutcome::Skipped { reason, ticks }))) => {
                 tracing::info!(
                     event = "cron.skip",
+                    path = "journal",
                     schedule = %schedule.spec.name,
                     bucket,
                     reason = reason.as_str(),

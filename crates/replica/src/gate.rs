@@ -376,6 +376,7 @@ impl Gate {
                 self.count_rejection("advert", rejection.label());
                 tracing::warn!(
                     event = "gate.advert_rejected",
+                    kind = "advert",
                     reason = rejection.label(),
                     sender = sender.node,
                     "dropped a peer advert"
