@@ -33,6 +33,7 @@ mod measure;
 mod memory;
 mod plot;
 mod postgres;
+mod repeats;
 mod report;
 mod stages;
 
@@ -162,6 +163,10 @@ struct RunArgs {
     /// TLS and token (leasehold only).
     #[command(flatten)]
     access: AccessArgs,
+    /// Names the invocation this run belongs to in its result line, so the
+    /// report takes the median of an invocation's repeats of one row.
+    #[arg(long, default_value = "")]
+    invocation: String,
 }
 
 #[derive(clap::Args, Debug)]
@@ -614,6 +619,7 @@ fn run(args: RunArgs) -> anyhow::Result<()> {
     })?;
     summary.tls = tls;
     summary.backlog = u64::try_from(args.backlog)?;
+    summary.invocation = args.invocation.clone();
     summary.server_peak_rss_kib =
         args.server_pid.iter().filter_map(|pid| measure::peak_rss_kib(*pid)).max();
     let line = serde_json::to_string(&summary)?;

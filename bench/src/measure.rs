@@ -161,6 +161,12 @@ pub struct RunSummary {
     /// summed over the nodes.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub stages: Vec<crate::stages::StageMean>,
+    /// The invocation of scripts/bench this run belongs to: the runs of one
+    /// invocation with the same system, size and client count are repeats
+    /// of each other (`--repeat`), and a later invocation's runs replace an
+    /// earlier one's (`--merge`). Lines without it stand alone.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub invocation: String,
 }
 
 fn one() -> usize {
@@ -312,6 +318,7 @@ pub async fn drive_with_stages<T: Target>(
         tls: false,
         backlog: 0,
         stages: stages.await??,
+        invocation: String::new(),
     })
 }
 

@@ -36,7 +36,8 @@ type Series<'a> = (String, Vec<&'a RunSummary>);
 
 /// The two figures, as SVG text: (cycles/s, cycle p99).
 pub fn figures(runs: &[RunSummary]) -> anyhow::Result<(String, String)> {
-    let series = series(runs);
+    let shown = crate::repeats::medians(runs);
+    let series = series(&shown);
     anyhow::ensure!(!series.is_empty(), "no throughput runs to plot");
     let throughput =
         draw("Cycles per second by client count", "cycles/s", &series, |run| run.cycles_per_s)?;
@@ -46,8 +47,8 @@ pub fn figures(runs: &[RunSummary]) -> anyhow::Result<(String, String)> {
     Ok((throughput, p99))
 }
 
-/// The runs without a backlog, grouped by system, nodes and TLS (later lines
-/// win for the same client count), each group's runs by client count.
+/// The runs without a backlog (each row's median run: `repeats`), grouped by
+/// system, nodes and TLS, each group's runs by client count.
 fn series(runs: &[RunSummary]) -> Vec<Series<'_>> {
     let mut groups: BTreeMap<(usize, u8, bool), BTreeMap<usize, &RunSummary>> = BTreeMap::new();
     for run in runs.iter().filter(|run| run.backlog == 0) {
@@ -159,6 +160,7 @@ mod tests {
             tls: false,
             backlog: 0,
             stages: Vec::new(),
+            invocation: String::new(),
         }
     }
 

@@ -17,6 +17,7 @@ use crate::failover::FailoverTrial;
 use crate::firelag::FireLagSummary;
 use crate::measure::RunSummary;
 use crate::memory::MemorySummary;
+use crate::repeats;
 
 /// The peers, in table order: etcd with each client, then PostgreSQL.
 const PEERS: [System; 3] = [System::Etcd, System::EtcdCas, System::Postgres];
@@ -83,11 +84,11 @@ fn cpu_per_cycle(run: &RunSummary) -> String {
     cpu_ms_per_cycle(run).map_or_else(|| "–".to_string(), |ms| format!("{ms:.2}"))
 }
 
-/// Runs by (nodes, clients, system, TLS, backlog).
-type Runs<'a> = BTreeMap<(usize, usize, u8, bool, u64), &'a RunSummary>;
+/// The run each row shows, by (nodes, clients, system, TLS, backlog).
+type Runs<'a> = BTreeMap<repeats::Key, &'a RunSummary>;
 
-/// Renders every section there are results for (later lines win for the
-/// same system, size and client count).
+/// Renders every section there are results for (a row shows the median of
+/// its latest invocation's runs: `repeats`).
 pub fn render(
     runs: &[RunSummary],
     failovers: &[FailoverTrial],
@@ -95,10 +96,14 @@ pub fn render(
     memories: &[MemorySummary],
     targets: &Targets,
 ) -> String {
+    let rows = repeats::latest(runs);
+    let shown = repeats::medians(runs);
+    let runs = &shown[..];
     let mut by_key: Runs = BTreeMap::new();
     for run in runs {
-        by_key.insert((run.nodes, run.clients, run.system as u8, run.tls, run.backlog), run);
+        by_key.insert(repeats::key(run), run);
     }
+    let most_repeats = rows.values().map(Vec::len).max().unwrap_or(0);
     let mut out = String::new();
     if let Some(run) = runs.first() {
         let _ = writeln!(
@@ -106,6 +111,14 @@ pub fn render(
             "Each throughput run: {:.0} s warm-up, then {:.0} s measured; {}-byte payloads; \
              one connection per client. Latencies in milliseconds.\n",
             run.warmup_s, run.duration_s, run.payload_bytes
+        );
+    }
+    if most_repeats > 1 {
+        let _ = writeln!(
+            out,
+            "Each row ran {most_repeats} times, interleaved with the other systems; a row \
+             shows its median run by cycles/s, whole (latencies and CPU are that run's), \
+             and *Repeats* below lists every run.\n"
         );
     }
     if runs.iter().any(|r| r.nodes == 1 && r.backlog == 0) {
@@ -133,6 +146,10 @@ pub fn render(
         let _ = writeln!(out, "\n### {nodes} nodes\n");
         cluster(&mut out, &by_key, nodes, targets);
     }
+    if most_repeats > 1 {
+        out.push_str("\n### Repeats\n\n");
+        repeats_table(&mut out, &rows);
+    }
     if runs.iter().any(|r| !r.stages.is_empty()) {
         out.push_str("\n### Where a commit round's time goes\n\n");
         stage_table(&mut out, runs);
@@ -154,6 +171,38 @@ pub fn render(
         targets_table(&mut out, &by_key, memories.last(), targets);
     }
     out
+}
+
+/// Every run of each row that ran more than once, in the order they ran:
+/// cycles/s and cycle p99, and the spread of cycles/s.
+fn repeats_table(out: &mut String, rows: &BTreeMap<repeats::Key, Vec<&RunSummary>>) {
+    out.push_str(
+        "| nodes | clients | system | runs | cycles/s of each run | median | fastest ÷ slowest | cycle p99 of each run |\n\
+         | ---: | ---: | --- | ---: | --- | ---: | ---: | --- |\n",
+    );
+    for row in rows.values().filter(|row| row.len() > 1) {
+        let (Some(first), Some(shown)) = (row.first(), repeats::median(row)) else { continue };
+        let rates: Vec<f64> = row.iter().map(|run| run.cycles_per_s).collect();
+        let fastest = rates.iter().copied().fold(f64::MIN, f64::max);
+        let slowest = rates.iter().copied().fold(f64::MAX, f64::min);
+        let each_rate: Vec<String> = rates.iter().map(|rate| format!("{rate:.0}")).collect();
+        let each_p99: Vec<String> = row.iter().map(|run| ms(run.cycle.p99_us)).collect();
+        let mut name = label(first.system, first.nodes, first.tls);
+        if first.backlog > 0 {
+            let _ = write!(name, " behind {}", thousands(first.backlog));
+        }
+        let _ = writeln!(
+            out,
+            "| {} | {} | {name} | {} | {} | {:.0} | {} | {} |",
+            first.nodes,
+            first.clients,
+            row.len(),
+            each_rate.join(", "),
+            shown.cycles_per_s,
+            ratio(Some(fastest), Some(slowest)),
+            each_p99.join(", "),
+        );
+    }
 }
 
 /// The stages in the order of a round, as the nodes name them.
@@ -960,6 +1009,7 @@ mod tests {
             tls,
             backlog: 0,
             stages: Vec::new(),
+            invocation: String::new(),
         }
     }
 
@@ -1054,6 +1104,27 @@ mod tests {
         assert_eq!(thousands(1_000), "1,000");
         assert_eq!(thousands(100_000), "100,000");
         assert_eq!(thousands(1_234_567), "1,234,567");
+    }
+
+    #[test]
+    fn repeated_rows_show_their_median_run_and_list_every_run() {
+        let repeat = |cycles, p99_us| RunSummary {
+            invocation: "i1".to_string(),
+            ..run(false, 32, cycles, p99_us, 1.0)
+        };
+        let runs = [repeat(50_000, 9_000), repeat(30_000, 7_000), repeat(40_000, 8_000)];
+        let text = render(&runs, &[], &[], &[], &targets());
+        assert!(text.contains("Each row ran 3 times"), "{text}");
+        let cluster = text.split("### Repeats").next().unwrap_or_default();
+        assert!(cluster.contains("| 32 | leasehold ×3 | 4000 |"), "{text}");
+        assert!(cluster.contains("| 8.00 |"), "the median run's own p99: {text}");
+        assert!(!cluster.contains("| 5000 |"), "{text}");
+        assert!(
+            text.contains("| 3 | 32 | leasehold ×3 | 3 | 5000, 3000, 4000 | 4000 | 1.67× |"),
+            "{text}"
+        );
+        let single = render(&runs[..1], &[], &[], &[], &targets());
+        assert!(!single.contains("### Repeats"), "{single}");
     }
 
     #[test]
