@@ -173,6 +173,44 @@ fn one() -> usize {
     1
 }
 
+#[cfg(test)]
+impl RunSummary {
+    /// A run for the report's and figures' tests: `system` on `nodes` with
+    /// `clients`, a 10 s window at `cycles_per_s`, every latency `latency`,
+    /// no server measurements.
+    pub fn sample(
+        system: System,
+        nodes: usize,
+        clients: usize,
+        cycles_per_s: f64,
+        latency: Latency,
+    ) -> RunSummary {
+        RunSummary {
+            system,
+            nodes,
+            clients,
+            duration_s: 10.0,
+            warmup_s: 1.0,
+            payload_bytes: 64,
+            cycles: (cycles_per_s * 10.0) as u64,
+            cycles_per_s,
+            errors: 0,
+            claim_retries: 0,
+            enqueue: latency.clone(),
+            claim: latency.clone(),
+            ack: latency.clone(),
+            cycle: latency,
+            server_peak_rss_kib: None,
+            server_cpu_s: None,
+            elections: None,
+            tls: false,
+            backlog: 0,
+            stages: Vec::new(),
+            invocation: String::new(),
+        }
+    }
+}
+
 impl RunSummary {
     /// A short human-readable line for the log.
     pub fn one_line(&self) -> String {

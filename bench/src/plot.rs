@@ -139,29 +139,7 @@ mod tests {
 
     fn run(system: System, nodes: usize, clients: usize, cycles_per_s: f64) -> RunSummary {
         let latency = Latency { count: 10, p50_us: 5_000, p99_us: 9_000, ..Latency::default() };
-        RunSummary {
-            system,
-            nodes,
-            clients,
-            duration_s: 10.0,
-            warmup_s: 1.0,
-            payload_bytes: 64,
-            cycles: (cycles_per_s * 10.0) as u64,
-            cycles_per_s,
-            errors: 0,
-            claim_retries: 0,
-            enqueue: latency.clone(),
-            claim: latency.clone(),
-            ack: latency.clone(),
-            cycle: latency,
-            server_peak_rss_kib: None,
-            server_cpu_s: None,
-            elections: None,
-            tls: false,
-            backlog: 0,
-            stages: Vec::new(),
-            invocation: String::new(),
-        }
+        RunSummary::sample(system, nodes, clients, cycles_per_s, latency)
     }
 
     #[test]

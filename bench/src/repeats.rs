@@ -58,29 +58,9 @@ mod tests {
 
     fn run(invocation: &str, clients: usize, cycles_per_s: f64, p99_us: u64) -> RunSummary {
         let cycle = Latency { p99_us, ..Latency::default() };
-        RunSummary {
-            system: System::Leasehold,
-            nodes: 3,
-            clients,
-            duration_s: 10.0,
-            warmup_s: 1.0,
-            payload_bytes: 64,
-            cycles: (cycles_per_s * 10.0) as u64,
-            cycles_per_s,
-            errors: 0,
-            claim_retries: 0,
-            enqueue: Latency::default(),
-            claim: Latency::default(),
-            ack: Latency::default(),
-            cycle,
-            server_peak_rss_kib: None,
-            server_cpu_s: None,
-            elections: None,
-            tls: false,
-            backlog: 0,
-            stages: Vec::new(),
-            invocation: invocation.to_string(),
-        }
+        let sample =
+            RunSummary::sample(System::Leasehold, 3, clients, cycles_per_s, Latency::default());
+        RunSummary { cycle, invocation: invocation.to_string(), ..sample }
     }
 
     #[test]

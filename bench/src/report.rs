@@ -988,29 +988,9 @@ mod tests {
 
     fn run(tls: bool, clients: usize, cycles: u64, p99_us: u64, cpu_s: f64) -> RunSummary {
         let latency = Latency { count: cycles, p50_us: p99_us / 2, p99_us, ..Latency::default() };
-        RunSummary {
-            system: System::Leasehold,
-            nodes: 3,
-            clients,
-            duration_s: 10.0,
-            warmup_s: 1.0,
-            payload_bytes: 64,
-            cycles,
-            cycles_per_s: cycles as f64 / 10.0,
-            errors: 0,
-            claim_retries: 0,
-            enqueue: latency.clone(),
-            claim: latency.clone(),
-            ack: latency.clone(),
-            cycle: latency,
-            server_peak_rss_kib: None,
-            server_cpu_s: Some(cpu_s),
-            elections: Some(0),
-            tls,
-            backlog: 0,
-            stages: Vec::new(),
-            invocation: String::new(),
-        }
+        let sample =
+            RunSummary::sample(System::Leasehold, 3, clients, cycles as f64 / 10.0, latency);
+        RunSummary { cycles, server_cpu_s: Some(cpu_s), elections: Some(0), tls, ..sample }
     }
 
     /// A one-node run of `system` behind `backlog` jobs.
