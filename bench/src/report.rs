@@ -104,6 +104,7 @@ pub fn render(
         by_key.insert(repeats::key(run), run);
     }
     let most_repeats = rows.values().map(Vec::len).max().unwrap_or(0);
+    let fewest_repeats = rows.values().map(Vec::len).min().unwrap_or(0);
     let mut out = String::new();
     if let Some(run) = runs.first() {
         let _ = writeln!(
@@ -114,11 +115,16 @@ pub fn render(
         );
     }
     if most_repeats > 1 {
+        let times = if fewest_repeats == most_repeats {
+            format!("Each row ran {most_repeats} times")
+        } else {
+            format!("Each row ran {fewest_repeats} to {most_repeats} times")
+        };
         let _ = writeln!(
             out,
-            "Each row ran {most_repeats} times, interleaved with the other systems; a row \
-             shows its median run by cycles/s, whole (latencies and CPU are that run's), \
-             and *Repeats* below lists every run.\n"
+            "{times}, interleaved with the other systems; a row shows its median run by \
+             cycles/s, whole (latencies and CPU are that run's), and *Repeats* below lists \
+             every run.\n"
         );
     }
     if runs.iter().any(|r| r.nodes == 1 && r.backlog == 0) {
@@ -1105,6 +1111,10 @@ mod tests {
         );
         let single = render(&runs[..1], &[], &[], &[], &targets());
         assert!(!single.contains("### Repeats"), "{single}");
+        let mut uneven = runs.to_vec();
+        uneven.push(run(false, 1, 100, 9_000, 1.0));
+        let text = render(&uneven, &[], &[], &[], &targets());
+        assert!(text.contains("Each row ran 1 to 3 times"), "{text}");
     }
 
     #[test]
