@@ -227,11 +227,27 @@ fn main() -> std::process::ExitCode {
         clap_complete::generate(shell, &mut Cli::command(), "leasehold", &mut std::io::stdout());
         return std::process::ExitCode::SUCCESS;
     }
-    if matches!(cli.command, Top::Serve(_)) {
-        disable_huge_pages();
-    }
     let addr = cli.command.addr().map(str::to_string);
-    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+    // A node's configuration is read before its runtime starts: it says how
+    // many threads that runtime gets.
+    let mut builder = tokio::runtime::Builder::new_multi_thread();
+    let mut prepared = None;
+    if let Top::Serve(args) = &cli.command {
+        match serve::prepare(args) {
+            Ok(node) => {
+                disable_huge_pages();
+                if let Some(threads) = node.runtime_threads() {
+                    builder.worker_threads(threads);
+                }
+                prepared = Some(node);
+            }
+            Err(error) => {
+                eprintln!("error: {error:#}");
+                return std::process::ExitCode::FAILURE;
+            }
+        }
+    }
+    let runtime = match builder.enable_all().build() {
         Ok(runtime) => runtime,
         Err(error) => {
             eprintln!("error: cannot start the async runtime: {error}");
@@ -240,7 +256,10 @@ fn main() -> std::process::ExitCode {
     };
     let result = runtime.block_on(async move {
         match cli.command {
-            Top::Serve(args) => serve::run(args).await,
+            Top::Serve(args) => match prepared {
+                Some(node) => serve::run(node).await,
+                None => serve::run(serve::prepare(&args)?).await,
+            },
             Top::Job(args) => job::run(args).await,
             Top::Cluster(args) => cluster::run(args).await,
             Top::Cron(args) => cron::run(args).await,

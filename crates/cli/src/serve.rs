@@ -70,9 +70,33 @@ pub struct ServeArgs {
     /// the port can then run commands on the fleet; never for a real fleet.
     #[arg(long, env = "LEASEHOLD_INSECURE")]
     insecure: bool,
+    /// Worker threads of the node's async runtime (default: one per core);
+    /// lower it where several nodes share a machine's cores.
+    #[arg(long, env = "LEASEHOLD_RUNTIME_THREADS")]
+    runtime_threads: Option<usize>,
     /// Log format.
     #[arg(long, env = "LEASEHOLD_LOG_FORMAT", default_value = "text")]
     log_format: LogFormat,
+}
+
+/// A `serve` invocation resolved before its runtime starts, since the
+/// configuration says how many threads that runtime gets.
+pub struct Prepared {
+    config: Config,
+    log_format: LogFormat,
+}
+
+impl Prepared {
+    /// Worker threads the runtime should have; `None` for one per core.
+    pub fn runtime_threads(&self) -> Option<usize> {
+        self.config.runtime_threads
+    }
+}
+
+/// Reads the configuration a `serve` invocation means (file, environment,
+/// flags) and checks it, without starting anything.
+pub fn prepare(args: &ServeArgs) -> anyhow::Result<Prepared> {
+    Ok(Prepared { config: resolve(args)?, log_format: args.log_format })
 }
 
 /// Parses `on`/`off` (also `true`/`false`, `1`/`0`).
@@ -165,14 +189,17 @@ fn resolve(args: &ServeArgs) -> anyhow::Result<Config> {
     if args.insecure {
         config.insecure = true;
     }
+    if let Some(threads) = args.runtime_threads {
+        config.runtime_threads = Some(threads);
+    }
     config.validate()?;
     Ok(config)
 }
 
 /// Runs a node until SIGTERM or Ctrl-C.
-pub async fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
-    init_logging(args.log_format);
-    let config = resolve(&args)?;
+pub async fn run(prepared: Prepared) -> anyhow::Result<ExitCode> {
+    let Prepared { config, log_format } = prepared;
+    init_logging(log_format);
     let transport = Transport::bind(&config).await?;
     let node = Node::start(config, transport).await.context("starting the node")?;
     println!("leasehold node listening: grpc {} http {}", node.grpc_addr(), node.http_addr());

@@ -28,6 +28,7 @@ mod e2e {
     mod lease_expiry;
     mod lifecycle;
     mod quiet_log;
+    mod runtime_threads;
     mod sdk;
     mod security;
     mod session;

@@ -20,6 +20,11 @@ impl fmt::Debug for SecretText {
     }
 }
 
+/// Most async runtime threads a node may be given: far beyond any core
+/// count it could use, low enough that a typo cannot exhaust the process's
+/// thread limit.
+pub const MAX_RUNTIME_THREADS: usize = 1024;
+
 /// Everything a node needs to start. Field names are the TOML keys.
 #[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -60,6 +65,11 @@ pub struct Config {
     /// starts, so their syncs overlap (see `leasehold_raft::ahead`); off,
     /// only openraft's replication sends it, after the leader's sync.
     pub replicate_ahead: bool,
+    /// Worker threads of the node's async runtime, which `leasehold serve`
+    /// builds before the node starts; unset, one per CPU core. Lower it
+    /// where several nodes share a machine's cores (docs/deployment.md,
+    /// "Nodes that share a machine").
+    pub runtime_threads: Option<usize>,
     /// Expose the Faults service (clock skew, store faults). Tests only.
     pub fault_injection: bool,
     /// Start with the clock skewed by this much (fault injection only; a
@@ -139,6 +149,7 @@ impl Default for Config {
             // Safe since a restarted node no longer leads its old term
             // (docs/decisions.md, "Replication ahead").
             replicate_ahead: true,
+            runtime_threads: None,
             fault_injection: false,
             clock_offset_ms: 0,
             tags: Vec::new(),
@@ -259,6 +270,14 @@ impl Config {
         }
         if !(1..=16).contains(&self.batches_in_flight) {
             return invalid("batches_in_flight", "must be 1 ..= 16");
+        }
+        if let Some(threads) = self.runtime_threads
+            && !(1..=MAX_RUNTIME_THREADS).contains(&threads)
+        {
+            return invalid(
+                "runtime_threads",
+                &format!("must be 1 ..= {MAX_RUNTIME_THREADS} (or unset: one per core)"),
+            );
         }
         if self.advert_interval_ms == 0 || self.advert_interval_ms > 60_000 {
             return invalid("advert_interval_ms", "must be 1 ..= 60000");
@@ -464,5 +483,13 @@ mod tests {
             assert!(error.contains("batches_in_flight"), "{batches_in_flight}: {error}");
         }
         assert!(Config { batches_in_flight: 16, ..Config::default() }.validate().is_ok());
+        for runtime_threads in [0, MAX_RUNTIME_THREADS + 1] {
+            let config = Config { runtime_threads: Some(runtime_threads), ..Config::default() };
+            let error = config.validate().err().map(|e| e.to_string()).unwrap_or_default();
+            assert!(error.contains("runtime_threads"), "{runtime_threads}: {error}");
+        }
+        for runtime_threads in [None, Some(1), Some(MAX_RUNTIME_THREADS)] {
+            assert!(Config { runtime_threads, ..Config::default() }.validate().is_ok());
+        }
     }
 }

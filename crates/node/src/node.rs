@@ -365,6 +365,7 @@ impl Node {
             http = %http_addr,
             tls = credentials.tls.is_some(),
             tokens = credentials.tokens.is_some(),
+            runtime_threads = tokio::runtime::Handle::current().metrics().num_workers(),
             "node started"
         );
         let handle = NodeHandle {

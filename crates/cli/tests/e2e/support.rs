@@ -76,6 +76,8 @@ pub struct Node {
     /// A `leasehold dev-certs` directory: the node then runs with mutual
     /// TLS (its `node-ID` certificate) and the directory's tokens file.
     pub secure: Option<PathBuf>,
+    /// More `serve` flags, after the ones every node gets.
+    pub extra_args: Vec<String>,
     process: Option<Process>,
     log: Option<PathBuf>,
     incarnation: u32,
@@ -113,6 +115,7 @@ impl Node {
             join,
             log_filter: DEFAULT_LOG_FILTER.to_string(),
             secure: None,
+            extra_args: Vec::new(),
             process: None,
             log: None,
             incarnation: 0,
@@ -276,6 +279,7 @@ impl Node {
                 .arg("--tokens")
                 .arg(certs.join("tokens.toml"));
         }
+        command.args(&self.extra_args);
         let name = format!("node {} (run {})", self.id, self.incarnation);
         self.process = Some(Process::spawn(&name, command, &log)?);
         self.log = Some(log);
@@ -285,7 +289,7 @@ impl Node {
     /// Waits until the node names itself leader, reports itself ready and
     /// answers a linearizable read, failing at once if the process dies
     /// meanwhile.
-    async fn wait_leading(&mut self) -> Result<()> {
+    pub async fn wait_leading(&mut self) -> Result<()> {
         let client = self.client()?;
         let id = self.id;
         let what = format!("node {id} at {} to lead, be ready and serve reads", self.grpc);
