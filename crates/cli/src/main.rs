@@ -221,6 +221,13 @@ fn disable_huge_pages() {
 #[cfg(not(target_os = "linux"))]
 fn disable_huge_pages() {}
 
+/// What an invocation runs: a node, resolved before its runtime is built,
+/// or any other subcommand.
+enum Work {
+    Serve(serve::Prepared),
+    Client(Top),
+}
+
 fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
     if let Top::Completions { shell } = cli.command {
@@ -230,21 +237,21 @@ fn main() -> std::process::ExitCode {
     let addr = cli.command.addr().map(str::to_string);
     // A node's configuration is read before its runtime starts: it says how
     // many threads that runtime gets.
-    let mut builder = tokio::runtime::Builder::new_multi_thread();
-    let mut prepared = None;
-    if let Top::Serve(args) = &cli.command {
-        match serve::prepare(args) {
-            Ok(node) => {
-                disable_huge_pages();
-                if let Some(threads) = node.runtime_threads() {
-                    builder.worker_threads(threads);
-                }
-                prepared = Some(node);
-            }
+    let work = match cli.command {
+        Top::Serve(args) => match serve::prepare(&args) {
+            Ok(node) => Work::Serve(node),
             Err(error) => {
                 eprintln!("error: {error:#}");
                 return std::process::ExitCode::FAILURE;
             }
+        },
+        other => Work::Client(other),
+    };
+    let mut builder = tokio::runtime::Builder::new_multi_thread();
+    if let Work::Serve(node) = &work {
+        disable_huge_pages();
+        if let Some(threads) = node.runtime_threads() {
+            builder.worker_threads(threads);
         }
     }
     let runtime = match builder.enable_all().build() {
@@ -255,11 +262,12 @@ fn main() -> std::process::ExitCode {
         }
     };
     let result = runtime.block_on(async move {
-        match cli.command {
-            Top::Serve(args) => match prepared {
-                Some(node) => serve::run(node).await,
-                None => serve::run(serve::prepare(&args)?).await,
-            },
+        let command = match work {
+            Work::Serve(node) => return serve::run(node).await,
+            Work::Client(command) => command,
+        };
+        match command {
+            Top::Serve(args) => serve::run(serve::prepare(&args)?).await,
             Top::Job(args) => job::run(args).await,
             Top::Cluster(args) => cluster::run(args).await,
             Top::Cron(args) => cron::run(args).await,

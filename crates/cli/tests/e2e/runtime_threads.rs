@@ -3,11 +3,11 @@
 //! machine's cores need not each start one per core; a value out of range
 //! is refused by name before anything starts.
 //!
-//! Method: real `leasehold serve` processes. One with `--runtime-threads 1`,
-//! one with `runtime_threads = 3` in its config file, one with neither; each
-//! node's "node started" line reports the workers of the runtime it runs on
-//! (tokio's own count, not the setting echoed), so each must read what it
-//! was given, and the default one per core. Then `--runtime-threads 0`
+//! Method: real `leasehold serve` processes logging JSON. One with
+//! `--runtime-threads 1`, one with `runtime_threads = 3` in its config file,
+//! one with neither; each node's "node started" event reports the workers
+//! of the runtime it runs on (tokio's own count, not the setting echoed), so
+//! each must read what it was given, and the default one per core. Then `--runtime-threads 0`
 //! must exit with an error naming the key and leave no data directory.
 
 use std::path::Path;
@@ -27,7 +27,7 @@ async fn story(sandbox: &Sandbox) -> Result<()> {
     phase("a node started with --runtime-threads 1");
     let mut flag = Node::new(sandbox, 1, None, None)?;
     flag.data = sandbox.path().join("data-flag");
-    flag.extra_args = vec!["--runtime-threads".into(), "1".into()];
+    flag.extra_args.extend(["--runtime-threads".into(), "1".into()]);
     ensure!(started_threads(sandbox, &mut flag).await? == 1, "--runtime-threads 1 not in force");
 
     phase("a node whose config file says runtime_threads = 3");
@@ -38,7 +38,8 @@ async fn story(sandbox: &Sandbox) -> Result<()> {
     ensure!(started_threads(sandbox, &mut file).await? == 3, "runtime_threads = 3 not in force");
 
     phase("a node with neither: one thread per core");
-    let cores = std::thread::available_parallelism().context("counting cores")?.get();
+    let cores =
+        u64::try_from(std::thread::available_parallelism().context("counting cores")?.get())?;
     let mut default = Node::new(sandbox, 1, None, None)?;
     default.data = sandbox.path().join("data-default");
     let threads = started_threads(sandbox, &mut default).await?;
@@ -59,9 +60,10 @@ async fn story(sandbox: &Sandbox) -> Result<()> {
     Ok(())
 }
 
-/// Starts `node`, waits until it leads, and returns the runtime workers its
-/// "node started" line reports; stops it again.
-async fn started_threads(sandbox: &Sandbox, node: &mut Node) -> Result<usize> {
+/// Starts `node` logging JSON, waits until it leads, and returns the
+/// runtime workers its "node started" event reports; stops it again.
+async fn started_threads(sandbox: &Sandbox, node: &mut Node) -> Result<u64> {
+    node.extra_args.extend(["--log-format".into(), "json".into()]);
     node.launch(sandbox)?;
     node.wait_leading().await?;
     node.stop(deadline_in(Duration::from_secs(20))).await?;
@@ -69,16 +71,15 @@ async fn started_threads(sandbox: &Sandbox, node: &mut Node) -> Result<usize> {
     reported_threads(log)
 }
 
-fn reported_threads(log: &Path) -> Result<usize> {
+fn reported_threads(log: &Path) -> Result<u64> {
     let text = std::fs::read_to_string(log).with_context(|| format!("{}", log.display()))?;
     let line = text
         .lines()
-        .find(|line| line.contains("node started"))
-        .with_context(|| format!("no \"node started\" line in {}", log.display()))?;
-    let value = line
-        .split("runtime_threads=")
-        .nth(1)
-        .with_context(|| format!("no runtime_threads on {line:?}"))?;
-    let digits: String = value.chars().take_while(char::is_ascii_digit).collect();
-    digits.parse().with_context(|| format!("runtime_threads on {line:?}"))
+        .find(|line| line.contains("\"node started\""))
+        .with_context(|| format!("no \"node started\" event in {}", log.display()))?;
+    let event: serde_json::Value =
+        serde_json::from_str(line).with_context(|| format!("not JSON: {line:?}"))?;
+    event["fields"]["runtime_threads"]
+        .as_u64()
+        .with_context(|| format!("no runtime_threads in {line:?}"))
 }

@@ -255,6 +255,9 @@ impl Node {
             .env_remove("LEASEHOLD_TLS_CA")
             .env_remove("LEASEHOLD_TLS_CERT")
             .env_remove("LEASEHOLD_TLS_KEY")
+            // A thread count from the caller's shell would change every node.
+            .env_remove("LEASEHOLD_RUNTIME_THREADS")
+            .env_remove("TOKIO_WORKER_THREADS")
             .env("LEASEHOLD_CLUSTER_SECRET", CLUSTER_SECRET)
             .env("NO_COLOR", "1");
         if self.log_filter.is_empty() {
@@ -941,6 +944,8 @@ pub async fn run_cli(sandbox: &Sandbox, args: &[&str], env: &[(&str, &str)]) -> 
         "LEASEHOLD_TLS_CA",
         "LEASEHOLD_TLS_CERT",
         "LEASEHOLD_TLS_KEY",
+        "LEASEHOLD_RUNTIME_THREADS",
+        "TOKIO_WORKER_THREADS",
     ] {
         command.env_remove(inherited);
     }
