@@ -6,9 +6,10 @@
 //! Method: real `leasehold serve` processes logging JSON. One with
 //! `--runtime-threads 1`, one with `runtime_threads = 3` in its config file,
 //! one with neither; each node's "node started" event reports the workers
-//! of the runtime it runs on (tokio's own count, not the setting echoed), so
-//! each must read what it was given, and the default one per core. Then `--runtime-threads 0`
-//! must exit with an error naming the key and leave no data directory.
+//! of the runtime it runs on (tokio's own count, not the setting echoed),
+//! so each must read what it was given, and the default one per core. Then
+//! `--runtime-threads 0` must exit with an error naming the key and leave
+//! no data directory.
 
 use std::path::Path;
 use std::time::Duration;
