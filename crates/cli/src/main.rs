@@ -221,19 +221,19 @@ fn disable_huge_pages() {
 #[cfg(not(target_os = "linux"))]
 fn disable_huge_pages() {}
 
-/// What an invocation runs: a node, resolved before its runtime is built,
-/// or any other subcommand.
+/// What an invocation runs on the async runtime: a node, resolved before
+/// its runtime is built, or one of the other subcommands.
 enum Work {
     Serve(serve::Prepared),
-    Client(Top),
+    Job(job::JobArgs),
+    Cluster(cluster::ClusterArgs),
+    Cron(cron::CronArgs),
+    Worker(worker::WorkerArgs),
+    DevCerts(dev_certs::DevCertsArgs),
 }
 
 fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
-    if let Top::Completions { shell } = cli.command {
-        clap_complete::generate(shell, &mut Cli::command(), "leasehold", &mut std::io::stdout());
-        return std::process::ExitCode::SUCCESS;
-    }
     let addr = cli.command.addr().map(str::to_string);
     // A node's configuration is read before its runtime starts: it says how
     // many threads that runtime gets.
@@ -245,7 +245,20 @@ fn main() -> std::process::ExitCode {
                 return std::process::ExitCode::FAILURE;
             }
         },
-        other => Work::Client(other),
+        Top::Job(args) => Work::Job(args),
+        Top::Cluster(args) => Work::Cluster(args),
+        Top::Cron(args) => Work::Cron(args),
+        Top::Worker(args) => Work::Worker(args),
+        Top::DevCerts(args) => Work::DevCerts(args),
+        Top::Completions { shell } => {
+            clap_complete::generate(
+                shell,
+                &mut Cli::command(),
+                "leasehold",
+                &mut std::io::stdout(),
+            );
+            return std::process::ExitCode::SUCCESS;
+        }
     };
     let mut builder = tokio::runtime::Builder::new_multi_thread();
     if let Work::Serve(node) = &work {
@@ -262,18 +275,13 @@ fn main() -> std::process::ExitCode {
         }
     };
     let result = runtime.block_on(async move {
-        let command = match work {
-            Work::Serve(node) => return serve::run(node).await,
-            Work::Client(command) => command,
-        };
-        match command {
-            Top::Serve(args) => serve::run(serve::prepare(&args)?).await,
-            Top::Job(args) => job::run(args).await,
-            Top::Cluster(args) => cluster::run(args).await,
-            Top::Cron(args) => cron::run(args).await,
-            Top::Worker(args) => worker::run(args).await,
-            Top::DevCerts(args) => dev_certs::run(args),
-            Top::Completions { .. } => Ok(std::process::ExitCode::SUCCESS),
+        match work {
+            Work::Serve(node) => serve::run(node).await,
+            Work::Job(args) => job::run(args).await,
+            Work::Cluster(args) => cluster::run(args).await,
+            Work::Cron(args) => cron::run(args).await,
+            Work::Worker(args) => worker::run(args).await,
+            Work::DevCerts(args) => dev_certs::run(args),
         }
     });
     match result {
