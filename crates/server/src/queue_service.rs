@@ -128,6 +128,67 @@ fn invalid(field: &str, problem: impl Into<String>) -> Error {
 }
 
 impl QueueService {
+    /// PERMISSION_DENIED unless `caller` is an admin (or a node), when any
+    /// of `job_ids` is a job of a command queue: settling, renewing or
+    /// handing back a command's lease decides whether a shell command runs
+    /// (again), so it is for the executors and admins alone, like claiming
+    /// one. A fencing token is no proof of the right: readers see it
+    /// (GetJob, ListJobs). `list` names the repeated field the ids came
+    /// from (`leases`), or none for a call's one `job_id`.
+    ///
+    /// A job's queue never changes and ids are never reused, so the local
+    /// state decides when it knows the job. A job it does not know (this
+    /// node trails the leader) is looked up again after a read barrier; one
+    /// unknown even then does not exist, and the call fails on its own.
+    async fn require_admin_on_command_jobs(
+        &self,
+        caller: &Caller,
+        what: &str,
+        list: Option<&str>,
+        job_ids: &[u64],
+    ) -> Result<(), Status> {
+        if caller.may(Role::Admin) {
+            return Ok(());
+        }
+        let refusal = |index: usize, job_id: u64| {
+            let field = match list {
+                Some(list) => format!("{list}[{index}].job_id"),
+                None => "job_id".to_string(),
+            };
+            format!("{field}: {what} of command job {job_id}")
+        };
+        let mut unknown = Vec::new();
+        let mut refused = self.journal.read_stale(|state| {
+            for (index, &job_id) in job_ids.iter().enumerate() {
+                match state.job_queue(job_id) {
+                    Some(queue) if is_command_queue(queue) => return Some(refusal(index, job_id)),
+                    Some(_) => {}
+                    // Job 0 is refused as invalid once the call runs.
+                    None if job_id != 0 => unknown.push(index),
+                    None => {}
+                }
+            }
+            None
+        });
+        if refused.is_none() && !unknown.is_empty() {
+            refused = self
+                .journal
+                .read(false, |state| {
+                    unknown.iter().find_map(|&index| {
+                        let job_id = job_ids[index];
+                        let queue = state.job_queue(job_id)?;
+                        is_command_queue(queue).then(|| refusal(index, job_id))
+                    })
+                })
+                .await
+                .map_err(Error::from)?;
+        }
+        match refused {
+            Some(refused) => caller.require(Role::Admin, &refused),
+            None => Ok(()),
+        }
+    }
+
     async fn enqueue_call(
         &self,
         request: Request<v1::EnqueueRequest>,
@@ -254,7 +315,10 @@ impl QueueService {
         &self,
         request: Request<v1::RefreshRequest>,
     ) -> Result<Reply<v1::RefreshResponse>, Status> {
+        let caller = Caller::of(&request)?.clone();
         let request = request.into_inner();
+        let job_ids: Vec<u64> = request.leases.iter().map(|lease| lease.job_id).collect();
+        self.require_admin_on_command_jobs(&caller, "refresh", Some("leases"), &job_ids).await?;
         let command = Command::Refresh {
             worker: request.worker,
             leases: request.leases.iter().map(|l| (l.job_id, l.token)).collect(),
@@ -273,7 +337,9 @@ impl QueueService {
         &self,
         request: Request<v1::AckRequest>,
     ) -> Result<Reply<v1::AckResponse>, Status> {
+        let caller = Caller::of(&request)?.clone();
         let request = request.into_inner();
+        self.require_admin_on_command_jobs(&caller, "ack", None, &[request.job_id]).await?;
         let result = (!request.result.is_empty()).then_some(request.result);
         let command = Command::Ack { job_id: request.job_id, token: request.token, result };
         match self.submit(command).await? {
@@ -286,7 +352,9 @@ impl QueueService {
         &self,
         request: Request<v1::NackRequest>,
     ) -> Result<Reply<v1::NackResponse>, Status> {
+        let caller = Caller::of(&request)?.clone();
         let request = request.into_inner();
+        self.require_admin_on_command_jobs(&caller, "nack", None, &[request.job_id]).await?;
         let command = Command::Nack {
             job_id: request.job_id,
             token: request.token,
@@ -306,7 +374,9 @@ impl QueueService {
         &self,
         request: Request<v1::ReleaseRequest>,
     ) -> Result<Reply<v1::ReleaseResponse>, Status> {
+        let caller = Caller::of(&request)?.clone();
         let request = request.into_inner();
+        self.require_admin_on_command_jobs(&caller, "release", None, &[request.job_id]).await?;
         match self.submit(Command::Release { job_id: request.job_id, token: request.token }).await?
         {
             Response::Released => Ok(Reply::new(v1::ReleaseResponse {})),

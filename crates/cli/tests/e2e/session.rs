@@ -2,7 +2,10 @@
 //! calls as frames on one stream, and nothing more: against a real node
 //! with mutual TLS and tokens, each frame is held to the role of the call
 //! of its name (a producer's session cannot claim, a worker's cannot
-//! enqueue) and refused frames change nothing; a malformed frame is
+//! enqueue) and refused frames change nothing; a worker token can neither
+//! settle, renew nor hand back a job of a command queue, by session or
+//! unary call, though it knows the lease's token, nor get that lease by
+//! replaying the executor's claim on its own queue; a malformed frame is
 //! answered INVALID_ARGUMENT naming the field and the session goes on;
 //! frames sent at once are all answered, each under its own id; a frame
 //! over the Queue service's size limit ends the session with
@@ -20,17 +23,20 @@
 //! session that skips the per-frame role check fails the role phase (the
 //! producer's claim is served); a session that keeps the caller it was
 //! opened with fails the reload phase (the removed token's frame is
-//! served); a node whose sessions ignore shutdown fails the last phase
-//! (the session ends without the node's word). The flood is a liveness
-//! check, not a mutation-checked one: a client that does not read holds
-//! its HTTP/2 stream open, so the node's graceful stop waits for it until
-//! the node's grace (5 s) runs out, whatever the session's task does.
+//! served); without the command-job check the worker's ack is served, and
+//! without it on refresh alone the refresh; a claim replay that ignores
+//! the queue it names hands the worker the command's lease; a node whose
+//! sessions ignore shutdown fails the last phase (the session ends without
+//! the node's word). The flood is a liveness check, not a mutation-checked
+//! one: a client that does not read holds its HTTP/2 stream open, so the
+//! node's graceful stop waits for it until the node's grace (5 s) runs
+//! out, whatever the session's task does.
 
 use std::path::Path;
 use std::time::Duration;
 
 use anyhow::{Context, Result, bail, ensure};
-use leasehold_client::{Client, ClientTls};
+use leasehold_client::{Client, ClientTls, Session};
 use leasehold_proto::v1;
 use leasehold_proto::v1::session_request::Call;
 use leasehold_proto::v1::session_response::Result as Answer;
@@ -164,6 +170,9 @@ async fn session_story(sandbox: &Sandbox) -> Result<()> {
     phase("a frame over the size limit ends the session with RESOURCE_EXHAUSTED");
     oversized_frame(&mut stub).await?;
 
+    phase("a worker token can neither settle nor hand back a command job, nor replay its claim");
+    command_jobs(&admin, &client_as(&node, &certs, "worker")?, &worker).await?;
+
     phase("a token removed by a reload stops working on the session it opened");
     let read = |role: &str| -> Result<String> {
         Ok(std::fs::read_to_string(certs.join(format!("token-{role}")))?.trim().to_string())
@@ -230,6 +239,92 @@ async fn session_story(sandbox: &Sandbox) -> Result<()> {
         error.code() == tonic::Code::Unavailable && error.to_string().contains("shutting down"),
         "the session of a stopped node ended with {error}"
     );
+    Ok(())
+}
+
+/// A command job claimed by an admin standing in for an executor: the
+/// worker's session and its unary calls, given the lease's token (a
+/// reader can see it), are refused ack, nack, release and refresh, and a
+/// claim naming the executor's worker and request id on the worker's own
+/// queue gets none of the command's lease. Nothing they try changes the
+/// job.
+async fn command_jobs(admin: &Client, worker_client: &Client, worker: &Session) -> Result<()> {
+    const COMMANDS: &str = "exec.story";
+    admin.enqueue(vec![job(COMMANDS, b"true")]).await?;
+    let executor = admin.session().await?;
+    let request = v1::ClaimRequest {
+        worker: "executor-1".into(),
+        queue: COMMANDS.into(),
+        max: 1,
+        lease_ttl_ms: Some(60_000),
+        request_id: "executor-claim-1".into(),
+        ..Default::default()
+    };
+    let claimed = executor.claim(request).await?;
+    let lease = claimed
+        .grants
+        .first()
+        .and_then(|grant| grant.lease.clone())
+        .context("the admin's claim on the command queue granted nothing")?;
+    let read = admin.get_job(lease.job_id, false).await?;
+    ensure!(
+        read.lease.as_ref().map(|l| l.token) == Some(lease.token),
+        "a read shows the lease: {read:?}"
+    );
+    let (job_id, token) = (lease.job_id, lease.token);
+    let nack =
+        || v1::NackRequest { job_id, token, error: "no".into(), retry_after_ms: Some(u64::MAX) };
+    let refresh = || v1::RefreshRequest {
+        worker: "executor-1".into(),
+        leases: vec![v1::LeaseRef { job_id, token }],
+        lease_ttl_ms: Some(600_000),
+    };
+    let denied = |what: &str, error: leasehold_client::ClientError| -> Result<()> {
+        let text = error.to_string();
+        ensure!(
+            error.code() == tonic::Code::PermissionDenied
+                && text.contains("admin")
+                && text.contains(&format!("command job {job_id}")),
+            "{what} was refused with {error}"
+        );
+        Ok(())
+    };
+    denied("a session's ack", refusal("a session's ack", worker.ack(job_id, token).await)?)?;
+    denied("a session's nack", refusal("a session's nack", worker.nack(nack()).await)?)?;
+    denied(
+        "a session's release",
+        refusal("a session's release", worker.release(job_id, token).await)?,
+    )?;
+    denied(
+        "a session's refresh",
+        refusal("a session's refresh", worker.refresh(refresh()).await)?,
+    )?;
+    denied("an ack", refusal("an ack", worker_client.ack(job_id, token).await)?)?;
+    denied("a nack", refusal("a nack", worker_client.nack(nack()).await)?)?;
+    denied("a release", refusal("a release", worker_client.release(job_id, token).await)?)?;
+    denied("a refresh", refusal("a refresh", worker_client.refresh(refresh()).await)?)?;
+    let replay = v1::ClaimRequest {
+        worker: "executor-1".into(),
+        queue: QUEUE.into(),
+        max: 1,
+        lease_ttl_ms: Some(30_000),
+        request_id: "executor-claim-1".into(),
+        ..Default::default()
+    };
+    let replayed = worker.claim(replay).await?;
+    ensure!(
+        replayed.grants.iter().all(|grant| grant.job.as_ref().is_none_or(|j| j.queue == QUEUE)),
+        "a replayed claim handed a worker the command's lease: {replayed:?}"
+    );
+    let after = admin.get_job(job_id, false).await?;
+    ensure!(
+        after.state == v1::JobState::Claimed as i32
+            && after.lease.as_ref().map(|l| (l.token, l.expires_at_ms))
+                == read.lease.as_ref().map(|l| (l.token, l.expires_at_ms))
+            && after.attempts == read.attempts,
+        "the refused calls changed the command job: {read:?} -> {after:?}"
+    );
+    executor.ack(job_id, token).await.context("the executor's own ack")?;
     Ok(())
 }
 

@@ -107,12 +107,19 @@ impl State {
         let key = key(worker, request_id);
         if let Some((_, Outcome::Claimed(granted))) = self.requests.by_key.get(&key) {
             // Only what it still holds under those tokens: a lease that
-            // lapsed since (or was given up) is not handed out again.
+            // lapsed since (or was given up) is not handed out again. And
+            // only jobs of the queue this try names: the node checked the
+            // caller's right to that queue, not to the first try's (a
+            // worker must not replay an executor's claim on a command queue
+            // by naming its worker and request id). Nothing here changes
+            // the state, so replicas agree whatever their version answers.
             let grants = granted
                 .iter()
                 .filter_map(|(job_id, token)| {
-                    let job =
-                        self.jobs.live(job_id).filter(|job| job.state == JobState::Claimed)?;
+                    let job = self
+                        .jobs
+                        .live(job_id)
+                        .filter(|job| job.state == JobState::Claimed && *job.queue == *queue)?;
                     let lease = job.lease().filter(|lease| lease.token == *token)?;
                     Some(Grant { job: job.to_job(*job_id), lease: lease.clone() })
                 })
@@ -221,6 +228,30 @@ mod tests {
             Vec::<(u64, u64)>::new(),
             "a finished lease is not handed out"
         );
+    }
+
+    #[test]
+    fn a_retry_naming_another_queue_gets_none_of_the_first_tries_leases() {
+        let mut state = State::new();
+        let command = JobSpec { queue: "exec.story".into(), ..JobSpec::default() };
+        apply(&mut state, 1_000, Command::Enqueue { jobs: vec![command] });
+        enqueue(&mut state, 1);
+        let on_commands = Command::ClaimOnce {
+            request_id: "r-1".into(),
+            worker: "executor".into(),
+            queue: "exec.story".into(),
+            max: 1,
+            lease_ttl_ms: None,
+            selector: vec![],
+        };
+        let first = apply(&mut state, 2_000, on_commands.clone());
+        assert_eq!(grants(&first), vec![(1, 1)]);
+        // The node let this try through for queue "q" only.
+        let elsewhere = apply(&mut state, 2_100, claim("r-1", "executor"));
+        assert_eq!(grants(&elsewhere), Vec::<(u64, u64)>::new(), "the command's lease leaked");
+        assert_eq!(state.last_token(), 1, "no lease was granted on q either");
+        let same = apply(&mut state, 2_200, on_commands);
+        assert_eq!(same, first, "a true retry is still answered with the first lease");
     }
 
     #[test]
