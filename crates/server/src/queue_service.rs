@@ -74,8 +74,19 @@ impl QueueService {
     /// One claim round of a long-poll; `command` was validated when the
     /// call came in.
     async fn claim_once(&self, command: &Command) -> Result<Vec<v1::Grant>, Error> {
+        let queue = match command {
+            Command::Claim { queue, .. } | Command::ClaimOnce { queue, .. } => queue.as_str(),
+            other => return Err(Error::Internal(format!("not a claim: {other:?}"))),
+        };
         match self.propose_valid(command.clone()).await? {
-            Response::Claimed(grants) => Ok(grants.iter().map(convert::grant_to_wire).collect()),
+            // Only leases on the queue the caller was checked for: a leader
+            // of an older version answers a retried claim with the first
+            // try's leases whatever queue the retry names.
+            Response::Claimed(grants) => Ok(grants
+                .iter()
+                .filter(|grant| grant.job.queue == queue)
+                .map(convert::grant_to_wire)
+                .collect()),
             other => Err(unexpected(&other)),
         }
     }
@@ -119,6 +130,11 @@ fn unexpected(response: &Response) -> Error {
     Error::Internal(format!("unexpected journal response {response:?}"))
 }
 
+/// The field of a refresh's lease at `index`.
+fn leases_field(index: usize) -> String {
+    format!("leases[{index}].job_id")
+}
+
 fn invalid(field: &str, problem: impl Into<String>) -> Error {
     Error::Invalid(ValidationError {
         kind: ValidationKind::Invalid,
@@ -133,32 +149,31 @@ impl QueueService {
     /// handing back a command's lease decides whether a shell command runs
     /// (again), so it is for the executors and admins alone, like claiming
     /// one. A fencing token is no proof of the right: readers see it
-    /// (GetJob, ListJobs). `list` names the repeated field the ids came
-    /// from (`leases`), or none for a call's one `job_id`.
+    /// (GetJob, ListJobs). `field` names the request's field of the id at
+    /// a position (`leases[2].job_id`), for the refusal.
     ///
     /// A job's queue never changes and ids are never reused, so the local
     /// state decides when it knows the job. A job it does not know (this
-    /// node trails the leader) is looked up again after a read barrier; one
-    /// unknown even then does not exist, and the call fails on its own.
+    /// node trails the leader) is looked up again after a read barrier.
+    /// Answers, for a caller that is not an admin, the positions of the ids
+    /// that name no job even then (id 0 aside, which validation refuses):
+    /// the call must not propose for those, since ids and tokens are
+    /// counters anyone may read (Stats) and a job enqueued and claimed
+    /// between the barrier and the apply could be a command.
     async fn require_admin_on_command_jobs(
         &self,
         caller: &Caller,
         what: &str,
-        list: Option<&str>,
+        field: impl Fn(usize) -> String,
         job_ids: &[u64],
-    ) -> Result<(), Status> {
+    ) -> Result<Vec<usize>, Status> {
         if caller.may(Role::Admin) {
-            return Ok(());
+            return Ok(Vec::new());
         }
-        let refusal = |index: usize, job_id: u64| {
-            let field = match list {
-                Some(list) => format!("{list}[{index}].job_id"),
-                None => "job_id".to_string(),
-            };
-            format!("{field}: {what} of command job {job_id}")
-        };
+        let refusal =
+            |index: usize, job_id: u64| format!("{}: {what} of command job {job_id}", field(index));
         let mut unknown = Vec::new();
-        let mut refused = self.journal.read_stale(|state| {
+        let refused = self.journal.read_stale(|state| {
             for (index, &job_id) in job_ids.iter().enumerate() {
                 match state.job_queue(job_id) {
                     Some(queue) if is_command_queue(queue) => return Some(refusal(index, job_id)),
@@ -170,22 +185,51 @@ impl QueueService {
             }
             None
         });
-        if refused.is_none() && !unknown.is_empty() {
-            refused = self
-                .journal
-                .read(false, |state| {
-                    unknown.iter().find_map(|&index| {
-                        let job_id = job_ids[index];
-                        let queue = state.job_queue(job_id)?;
-                        is_command_queue(queue).then(|| refusal(index, job_id))
-                    })
-                })
-                .await
-                .map_err(Error::from)?;
+        if let Some(refused) = refused {
+            caller.require(Role::Admin, &refused)?;
         }
-        match refused {
-            Some(refused) => caller.require(Role::Admin, &refused),
-            None => Ok(()),
+        if unknown.is_empty() {
+            return Ok(unknown);
+        }
+        let (refused, unknown) = self
+            .journal
+            .read(false, |state| {
+                let mut still_unknown = Vec::new();
+                for index in unknown {
+                    let job_id = job_ids[index];
+                    match state.job_queue(job_id) {
+                        Some(queue) if is_command_queue(queue) => {
+                            return (Some(refusal(index, job_id)), Vec::new());
+                        }
+                        Some(_) => {}
+                        None => still_unknown.push(index),
+                    }
+                }
+                (None, still_unknown)
+            })
+            .await
+            .map_err(Error::from)?;
+        if let Some(refused) = refused {
+            caller.require(Role::Admin, &refused)?;
+        }
+        Ok(unknown)
+    }
+
+    /// [`Self::require_admin_on_command_jobs`] for a call's one job, and
+    /// NOT_FOUND (as apply would answer) for a job that does not exist.
+    async fn require_known_job(
+        &self,
+        caller: &Caller,
+        what: &str,
+        job_id: u64,
+    ) -> Result<(), Status> {
+        let unknown = self
+            .require_admin_on_command_jobs(caller, what, |_| "job_id".into(), &[job_id])
+            .await?;
+        if unknown.is_empty() {
+            Ok(())
+        } else {
+            Err(Error::NotFound(format!("job {job_id} not found")).into())
         }
     }
 
@@ -317,18 +361,34 @@ impl QueueService {
     ) -> Result<Reply<v1::RefreshResponse>, Status> {
         let caller = Caller::of(&request)?.clone();
         let request = request.into_inner();
-        let job_ids: Vec<u64> = request.leases.iter().map(|lease| lease.job_id).collect();
-        self.require_admin_on_command_jobs(&caller, "refresh", Some("leases"), &job_ids).await?;
-        let command = Command::Refresh {
+        let mut command = Command::Refresh {
             worker: request.worker,
             leases: request.leases.iter().map(|l| (l.job_id, l.token)).collect(),
             lease_ttl_ms: request.lease_ttl_ms,
         };
+        validate_command(&command, self.journal.limits()).map_err(Error::from)?;
+        let job_ids: Vec<u64> = request.leases.iter().map(|lease| lease.job_id).collect();
+        let unknown =
+            self.require_admin_on_command_jobs(&caller, "refresh", leases_field, &job_ids).await?;
+        // A lease on no job is lost, as apply would say; it is not proposed.
+        let mut lost: Vec<u64> = unknown.iter().map(|&index| job_ids[index]).collect();
+        if let Command::Refresh { leases, .. } = &mut command
+            && !lost.is_empty()
+        {
+            let unknown: std::collections::HashSet<u64> = lost.iter().copied().collect();
+            leases.retain(|(job_id, _)| !unknown.contains(job_id));
+            if leases.is_empty() {
+                return Ok(Reply::new(v1::RefreshResponse { renewed: Vec::new(), lost }));
+            }
+        }
         match self.submit(command).await? {
-            Response::Refreshed { renewed, lost } => Ok(Reply::new(v1::RefreshResponse {
-                renewed: renewed.iter().map(convert::lease_to_wire).collect(),
-                lost,
-            })),
+            Response::Refreshed { renewed, lost: also_lost } => {
+                lost.extend(also_lost);
+                Ok(Reply::new(v1::RefreshResponse {
+                    renewed: renewed.iter().map(convert::lease_to_wire).collect(),
+                    lost,
+                }))
+            }
             other => Err(unexpected(&other).into()),
         }
     }
@@ -339,7 +399,7 @@ impl QueueService {
     ) -> Result<Reply<v1::AckResponse>, Status> {
         let caller = Caller::of(&request)?.clone();
         let request = request.into_inner();
-        self.require_admin_on_command_jobs(&caller, "ack", None, &[request.job_id]).await?;
+        self.require_known_job(&caller, "ack", request.job_id).await?;
         let result = (!request.result.is_empty()).then_some(request.result);
         let command = Command::Ack { job_id: request.job_id, token: request.token, result };
         match self.submit(command).await? {
@@ -354,7 +414,7 @@ impl QueueService {
     ) -> Result<Reply<v1::NackResponse>, Status> {
         let caller = Caller::of(&request)?.clone();
         let request = request.into_inner();
-        self.require_admin_on_command_jobs(&caller, "nack", None, &[request.job_id]).await?;
+        self.require_known_job(&caller, "nack", request.job_id).await?;
         let command = Command::Nack {
             job_id: request.job_id,
             token: request.token,
@@ -376,7 +436,7 @@ impl QueueService {
     ) -> Result<Reply<v1::ReleaseResponse>, Status> {
         let caller = Caller::of(&request)?.clone();
         let request = request.into_inner();
-        self.require_admin_on_command_jobs(&caller, "release", None, &[request.job_id]).await?;
+        self.require_known_job(&caller, "release", request.job_id).await?;
         match self.submit(Command::Release { job_id: request.job_id, token: request.token }).await?
         {
             Response::Released => Ok(Reply::new(v1::ReleaseResponse {})),
@@ -508,18 +568,10 @@ impl QueueService {
         if let Some(queue) = request.queue.as_deref().filter(|q| is_command_queue(q)) {
             caller.require(Role::Admin, &format!("queue: redrive on command queue {queue}"))?;
         }
-        if !caller.may(Role::Admin) {
-            let commands = self.journal.read_stale(|state| {
-                request
-                    .job_ids
-                    .iter()
-                    .find(|id| state.job_queue(**id).is_some_and(is_command_queue))
-                    .copied()
-            });
-            if let Some(id) = commands {
-                caller.require(Role::Admin, &format!("job_ids: redrive of command job {id}"))?;
-            }
-        }
+        // A job unknown even after the read barrier is left to the
+        // redrive, which skips it: no job becomes dead in that window.
+        let field = |index: usize| format!("job_ids[{index}]");
+        self.require_admin_on_command_jobs(&caller, "redrive", field, &request.job_ids).await?;
         let target = match (request.queue, request.job_ids.is_empty()) {
             (Some(queue), true) => RedriveTarget::Queue(queue),
             (None, false) => RedriveTarget::Ids(request.job_ids),

@@ -46,7 +46,8 @@ use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 
 use super::support::{
-    Check, Node, RPC_TIMEOUT, Sandbox, deadline_in, dev_certs, job, phase, tls_config, wait_until,
+    Check, Node, RPC_TIMEOUT, Sandbox, deadline_in, dev_certs, http_get, job, phase, tls_config,
+    wait_until,
 };
 
 /// The queue of the story.
@@ -172,6 +173,9 @@ async fn session_story(sandbox: &Sandbox) -> Result<()> {
 
     phase("a worker token can neither settle nor hand back a command job, nor replay its claim");
     command_jobs(&admin, &client_as(&node, &certs, "worker")?, &worker).await?;
+
+    phase("a worker's calls on a job that does not exist are answered without a proposal");
+    unknown_jobs(&node, &admin, &client_as(&node, &certs, "worker")?, &worker).await?;
 
     phase("a token removed by a reload stops working on the session it opened");
     let read = |role: &str| -> Result<String> {
@@ -325,6 +329,59 @@ async fn command_jobs(admin: &Client, worker_client: &Client, worker: &Session) 
         "the refused calls changed the command job: {read:?} -> {after:?}"
     );
     executor.ack(job_id, token).await.context("the executor's own ack")?;
+    Ok(())
+}
+
+/// How many proposals the node's journal has taken (each is timed in the
+/// `queue` stage of a commit round once).
+async fn proposals(node: &Node) -> Result<u64> {
+    let metrics = http_get(node.http, "/metrics").await?;
+    let series = "leasehold_commit_stage_seconds_count{stage=\"queue\"} ";
+    let Some(line) = metrics.body.lines().find(|line| line.starts_with(series)) else {
+        return Ok(0);
+    };
+    line[series.len()..].trim().parse().with_context(|| format!("metric line {line:?}"))
+}
+
+/// Ack, release and refresh from a worker on a job id past the last one:
+/// NOT_FOUND, and the refresh's lease lost, as apply would answer, but not
+/// proposed. Ids and tokens are counters anyone may read, so a call
+/// proposed for a job unknown at its check could meet, at apply, a command
+/// job enqueued and claimed in between.
+async fn unknown_jobs(
+    node: &Node,
+    admin: &Client,
+    worker_client: &Client,
+    worker: &Session,
+) -> Result<()> {
+    const CALLS: u64 = 10;
+    let missing = admin.stats(None, false).await?.last_job_id + 1_000;
+    let before = proposals(node).await?;
+    for _ in 0..CALLS {
+        let ack = refusal("an ack of a missing job", worker_client.ack(missing, 1).await)?;
+        ensure!(ack.code() == tonic::Code::NotFound, "an ack of a missing job: {ack}");
+        let release = refusal("a release of a missing job", worker.release(missing, 1).await)?;
+        ensure!(release.code() == tonic::Code::NotFound, "a release of a missing job: {release}");
+    }
+    let refresh = v1::RefreshRequest {
+        worker: "w".into(),
+        leases: vec![v1::LeaseRef { job_id: missing, token: 1 }],
+        lease_ttl_ms: Some(30_000),
+    };
+    let refreshed = worker.refresh(refresh).await?;
+    ensure!(
+        refreshed.lost == vec![missing] && refreshed.renewed.is_empty(),
+        "a refresh of a missing job answered {refreshed:?}"
+    );
+    let after = proposals(node).await?;
+    // The node's own proposals (its heartbeat) may fall in the window; the
+    // calls, had they been proposed, would add 2 × CALLS + 1.
+    ensure!(
+        after.saturating_sub(before) < CALLS,
+        "{} proposals during {} calls on a missing job",
+        after.saturating_sub(before),
+        2 * CALLS + 1
+    );
     Ok(())
 }
 

@@ -6,6 +6,8 @@
 //! be; only the HTTP/2 stream, its headers and its trailers are shared.
 
 use std::pin::Pin;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::task::{Context, Poll};
 use std::time::Duration;
 
 use futures::stream::{FuturesUnordered, Stream, StreamExt};
@@ -13,7 +15,6 @@ use leasehold_proto::v1;
 use leasehold_proto::v1::session_request::Call;
 use leasehold_proto::v1::session_response::Result as Answer;
 use tokio::sync::{mpsc, oneshot, watch};
-use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response as Reply, Status, Streaming};
 
 use super::QueueService;
@@ -32,13 +33,74 @@ const ANSWERS_QUEUED: usize = 8;
 /// A session with nothing running and no frame for this long, or whose
 /// ready answer has waited this long for the client to read, ends
 /// (UNAVAILABLE): a stream nobody uses or reads does not hold a node's
-/// task and buffers for ever. Long-polls count as running.
+/// task and buffers for ever. The answers still queued for it are dropped
+/// then, not kept for a client that may never read them. Long-polls count
+/// as running.
 pub const SESSION_IDLE: Duration = Duration::from_secs(600);
 
 /// The answers of a session, as tonic sends them.
 pub type SessionStream = Pin<Box<dyn Stream<Item = Result<v1::SessionResponse, Status>> + Send>>;
 
 type Answers = mpsc::Sender<Result<v1::SessionResponse, Status>>;
+type Queued = mpsc::Receiver<Result<v1::SessionResponse, Status>>;
+
+/// What tonic streams back on a session: the queued answers, then the
+/// node's reason when the node ended the session. The session's task may
+/// drop the answers still queued ([`Discard`]); the reason still follows.
+struct Outgoing {
+    queued: Arc<Mutex<Option<Queued>>>,
+    ended: Option<oneshot::Receiver<Status>>,
+}
+
+/// Drops the answers a session still has queued, from the session's task
+/// (the stream itself is polled only when the client has room to read).
+struct Discard(Arc<Mutex<Option<Queued>>>);
+
+impl Discard {
+    fn now(&self) {
+        let queued = self.0.lock().unwrap_or_else(PoisonError::into_inner).take();
+        drop(queued);
+    }
+}
+
+fn outgoing(queued: Queued, ended: oneshot::Receiver<Status>) -> (Outgoing, Discard) {
+    let queued = Arc::new(Mutex::new(Some(queued)));
+    (Outgoing { queued: queued.clone(), ended: Some(ended) }, Discard(queued))
+}
+
+impl Stream for Outgoing {
+    type Item = Result<v1::SessionResponse, Status>;
+
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        let answers_left = {
+            let mut queued = self.queued.lock().unwrap_or_else(PoisonError::into_inner);
+            if let Some(answers) = queued.as_mut() {
+                match answers.poll_recv(cx) {
+                    Poll::Ready(Some(answer)) => return Poll::Ready(Some(answer)),
+                    // Every answer sent: the task is done.
+                    Poll::Ready(None) => *queued = None,
+                    // None yet (this poll is woken by the next): the task
+                    // may also end without another, with a reason.
+                    Poll::Pending => {}
+                }
+            }
+            queued.is_some()
+        };
+        if let Some(ended) = self.ended.as_mut() {
+            match Pin::new(ended).poll(cx) {
+                Poll::Ready(Ok(reason)) => {
+                    self.ended = None;
+                    return Poll::Ready(Some(Err(reason)));
+                }
+                // The task ended without a word (the client went away, or
+                // closed its side): the answers are all that is left.
+                Poll::Ready(Err(_)) => self.ended = None,
+                Poll::Pending => return Poll::Pending,
+            }
+        }
+        if answers_left { Poll::Pending } else { Poll::Ready(None) }
+    }
+}
 
 impl QueueService {
     /// Opens a session: its frames are served by a task of their own, and
@@ -53,14 +115,14 @@ impl QueueService {
             .cloned()
             .ok_or_else(|| Status::internal("no credentials on this session"))?;
         let frames = request.into_inner();
-        let (answers, outgoing) = mpsc::channel(ANSWERS_QUEUED);
+        let (answers, queued) = mpsc::channel(ANSWERS_QUEUED);
         // Why the session ended, when the node ended it: sent after every
-        // queued answer, however full the queue was.
+        // queued answer, however full the queue was, unless the session
+        // dropped them (it idled out).
         let (end, ended) = oneshot::channel::<Status>();
-        let ending =
-            futures::stream::once(ended).filter_map(|end| std::future::ready(end.ok().map(Err)));
-        tokio::spawn(self.clone().serve_session(credentials, frames, answers, end));
-        Ok(Reply::new(Box::pin(ReceiverStream::new(outgoing).chain(ending)) as SessionStream))
+        let (outgoing, discard) = outgoing(queued, ended);
+        tokio::spawn(self.clone().serve_session(credentials, frames, answers, end, discard));
+        Ok(Reply::new(Box::pin(outgoing) as SessionStream))
     }
 
     /// Reads frames and runs up to [`MAX_SESSION_IN_FLIGHT`] of them at a
@@ -75,6 +137,7 @@ impl QueueService {
         mut frames: Streaming<v1::SessionRequest>,
         answers: Answers,
         end: oneshot::Sender<Status>,
+        discard: Discard,
     ) {
         let mut running = FuturesUnordered::new();
         // An answer that is ready and waits for room in `answers`.
@@ -129,6 +192,7 @@ impl QueueService {
                         "session idle for {idle_for} s (no frame, or an answer unread): it \
                          ended; open another"
                     ));
+                    discard.now();
                     let _ = end.send(status);
                     return;
                 }
@@ -235,5 +299,85 @@ async fn closed(closing: Option<watch::Receiver<bool>>) {
             let _ = closing.wait_for(|closing| *closing).await;
         }
         None => std::future::pending().await,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn answer(id: u64) -> Result<v1::SessionResponse, Status> {
+        Ok(v1::SessionResponse { id, result: Some(Answer::Ack(v1::AckResponse {})) })
+    }
+
+    fn id(item: Option<Result<v1::SessionResponse, Status>>) -> Result<u64, String> {
+        match item {
+            Some(Ok(answer)) => Ok(answer.id),
+            other => Err(format!("{other:?}")),
+        }
+    }
+
+    #[tokio::test]
+    async fn queued_answers_come_before_the_nodes_reason() {
+        let (answers, queued) = mpsc::channel(ANSWERS_QUEUED);
+        let (end, ended) = oneshot::channel();
+        let (mut stream, _discard) = outgoing(queued, ended);
+        answers.send(answer(1)).await.expect("queued");
+        answers.send(answer(2)).await.expect("queued");
+        end.send(Status::unavailable("node shutting down")).expect("sent");
+        drop(answers);
+        assert_eq!(id(stream.next().await), Ok(1));
+        assert_eq!(id(stream.next().await), Ok(2));
+        let reason = stream.next().await.and_then(Result::err).map(|s| s.message().to_string());
+        assert_eq!(reason.as_deref(), Some("node shutting down"));
+        assert!(stream.next().await.is_none());
+    }
+
+    #[tokio::test]
+    async fn a_discard_drops_the_queued_answers_and_the_reason_comes_first() {
+        let (answers, queued) = mpsc::channel(ANSWERS_QUEUED);
+        let (end, ended) = oneshot::channel();
+        let (mut stream, discard) = outgoing(queued, ended);
+        answers.send(answer(1)).await.expect("queued");
+        answers.send(answer(2)).await.expect("queued");
+        discard.now();
+        assert!(answers.is_closed(), "the queue and its answers are gone");
+        end.send(Status::unavailable("session idle")).expect("sent");
+        let reason = stream.next().await.and_then(Result::err).map(|s| s.message().to_string());
+        assert_eq!(reason.as_deref(), Some("session idle"));
+        assert!(stream.next().await.is_none());
+    }
+
+    #[tokio::test]
+    async fn a_session_that_ends_without_a_word_ends_the_stream_after_its_answers() {
+        let (answers, queued) = mpsc::channel(ANSWERS_QUEUED);
+        let (end, ended) = oneshot::channel::<Status>();
+        let (mut stream, _discard) = outgoing(queued, ended);
+        answers.send(answer(7)).await.expect("queued");
+        drop(end);
+        assert_eq!(id(stream.next().await), Ok(7));
+        // The task still holds its sender: nothing more yet, and no end.
+        let early = tokio::time::timeout(Duration::from_millis(50), stream.next()).await;
+        assert!(early.is_err(), "the stream ended while the task could still answer: {early:?}");
+        drop(answers);
+        let last = tokio::time::timeout(Duration::from_secs(5), stream.next()).await;
+        assert!(matches!(last, Ok(None)), "{last:?}");
+    }
+
+    #[tokio::test]
+    async fn a_waiting_stream_wakes_for_the_reason() {
+        let (answers, queued) = mpsc::channel::<Result<v1::SessionResponse, Status>>(1);
+        let (end, ended) = oneshot::channel();
+        let (mut stream, discard) = outgoing(queued, ended);
+        let task = tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            discard.now();
+            let _ = end.send(Status::unavailable("session idle"));
+            drop(answers);
+        });
+        let item = tokio::time::timeout(Duration::from_secs(5), stream.next()).await;
+        let reason = item.ok().flatten().and_then(Result::err).map(|s| s.message().to_string());
+        assert_eq!(reason.as_deref(), Some("session idle"));
+        task.await.expect("task");
     }
 }
