@@ -36,6 +36,13 @@ pub struct Run {
     pub stderr: String,
 }
 
+/// Variables of this process's environment a command never sees: the
+/// credentials a node or a worker was given (`leasehold serve`'s cluster
+/// secret, a client's token). A command's output becomes its job's result,
+/// which readers see, and a shell command that prints its environment
+/// would otherwise hand them out.
+pub const WITHHELD_ENV: [&str; 2] = ["LEASEHOLD_CLUSTER_SECRET", "LEASEHOLD_TOKEN"];
+
 /// The environment every run gets: `LEASEHOLD_JOB_ID`,
 /// `LEASEHOLD_FENCING_TOKEN`, `LEASEHOLD_ATTEMPT` (the run number, failed
 /// attempts + 1), `LEASEHOLD_QUEUE`, `LEASEHOLD_LEASE_EXPIRES_AT_MS`, and for
@@ -118,9 +125,12 @@ pub async fn run(command: &CommandLine, payload: Vec<u8>) -> Run {
             stderr: "no command given".to_string(),
         };
     };
-    let spawned = tokio::process::Command::new(program)
-        .args(arguments)
-        .envs(command.env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
+    let mut spawning = tokio::process::Command::new(program);
+    spawning.args(arguments).envs(command.env.iter().map(|(k, v)| (k.as_str(), v.as_str())));
+    for name in WITHHELD_ENV {
+        spawning.env_remove(name);
+    }
+    let spawned = spawning
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -231,6 +241,18 @@ mod tests {
         assert!(
             matches!(run.outcome, Outcome::Nack { ref error, .. } if error.contains("timed out"))
         );
+    }
+
+    #[tokio::test]
+    async fn a_command_never_sees_the_credentials_of_its_process() {
+        // Removed whatever gave them: the process's own environment, as
+        // for a node started with LEASEHOLD_CLUSTER_SECRET, or the run's.
+        let mut command =
+            sh("echo \"${LEASEHOLD_CLUSTER_SECRET-none} ${LEASEHOLD_TOKEN-none} $GREETING\"");
+        command.env.push(("LEASEHOLD_CLUSTER_SECRET".into(), "secret".into()));
+        command.env.push(("LEASEHOLD_TOKEN".into(), "lh_token".into()));
+        let run = run(&command, Vec::new()).await;
+        assert_eq!(run.stdout.trim(), "none none hi");
     }
 
     #[test]

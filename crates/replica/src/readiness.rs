@@ -1,10 +1,12 @@
 //! Readiness: is this node safe to schedule on? A store write+read probe, a
 //! known leader (acknowledged by a quorum lately, when it is this node; or
 //! known until lately, while an election runs), applied index caught up
-//! with the log, not draining. The answer is cached for about a second so
-//! probes cannot load the store.
+//! with the log, not draining. The answer is cached for about a second,
+//! and callers that find no fresh answer share the one being made, so
+//! probes cannot load the store however many arrive at once.
 
-use std::sync::{Arc, Mutex};
+use std::future::Future;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use tokio::time::Instant;
@@ -46,11 +48,53 @@ impl ReadinessReport {
     }
 }
 
+/// A value made at most once at a time, and reused while fresh: a caller
+/// that finds no fresh value waits for the one being made, if any, then
+/// looks again before making its own.
+struct Cached<T> {
+    slot: Mutex<Option<(Instant, T)>>,
+    making: tokio::sync::Mutex<()>,
+}
+
+impl<T: Clone> Cached<T> {
+    fn new() -> Self {
+        Cached { slot: Mutex::new(None), making: tokio::sync::Mutex::new(()) }
+    }
+
+    /// The value made less than `fresh_for` ago that `still_good` accepts.
+    fn fresh(&self, fresh_for: Duration, still_good: &impl Fn(&T) -> bool) -> Option<T> {
+        let slot = self.slot.lock().unwrap_or_else(PoisonError::into_inner);
+        let (at, value) = slot.as_ref()?;
+        (at.elapsed() < fresh_for && still_good(value)).then(|| value.clone())
+    }
+
+    /// A fresh value, made by `make` when there is none.
+    async fn get<F: Future<Output = T>>(
+        &self,
+        fresh_for: Duration,
+        still_good: impl Fn(&T) -> bool,
+        make: impl FnOnce() -> F,
+    ) -> T {
+        if let Some(value) = self.fresh(fresh_for, &still_good) {
+            return value;
+        }
+        let _turn = self.making.lock().await;
+        // Made by the caller this one waited for.
+        if let Some(value) = self.fresh(fresh_for, &still_good) {
+            return value;
+        }
+        let value = make().await;
+        *self.slot.lock().unwrap_or_else(PoisonError::into_inner) =
+            Some((Instant::now(), value.clone()));
+        value
+    }
+}
+
 /// Computes and caches readiness for one node.
 #[derive(Clone)]
 pub struct Readiness {
     journal: Journal,
-    cached: Arc<Mutex<Option<(Instant, ReadinessReport)>>>,
+    cached: Arc<Cached<ReadinessReport>>,
     /// When [`track_leader`] last found a leader known (see [`leader_check`]).
     leader_seen: Arc<Mutex<Option<Instant>>>,
 }
@@ -60,7 +104,7 @@ impl Readiness {
     pub fn new(journal: Journal) -> Self {
         Readiness {
             journal,
-            cached: Arc::new(Mutex::new(None)),
+            cached: Arc::new(Cached::new()),
             leader_seen: Arc::new(Mutex::new(None)),
         }
     }
@@ -75,18 +119,8 @@ impl Readiness {
     /// right after it, so a report from before the drain must not outlive it.
     pub async fn report(&self) -> ReadinessReport {
         let draining = self.journal.is_draining();
-        if let Ok(cached) = self.cached.lock()
-            && let Some((at, report)) = cached.as_ref()
-            && at.elapsed() < CACHE_FOR
-            && report.says_draining() == draining
-        {
-            return report.clone();
-        }
-        let report = self.report_now().await;
-        if let Ok(mut cached) = self.cached.lock() {
-            *cached = Some((Instant::now(), report.clone()));
-        }
-        report
+        let still_good = |report: &ReadinessReport| report.says_draining() == draining;
+        self.cached.get(CACHE_FOR, still_good, || self.report_now()).await
     }
 
     /// The report made now, whatever is cached (and not cached).
@@ -259,6 +293,41 @@ mod tests {
             bound_ms: 1_200,
             election_grace_ms: 600,
         }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn callers_at_once_share_one_making_of_the_value() {
+        let cached = Arc::new(Cached::new());
+        let made = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let callers: Vec<_> = (0..50)
+            .map(|_| {
+                let (cached, made) = (cached.clone(), made.clone());
+                tokio::spawn(async move {
+                    let make = || async {
+                        let n = made.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                        tokio::time::sleep(Duration::from_millis(20)).await;
+                        n
+                    };
+                    cached.get(Duration::from_secs(60), |_: &usize| true, make).await
+                })
+            })
+            .collect();
+        for caller in callers {
+            assert_eq!(caller.await.ok(), Some(0), "every caller got the one value made");
+        }
+        assert_eq!(made.load(std::sync::atomic::Ordering::SeqCst), 1, "made more than once");
+    }
+
+    #[tokio::test]
+    async fn a_stale_or_refused_value_is_made_again() {
+        let cached = Cached::new();
+        let first = cached.get(Duration::ZERO, |_: &u32| true, || async { 1 }).await;
+        let stale = cached.get(Duration::ZERO, |_: &u32| true, || async { 2 }).await;
+        assert_eq!((first, stale), (1, 2), "a value past its freshness is made again");
+        let kept = cached.get(Duration::from_secs(60), |_: &u32| true, || async { 3 }).await;
+        assert_eq!(kept, 2, "a fresh value is reused");
+        let refused = cached.get(Duration::from_secs(60), |v: &u32| *v != 2, || async { 4 }).await;
+        assert_eq!(refused, 4, "a value the caller refuses is made again");
     }
 
     #[test]

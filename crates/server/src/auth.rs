@@ -151,6 +151,28 @@ pub fn requirement(path: &str) -> Requirement {
     }
 }
 
+/// The services a node may serve, by gRPC name.
+const SERVICES: [&str; 9] = [
+    "grpc.health.v1.Health",
+    "grpc.reflection.v1.ServerReflection",
+    "grpc.reflection.v1alpha.ServerReflection",
+    "leasehold.v1.Cluster",
+    "leasehold.v1.Faults",
+    "leasehold.v1.Peer",
+    "leasehold.v1.Queue",
+    "leasehold.v1.Raft",
+    "leasehold.v1.Schedules",
+];
+
+/// The `service` label of a refusal of the call at `path`: the service's
+/// name, or `other` for a name no node serves. The path comes from the
+/// caller, so it never becomes a label of its own (each would be a series
+/// kept for the life of the process).
+fn service_label(path: &str) -> &'static str {
+    let service = path.trim_start_matches('/').split('/').next().unwrap_or_default();
+    SERVICES.iter().find(|known| **known == service).copied().unwrap_or("other")
+}
+
 /// The credentials a node checks.
 #[derive(Clone)]
 pub struct AuthConfig {
@@ -287,10 +309,9 @@ impl AuthLayer {
 
     /// Counts and logs a refusal of a call at `path` from `remote`.
     fn record(&self, path: &str, refusal: &Refusal, remote: Option<SocketAddr>) {
-        let service = path.trim_start_matches('/').split('/').next().unwrap_or_default();
         self.refused
             .get_or_create(&AuthLabels {
-                service: service.to_string(),
+                service: service_label(path).to_string(),
                 reason: refusal.reason.to_string(),
             })
             .inc();
@@ -309,9 +330,11 @@ impl AuthLayer {
     /// its role (a command queue needs admin), as [`Self::record`] does
     /// the layer's refusals.
     fn record_role(&self, path: &str, status: &tonic::Status) {
-        let service = path.trim_start_matches('/').split('/').next().unwrap_or_default();
         self.refused
-            .get_or_create(&AuthLabels { service: service.to_string(), reason: "role".to_string() })
+            .get_or_create(&AuthLabels {
+                service: service_label(path).to_string(),
+                reason: "role".to_string(),
+            })
             .inc();
         tracing::info!(
             event = "auth.refuse",
@@ -474,6 +497,16 @@ mod tests {
             Ok(_) => tonic::Code::Ok,
             Err(refusal) => refusal.status.code(),
         }
+    }
+
+    #[test]
+    fn a_refusal_is_labelled_by_a_served_service_or_other() {
+        assert_eq!(service_label("/leasehold.v1.Queue/Enqueue"), "leasehold.v1.Queue");
+        assert_eq!(service_label("/grpc.health.v1.Health/Check"), "grpc.health.v1.Health");
+        // A caller's made-up service is one label, whatever its name.
+        assert_eq!(service_label("/rand1234.X/Y"), "other");
+        assert_eq!(service_label(&format!("/{}/Y", "a".repeat(10_000))), "other");
+        assert_eq!(service_label(""), "other");
     }
 
     #[test]
