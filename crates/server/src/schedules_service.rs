@@ -1,6 +1,9 @@
 //! The public `leasehold.v1.Schedules` service, and the target selection a
 //! `target = each` tick uses (shared with the node's ticker).
 
+use std::collections::HashMap;
+use std::sync::Arc;
+
 use leasehold_core::schedule::is_command_queue;
 use leasehold_core::schedule::{Schedule, TickOutcome};
 use leasehold_core::validate::{self, schedule_spec};
@@ -17,12 +20,79 @@ use leasehold_replica::Journal;
 #[derive(Clone)]
 pub struct SchedulesService {
     journal: Journal,
+    /// The ticks counted so far for each schedule's `expected_ticks`, so a
+    /// read counts only those since the last one. Held while counting, so
+    /// reads at once do not count the same ticks twice.
+    counted: Arc<tokio::sync::Mutex<HashMap<String, Counted>>>,
+}
+
+/// The ticks a schedule had in `(created_at_ms, until_ms]`, as counted for
+/// the expression and zone it had then.
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct Counted {
+    created_at_ms: u64,
+    cron: String,
+    timezone: String,
+    until_ms: u64,
+    ticks: usize,
+}
+
+/// A schedule read out of the state: its wire form (without the figures
+/// that need the cron math) and what counting its ticks needs.
+struct Read {
+    wire: v1::Schedule,
+    name: String,
+    cron: String,
+    timezone: String,
+    created_at_ms: u64,
+}
+
+impl Read {
+    fn of(schedule: &Schedule) -> Read {
+        Read {
+            wire: convert::schedule_to_wire(schedule, None),
+            name: schedule.spec.name.clone(),
+            cron: schedule.spec.cron.clone(),
+            timezone: schedule.spec.timezone.clone(),
+            created_at_ms: schedule.created_at_ms,
+        }
+    }
 }
 
 impl SchedulesService {
     /// A service proposing through `journal`.
     pub fn new(journal: Journal) -> Self {
-        SchedulesService { journal }
+        SchedulesService { journal, counted: Arc::default() }
+    }
+
+    /// `read`'s wire form as of `now_ms`, with its next tick and the ticks
+    /// its expression had since it was created (if it still parses). The
+    /// state's lock is not held here: counting walks the cron calendar,
+    /// up to [`MAX_EXPECTED_TICKS`] steps the first time.
+    fn complete(read: Read, now_ms: u64, counted: &mut HashMap<String, Counted>) -> v1::Schedule {
+        let Read { mut wire, name, cron: expression, timezone, created_at_ms } = read;
+        let Ok(cron) = leasehold_core::cron::parse(&expression, &timezone) else {
+            counted.remove(&name);
+            return wire;
+        };
+        wire.next_tick_ms = cron.next_after(now_ms);
+        let earlier = counted.get(&name).filter(|c| {
+            c.created_at_ms == created_at_ms
+                && c.cron == expression
+                && c.timezone == timezone
+                && c.until_ms <= now_ms
+        });
+        let ticks = match earlier {
+            Some(c) => {
+                let more = MAX_EXPECTED_TICKS.saturating_sub(c.ticks);
+                c.ticks + cron.count_ticks_between(c.until_ms, now_ms, more)
+            }
+            None => cron.count_ticks_between(created_at_ms, now_ms, MAX_EXPECTED_TICKS),
+        };
+        wire.expected_ticks = Some(u64::try_from(ticks).unwrap_or(u64::MAX));
+        let now = Counted { created_at_ms, cron: expression, timezone, until_ms: now_ms, ticks };
+        counted.insert(name, now);
+        wire
     }
 
     async fn submit(&self, command: Command) -> Result<Response, Error> {
@@ -81,17 +151,17 @@ impl Schedules for SchedulesService {
     ) -> Result<Reply<v1::Schedule>, Status> {
         let request = request.into_inner();
         validate::queue_name("name", &request.name).map_err(Error::from)?;
-        let now_ms = self.journal.clock().now_ms();
         let found = self
             .journal
-            .read(request.stale, |state| {
-                state.schedule(&request.name).map(|s| schedule_to_wire(s, now_ms))
-            })
+            .read(request.stale, |state| state.schedule(&request.name).map(Read::of))
             .await
             .map_err(Error::from)?;
-        found
-            .map(Reply::new)
-            .ok_or_else(|| Error::NotFound(format!("schedule {:?} not found", request.name)).into())
+        let Some(found) = found else {
+            return Err(Error::NotFound(format!("schedule {:?} not found", request.name)).into());
+        };
+        let mut counted = self.counted.lock().await;
+        let now_ms = self.journal.clock().now_ms();
+        Ok(Reply::new(Self::complete(found, now_ms, &mut counted)))
     }
 
     async fn list(
@@ -99,14 +169,18 @@ impl Schedules for SchedulesService {
         request: Request<v1::ListSchedulesRequest>,
     ) -> Result<Reply<v1::ListSchedulesResponse>, Status> {
         let stale = request.into_inner().stale;
-        let now_ms = self.journal.clock().now_ms();
-        let schedules = self
+        let read: Vec<Read> = self
             .journal
-            .read(stale, |state| {
-                state.schedules().values().map(|s| schedule_to_wire(s, now_ms)).collect()
-            })
+            .read(stale, |state| state.schedules().values().map(Read::of).collect())
             .await
             .map_err(Error::from)?;
+        let mut counted = self.counted.lock().await;
+        // Only schedules that still exist keep their counts.
+        let names: std::collections::HashSet<&str> = read.iter().map(|r| r.name.as_str()).collect();
+        counted.retain(|name, _| names.contains(name.as_str()));
+        let now_ms = self.journal.clock().now_ms();
+        let schedules =
+            read.into_iter().map(|read| Self::complete(read, now_ms, &mut counted)).collect();
         Ok(Reply::new(v1::ListSchedulesResponse { schedules }))
     }
 
@@ -171,15 +245,59 @@ impl Schedules for SchedulesService {
 /// Most ticks counted for `expected_ticks`: counting is bounded work.
 pub const MAX_EXPECTED_TICKS: usize = 100_000;
 
-/// A schedule on the wire as of `now_ms`: with its next tick and the ticks
-/// its expression had since it was created, if the expression still parses.
-fn schedule_to_wire(schedule: &Schedule, now_ms: u64) -> v1::Schedule {
-    let cron = leasehold_core::cron::parse(&schedule.spec.cron, &schedule.spec.timezone).ok();
-    let mut wire =
-        convert::schedule_to_wire(schedule, cron.as_ref().and_then(|c| c.next_after(now_ms)));
-    wire.expected_ticks = cron.map(|cron| {
-        let ticks = cron.ticks_between(schedule.created_at_ms, now_ms, MAX_EXPECTED_TICKS);
-        u64::try_from(ticks.len()).unwrap_or(u64::MAX)
-    });
-    wire
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MINUTE_MS: u64 = 60_000;
+
+    fn read(cron: &str, timezone: &str, created_at_ms: u64) -> Read {
+        Read {
+            wire: v1::Schedule::default(),
+            name: "s".into(),
+            cron: cron.into(),
+            timezone: timezone.into(),
+            created_at_ms,
+        }
+    }
+
+    fn expected(wire: &v1::Schedule) -> u64 {
+        wire.expected_ticks.unwrap_or(u64::MAX)
+    }
+
+    #[test]
+    fn counts_carried_over_from_read_to_read_equal_a_count_from_scratch() {
+        let (cron, zone) = ("*/7 9-17 * * 1-5", "Europe/Berlin");
+        let created = 1_767_225_600_000; // 2026-01-01T00:00Z
+        let schedule = leasehold_core::cron::parse(cron, zone).expect("parses");
+        let mut counted = HashMap::new();
+        let mut now = created;
+        for step in [1, 59, 600, 3, 2_000, 17, 9_000] {
+            now += step * MINUTE_MS;
+            let wire = SchedulesService::complete(read(cron, zone, created), now, &mut counted);
+            let scratch = schedule.count_ticks_between(created, now, MAX_EXPECTED_TICKS);
+            assert_eq!(expected(&wire), scratch as u64, "at {now}");
+            assert_eq!(wire.next_tick_ms, schedule.next_after(now));
+        }
+        assert!(
+            expected(&SchedulesService::complete(read(cron, zone, created), now, &mut counted))
+                > 100
+        );
+    }
+
+    #[test]
+    fn a_changed_expression_or_a_clock_gone_back_is_counted_afresh() {
+        let mut counted = HashMap::new();
+        let at = |minutes: u64| minutes * MINUTE_MS;
+        let mut complete = |cron: &str, created: u64, now: u64| {
+            expected(&SchedulesService::complete(read(cron, "UTC", created), now, &mut counted))
+        };
+        assert_eq!(complete("* * * * *", 0, at(10)), 10);
+        assert_eq!(complete("* * * * *", 0, at(20)), 20);
+        assert_eq!(complete("*/2 * * * *", 0, at(30)), 15, "a new expression");
+        assert_eq!(complete("*/2 * * * *", at(10), at(30)), 10, "recreated later");
+        assert_eq!(complete("*/2 * * * *", at(10), at(20)), 5, "the clock went back");
+        assert_eq!(complete("not cron", 0, at(20)), u64::MAX, "no count when it does not parse");
+        assert_eq!(complete("*/2 * * * *", at(10), at(40)), 15);
+    }
 }

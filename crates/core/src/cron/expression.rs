@@ -119,21 +119,39 @@ impl CronSchedule {
     /// them. Work is bounded by `limit` and by the length of the range.
     pub fn ticks_between(&self, after_ms: u64, until_ms: u64, limit: usize) -> Vec<u64> {
         let mut ticks = Vec::new();
+        self.each_tick_between(after_ms, until_ms, limit, |tick_ms| ticks.push(tick_ms));
+        ticks
+    }
+
+    /// How many ticks [`Self::ticks_between`] would give, without keeping
+    /// them.
+    pub fn count_ticks_between(&self, after_ms: u64, until_ms: u64, limit: usize) -> usize {
+        let mut count = 0;
+        self.each_tick_between(after_ms, until_ms, limit, |_| count += 1);
+        count
+    }
+
+    fn each_tick_between(
+        &self,
+        after_ms: u64,
+        until_ms: u64,
+        limit: usize,
+        mut tick: impl FnMut(u64),
+    ) {
         if limit == 0 || until_ms <= after_ms {
-            return ticks;
+            return;
         }
         let Some(mut from_s) = first_second_after(after_ms) else {
-            return ticks;
+            return;
         };
         let until_s = i64::try_from(until_ms / 1000).unwrap_or(i64::MAX).min(MAX_TICK_S);
-        while ticks.len() < limit {
+        for _ in 0..limit {
             let Some(tick_s) = self.next_tick_s(from_s, until_s) else {
                 break;
             };
-            ticks.push(ms_of_second(tick_s));
+            tick(ms_of_second(tick_s));
             from_s = tick_s + 1;
         }
-        ticks
     }
 
     /// The calendar of a calendar schedule, for the tests' brute-force oracle.

@@ -78,6 +78,16 @@ fn check_cases(cases: &[Case]) {
             "`{}` in {} over ({}, {}]",
             case.expression, case.zone, case.after, case.until
         );
+        // Counting gives as many, and the ranges add up at any split.
+        let (after, until) = (at(case.after), at(case.until));
+        assert_eq!(schedule.count_ticks_between(after, until, 10_000), got.len());
+        let middle = after + (until - after) / 3;
+        let split = schedule.count_ticks_between(after, middle, 10_000)
+            + schedule.count_ticks_between(middle, until, 10_000);
+        assert_eq!(split, got.len(), "`{}` split at {middle}", case.expression);
+        if !got.is_empty() {
+            assert_eq!(schedule.count_ticks_between(after, until, 1), 1, "the limit holds");
+        }
     }
 }
 
