@@ -332,9 +332,26 @@ impl Config {
     }
 
     /// Safe by default: a gRPC port other machines can reach needs TLS and
-    /// tokens, unless `insecure` says the operator knows better.
+    /// tokens, and an HTTP port they can reach needs tokens (the status
+    /// page's), unless `insecure` says the operator knows better.
     fn check_exposure(&self) -> Result<(), ConfigError> {
-        if self.grpc_is_loopback() || self.insecure {
+        if self.insecure {
+            return Ok(());
+        }
+        if !is_loopback(&self.http) && self.tokens_file.is_none() {
+            return Err(ConfigError::Invalid {
+                field: "http",
+                problem: format!(
+                    "{} is not a loopback address, so other machines can reach it; without \
+                     --tokens the status page there (/api/status) shows the cluster (addresses, \
+                     queues, lease holders, the last errors of jobs) to anyone who does. Give \
+                     --tokens (the page then asks for a reader token; /livez, /readyz and \
+                     /metrics stay open to probes), keep --http on loopback, or --insecure",
+                    self.http
+                ),
+            });
+        }
+        if self.grpc_is_loopback() {
             return Ok(());
         }
         let mut missing = Vec::new();
@@ -464,6 +481,14 @@ mod tests {
         for reachable in ["0.0.0.0:7070", "[::]:7070", "10.1.2.3:7070", "node1.example:7070"] {
             assert!(!is_loopback(reachable), "{reachable}");
         }
+        let http = Config { http: "0.0.0.0:7080".into(), ..Config::default() };
+        let error = http.validate().err().map(|e| e.to_string()).unwrap_or_default();
+        for named in ["http", "0.0.0.0:7080", "--tokens", "/api/status", "--insecure"] {
+            assert!(error.contains(named), "{named}: {error}");
+        }
+        let with_tokens = Config { tokens_file: Some("tokens.toml".into()), ..http.clone() };
+        assert!(with_tokens.validate().is_ok(), "tokens are enough for the HTTP port");
+        assert!(Config { insecure: true, ..http }.validate().is_ok());
         let partial = Config { tls_ca: Some("ca.pem".into()), ..Config::default() };
         let error = partial.validate().err().map(|e| e.to_string()).unwrap_or_default();
         assert!(error.contains("all three"), "{error}");

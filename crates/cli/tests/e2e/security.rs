@@ -98,11 +98,12 @@ fn bearer(token: &str) -> (&'static str, String) {
 
 /// Starts `leasehold serve ARGS` and expects it to refuse: answers its log.
 async fn refused_start(sandbox: &Sandbox, label: &str, args: &[&str]) -> Result<String> {
-    let http = format!("127.0.0.1:{}", free_port()?);
     let mut command = Command::new(binary());
+    command.arg("serve");
+    if !args.contains(&"--http") {
+        command.args(["--http", &format!("127.0.0.1:{}", free_port()?)]);
+    }
     command
-        .arg("serve")
-        .args(["--http", &http])
         .arg("--data")
         .arg(sandbox.path().join(format!("data-{label}")))
         .args(args)
@@ -133,6 +134,12 @@ async fn defaults_story(sandbox: &Sandbox) -> Result<()> {
     let output = refused_start(sandbox, "exposed", &["--grpc", "0.0.0.0:0"]).await?;
     for flag in ["--tls-ca", "--tls-cert", "--tls-key", "--tokens", "--insecure", "0.0.0.0:0"] {
         ensure!(output.contains(flag), "the refusal does not name {flag}: {output:?}");
+    }
+
+    phase("an HTTP address beyond loopback without tokens refuses: the status page is there");
+    let output = refused_start(sandbox, "exposed-http", &["--http", "0.0.0.0:0"]).await?;
+    for named in ["http", "0.0.0.0:0", "--tokens", "/api/status", "--insecure"] {
+        ensure!(output.contains(named), "the refusal does not name {named}: {output:?}");
     }
 
     phase("TLS without tokens is not enough either");
