@@ -24,6 +24,7 @@ mod e2e {
     mod docs_deploy;
     mod docs_events;
     mod gate;
+    mod http_limits;
     mod kill_restart;
     mod lease_expiry;
     mod lifecycle;

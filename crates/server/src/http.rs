@@ -16,6 +16,8 @@ use tower::limit::ConcurrencyLimitLayer;
 
 use crate::status::{PAGE_HTML, PAGE_SCRIPT, PAGE_STYLE, StatusSources};
 
+pub mod listener;
+
 /// Status answers computed at once; more wait their turn. Each fans out a
 /// status call to every member, so many open pages must not multiply that.
 const MAX_STATUS_IN_FLIGHT: usize = 4;
@@ -46,7 +48,7 @@ pub async fn serve(
             get(api_status).layer(ConcurrencyLimitLayer::new(MAX_STATUS_IN_FLIGHT)),
         )
         .with_state(Http { readiness, status });
-    axum::serve(listener, app).with_graceful_shutdown(shutdown).await
+    axum::serve(listener::Bounded::new(listener)?, app).with_graceful_shutdown(shutdown).await
 }
 
 /// An embedded asset. The shell carries no data, and nothing of it may be

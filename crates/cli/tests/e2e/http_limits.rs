@@ -1,0 +1,97 @@
+//! Goal: the HTTP port bounds its connections as the gRPC port does
+//! (docs/security.md, "Limits"): at most 64 open from one client address,
+//! the next closed at once while other addresses are still served, and a
+//! connection on which nothing is read or written for 30 s closed, whether
+//! it sent nothing or half a request.
+//!
+//! Method: one real `leasehold serve`. From 127.0.0.1, 63 connections that
+//! send nothing and one that sends half a request; the 65th from that
+//! address must be closed by the node within seconds, while a request from
+//! 127.0.0.2 is answered. Then every connection left open must be closed
+//! by the node within the idle time and a margin.
+//!
+//! Mutation checks (each run once against a deliberately broken build): with
+//! no per-address limit the 65th connection stays open; without the idle
+//! close the silent connections stay open past the margin.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use anyhow::{Context, Result, ensure};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpSocket, TcpStream};
+
+use super::support::{Node, Sandbox, phase};
+
+/// The node's limit per client address (`listener::PER_CLIENT`).
+const PER_CLIENT: usize = 64;
+/// The node's idle time (`listener::IDLE`) and a margin for a busy machine.
+const IDLE_AND_MARGIN: Duration = Duration::from_secs(30 + 15);
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_http_port_bounds_connections_per_client_and_closes_idle_ones() -> Result<()> {
+    let sandbox = Sandbox::new("http-limits")?;
+    sandbox.run(Duration::from_secs(120), story(&sandbox)).await
+}
+
+/// A connection to `to` from the loopback address `from`.
+async fn connect(from: [u8; 4], to: SocketAddr) -> Result<TcpStream> {
+    let socket = TcpSocket::new_v4()?;
+    socket.bind(SocketAddr::from((from, 0)))?;
+    Ok(socket.connect(to).await?)
+}
+
+/// Whether the node closes `stream` within `within` (a read that ends or
+/// fails), rather than keeping it open.
+async fn closed_within(stream: &mut TcpStream, within: Duration) -> bool {
+    let mut buf = [0u8; 256];
+    loop {
+        match tokio::time::timeout(within, stream.read(&mut buf)).await {
+            Err(_) => return false,
+            Ok(Ok(0) | Err(_)) => return true,
+            // An answer (to half a request: none is due); keep reading.
+            Ok(Ok(_)) => {}
+        }
+    }
+}
+
+async fn story(sandbox: &Sandbox) -> Result<()> {
+    phase("a node");
+    let node = Node::start(sandbox).await?;
+    let http = node.http;
+
+    phase("63 silent connections and one with half a request from 127.0.0.1");
+    let mut open = Vec::new();
+    for _ in 0..PER_CLIENT - 1 {
+        open.push(connect([127, 0, 0, 1], http).await?);
+    }
+    let mut half = connect([127, 0, 0, 1], http).await?;
+    half.write_all(b"GET /livez HTTP/1.1\r\nHost: x\r\n").await?;
+    // The node accepts in order; give it a moment to count them all.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+
+    phase("the next from that address is closed at once; another address is served");
+    let mut over = connect([127, 0, 0, 1], http).await?;
+    ensure!(
+        closed_within(&mut over, Duration::from_secs(5)).await,
+        "connection {} from one address was kept open",
+        PER_CLIENT + 1
+    );
+    let mut other = connect([127, 0, 0, 2], http).await?;
+    other.write_all(b"GET /livez HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").await?;
+    let mut answer = String::new();
+    tokio::time::timeout(Duration::from_secs(10), other.read_to_string(&mut answer))
+        .await
+        .context("no answer from another address")??;
+    ensure!(answer.starts_with("HTTP/1.1 200") && answer.ends_with("ok\n"), "{answer:?}");
+
+    phase("connections with nothing read or written are closed after the idle time");
+    ensure!(closed_within(&mut half, IDLE_AND_MARGIN).await, "half a request kept its connection");
+    for (index, stream) in open.iter_mut().enumerate() {
+        ensure!(
+            closed_within(stream, Duration::from_secs(5)).await,
+            "silent connection {index} was kept open past the idle time"
+        );
+    }
+    Ok(())
+}

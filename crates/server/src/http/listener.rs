@@ -1,0 +1,165 @@
+//! The HTTP port's connections, bounded like the gRPC port's: at most
+//! [`PER_CLIENT`] open from one client address (more are closed at once,
+//! logged as `limit.refuse`), at most [`TOTAL`] in all (further ones wait
+//! in the kernel's backlog), and each closed once nothing has been read
+//! or written on it for [`IDLE`]: a client that opens connections and sends
+//! nothing, trickles a request, or stops reading its answer holds a
+//! connection for that long, no longer.
+
+use std::io;
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::net::TcpListener;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio_stream::StreamExt;
+use tonic::transport::server::Connected;
+
+use crate::incoming::{Connection, ConnectionLimits, Incoming, incoming};
+
+/// Most open connections from one client address. Probes and scrapers
+/// keep one or two; a browser keeps a few per open page.
+pub const PER_CLIENT: usize = 64;
+/// Most open connections in all.
+pub const TOTAL: usize = 1_024;
+/// A connection with nothing read or written for this long is closed. A
+/// probe, a scrape or a page's poll comes far more often than this, and
+/// none of the port's answers takes as long to make.
+pub const IDLE: Duration = Duration::from_secs(30);
+
+/// The connections of the HTTP port, as axum serves them.
+pub struct Bounded {
+    incoming: Incoming,
+    local: SocketAddr,
+    open: Arc<Semaphore>,
+}
+
+impl Bounded {
+    /// The connections accepted on `listener`, bounded as the module says.
+    pub fn new(listener: TcpListener) -> io::Result<Bounded> {
+        let local = listener.local_addr()?;
+        let limits = ConnectionLimits { per_client: PER_CLIENT, ..ConnectionLimits::default() };
+        Ok(Bounded {
+            incoming: incoming(listener, None, limits),
+            local,
+            open: Arc::new(Semaphore::new(TOTAL)),
+        })
+    }
+}
+
+impl axum::serve::Listener for Bounded {
+    type Io = Idle;
+    type Addr = SocketAddr;
+
+    async fn accept(&mut self) -> (Idle, SocketAddr) {
+        // A slot first, so past the total nothing more is accepted.
+        let Ok(slot) = self.open.clone().acquire_owned().await else {
+            return std::future::pending().await;
+        };
+        match self.incoming.next().await {
+            Some(Ok(connection)) => {
+                let remote = connection.connect_info().remote.unwrap_or(self.local);
+                (Idle::new(connection, slot, IDLE), remote)
+            }
+            Some(Err(error)) => {
+                tracing::error!(%error, "the HTTP port stopped accepting connections");
+                std::future::pending().await
+            }
+            // The listener failed: nothing more will come.
+            None => std::future::pending().await,
+        }
+    }
+
+    fn local_addr(&self) -> io::Result<SocketAddr> {
+        Ok(self.local)
+    }
+}
+
+/// A connection that fails with `TimedOut` once nothing has been read or
+/// written on it for its idle time, holding its place among the open ones.
+pub struct Idle {
+    connection: Connection,
+    idle: Duration,
+    deadline: Pin<Box<tokio::time::Sleep>>,
+    _slot: OwnedSemaphorePermit,
+}
+
+impl Idle {
+    fn new(connection: Connection, slot: OwnedSemaphorePermit, idle: Duration) -> Idle {
+        let deadline = Box::pin(tokio::time::sleep(idle));
+        Idle { connection, idle, deadline, _slot: slot }
+    }
+
+    fn moved(&mut self) {
+        let next = tokio::time::Instant::now() + self.idle;
+        self.deadline.as_mut().reset(next);
+    }
+
+    /// `Pending`, or the idle time's error once it has run out.
+    fn pending_or_idle<T>(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<T>> {
+        match self.deadline.as_mut().poll(cx) {
+            Poll::Ready(()) => Poll::Ready(Err(io::Error::new(
+                io::ErrorKind::TimedOut,
+                format!("nothing read or written for {} s", self.idle.as_secs()),
+            ))),
+            Poll::Pending => Poll::Pending,
+        }
+    }
+}
+
+impl AsyncRead for Idle {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        let this = self.get_mut();
+        let before = buf.filled().len();
+        match Pin::new(&mut this.connection).poll_read(cx, buf) {
+            Poll::Ready(Ok(())) => {
+                if buf.filled().len() > before {
+                    this.moved();
+                }
+                Poll::Ready(Ok(()))
+            }
+            Poll::Ready(Err(error)) => Poll::Ready(Err(error)),
+            Poll::Pending => this.pending_or_idle(cx),
+        }
+    }
+}
+
+impl AsyncWrite for Idle {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        let this = self.get_mut();
+        match Pin::new(&mut this.connection).poll_write(cx, buf) {
+            Poll::Ready(Ok(written)) => {
+                if written > 0 {
+                    this.moved();
+                }
+                Poll::Ready(Ok(written))
+            }
+            Poll::Ready(Err(error)) => Poll::Ready(Err(error)),
+            Poll::Pending => this.pending_or_idle(cx),
+        }
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        let this = self.get_mut();
+        match Pin::new(&mut this.connection).poll_flush(cx) {
+            Poll::Pending => this.pending_or_idle(cx),
+            ready => ready,
+        }
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().connection).poll_shutdown(cx)
+    }
+}
