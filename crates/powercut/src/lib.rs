@@ -75,6 +75,8 @@ struct Disk {
     next: u64,
     /// Fsyncs seen (files and directories), for tests of the tests.
     fsyncs: u64,
+    /// Fsyncs seen of each file, by inode.
+    file_fsyncs: BTreeMap<u64, u64>,
 }
 
 impl Disk {
@@ -335,6 +337,7 @@ impl Filesystem for Fs {
         let mut disk = self.disk();
         if let Some(Node::File { data, synced }) = disk.nodes.get_mut(&ino) {
             synced.clone_from(data);
+            *disk.file_fsyncs.entry(ino).or_default() += 1;
         }
         disk.commit();
         reply.ok();
@@ -428,6 +431,24 @@ impl Mounted {
     /// How many fsyncs (of files or directories) it has seen.
     pub fn fsyncs(&self) -> u64 {
         self.disk.lock().unwrap_or_else(PoisonError::into_inner).fsyncs
+    }
+
+    /// How many fsyncs it has seen of the files directly in `dir`, a path
+    /// relative to the mount point (0 when there is no such directory):
+    /// the syncs of one program's files, whatever another one sharing the
+    /// mount syncs meanwhile.
+    pub fn file_fsyncs_in(&self, dir: &Path) -> u64 {
+        let disk = self.disk.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut ino = ROOT;
+        for part in dir.components() {
+            match disk.names.get(&(ino, part.as_os_str().to_os_string())) {
+                Some(&child) => ino = child,
+                None => return 0,
+            }
+        }
+        disk.children(ino)
+            .map(|(_, child)| disk.file_fsyncs.get(&child).copied().unwrap_or(0))
+            .sum()
     }
 
     /// Cuts the power: writes what survives, as it stands at this instant,
