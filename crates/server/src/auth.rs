@@ -123,18 +123,21 @@ pub enum Requirement {
 }
 
 /// The requirement of the method at gRPC path `path`
-/// (`/package.Service/Method`). Methods not listed need `reader` (they are
-/// answered UNIMPLEMENTED anyway), so nothing unlisted is open.
+/// (`/package.Service/Method`). Every method a node serves has a row; any
+/// other path needs `admin`, so a method added without a row is closed,
+/// not open to every known caller.
 pub fn requirement(path: &str) -> Requirement {
     let mut parts = path.trim_start_matches('/').splitn(2, '/');
     let service = parts.next().unwrap_or_default();
     let method = parts.next().unwrap_or_default();
     match (service, method) {
         ("grpc.health.v1.Health", _) => Requirement::Open,
+        ("grpc.reflection.v1.ServerReflection", _)
+        | ("grpc.reflection.v1alpha.ServerReflection", _) => Requirement::Role(Role::Reader),
         ("leasehold.v1.Raft", _) | ("leasehold.v1.Peer", _) => Requirement::Node,
         ("leasehold.v1.Cluster", "Join") => Requirement::Node,
         ("leasehold.v1.Cluster", "Remove" | "Drain" | "SetFlags") => Requirement::Role(Role::Admin),
-        ("leasehold.v1.Cluster", _) => Requirement::Role(Role::Reader),
+        ("leasehold.v1.Cluster", "Status") => Requirement::Role(Role::Reader),
         // Command queues need admin on top; the service checks the body.
         ("leasehold.v1.Queue", "Enqueue" | "Redrive") => Requirement::Role(Role::Producer),
         ("leasehold.v1.Queue", "Claim" | "Refresh" | "Ack" | "Nack" | "Release") => {
@@ -143,11 +146,13 @@ pub fn requirement(path: &str) -> Requirement {
         // Every frame of a session is checked against its own call's row
         // above; opening one needs only a known caller.
         ("leasehold.v1.Queue", "Session") => Requirement::Role(Role::Reader),
-        ("leasehold.v1.Queue", _) => Requirement::Role(Role::Reader),
+        ("leasehold.v1.Queue", "GetJob" | "ListJobs" | "Stats") => Requirement::Role(Role::Reader),
         ("leasehold.v1.Schedules", "Get" | "List") => Requirement::Role(Role::Reader),
-        ("leasehold.v1.Schedules", _) => Requirement::Role(Role::Admin),
+        ("leasehold.v1.Schedules", "Put" | "Delete" | "Pause" | "Resume" | "Trigger") => {
+            Requirement::Role(Role::Admin)
+        }
         ("leasehold.v1.Faults", _) => Requirement::Role(Role::Admin),
-        _ => Requirement::Role(Role::Reader),
+        _ => Requirement::Role(Role::Admin),
     }
 }
 
@@ -496,6 +501,79 @@ mod tests {
         match result {
             Ok(_) => tonic::Code::Ok,
             Err(refusal) => refusal.status.code(),
+        }
+    }
+
+    /// Just enough of protobuf's descriptor messages to list the methods
+    /// of the services the node's descriptor set declares.
+    #[derive(Clone, PartialEq, prost::Message)]
+    struct FileSet {
+        #[prost(message, repeated, tag = "1")]
+        file: Vec<File>,
+    }
+    #[derive(Clone, PartialEq, prost::Message)]
+    struct File {
+        #[prost(string, optional, tag = "2")]
+        package: Option<String>,
+        #[prost(message, repeated, tag = "6")]
+        service: Vec<Service>,
+    }
+    #[derive(Clone, PartialEq, prost::Message)]
+    struct Service {
+        #[prost(string, optional, tag = "1")]
+        name: Option<String>,
+        #[prost(message, repeated, tag = "2")]
+        method: Vec<Method>,
+    }
+    #[derive(Clone, PartialEq, prost::Message)]
+    struct Method {
+        #[prost(string, optional, tag = "1")]
+        name: Option<String>,
+    }
+
+    #[test]
+    fn every_method_has_the_requirement_security_md_gives_it_and_others_need_admin() {
+        use prost::Message;
+        let set = FileSet::decode(leasehold_proto::FILE_DESCRIPTOR_SET).expect("descriptors");
+        let (admin, producer, worker, reader) = (
+            Requirement::Role(Role::Admin),
+            Requirement::Role(Role::Producer),
+            Requirement::Role(Role::Worker),
+            Requirement::Role(Role::Reader),
+        );
+        // docs/security.md, "Roles".
+        let expected = |service: &str, method: &str| match (service, method) {
+            ("Raft" | "Peer", _) | ("Cluster", "Join") => Requirement::Node,
+            ("Cluster", "Remove" | "Drain" | "SetFlags") | ("Faults", _) => admin,
+            ("Schedules", "Put" | "Delete" | "Pause" | "Resume" | "Trigger") => admin,
+            ("Queue", "Enqueue" | "Redrive") => producer,
+            ("Queue", "Claim" | "Refresh" | "Ack" | "Nack" | "Release") => worker,
+            ("Queue", "GetJob" | "ListJobs" | "Stats" | "Session")
+            | ("Schedules", "Get" | "List")
+            | ("Cluster", "Status") => reader,
+            _ => panic!("no role given in security.md for {service}.{method}: add one"),
+        };
+        let mut methods = 0;
+        for file in &set.file {
+            for service in &file.service {
+                let name = service.name.clone().unwrap_or_default();
+                for method in &service.method {
+                    let method = method.name.clone().unwrap_or_default();
+                    let path =
+                        format!("/{}.{name}/{method}", file.package.clone().unwrap_or_default());
+                    assert_eq!(requirement(&path), expected(&name, &method), "{path}");
+                    methods += 1;
+                }
+            }
+        }
+        assert!(methods >= 30, "only {methods} methods in the descriptor set");
+        assert_eq!(requirement("/grpc.health.v1.Health/Check"), Requirement::Open);
+        assert_eq!(
+            requirement("/grpc.reflection.v1.ServerReflection/ServerReflectionInfo"),
+            reader
+        );
+        for unlisted in ["/leasehold.v1.Queue/Purge", "/leasehold.v1.Cluster/Wipe", "/x.Y/Z", ""] {
+            assert_eq!(requirement(unlisted), admin, "{unlisted}");
         }
     }
 
