@@ -3,6 +3,8 @@
 //! which Prometheus scrapes natively), and the status page — its shell at
 //! `/` and the JSON it polls at `/api/status` (see [`crate::status`]).
 
+use std::future::IntoFuture;
+
 use axum::Json;
 use axum::Router;
 use axum::extract::State;
@@ -48,7 +50,15 @@ pub async fn serve(
             get(api_status).layer(ConcurrencyLimitLayer::new(MAX_STATUS_IN_FLIGHT)),
         )
         .with_state(Http { readiness, status });
-    axum::serve(listener::Bounded::new(listener)?, app).with_graceful_shutdown(shutdown).await
+    let (connections, failure) = listener::Bounded::new(listener)?;
+    let serving = axum::serve(connections, app).with_graceful_shutdown(shutdown);
+    tokio::select! {
+        served = serving.into_future() => served,
+        Ok(error) = failure => {
+            tracing::error!(%error, "the HTTP port stopped accepting connections");
+            Err(error)
+        }
+    }
 }
 
 /// An embedded asset. The shell carries no data, and nothing of it may be

@@ -232,9 +232,9 @@ async fn accept_loop(
             Ok(accepted) => accepted,
             Err(error) if is_transient(&error) => {
                 tracing::debug!(%error, "accept failed; going on");
-                if error.raw_os_error().is_some_and(|code| code == 23 || code == 24) {
-                    // Out of file descriptors: give closing connections a
-                    // moment instead of spinning on accept.
+                if error.raw_os_error().is_some_and(|code| [23, 24, 105, 12].contains(&code)) {
+                    // Out of file descriptors or memory: give closing
+                    // connections a moment instead of spinning on accept.
                     tokio::time::sleep(Duration::from_millis(50)).await;
                 }
                 continue;
@@ -329,8 +329,15 @@ fn is_transient(error: &io::Error) -> bool {
             | io::ErrorKind::ConnectionReset
             | io::ErrorKind::Interrupted
             | io::ErrorKind::WouldBlock
-    ) || error.raw_os_error().is_some_and(|code| code == 24 || code == 23)
+    ) || error.raw_os_error().is_some_and(|code| RETRY_ACCEPT_ON.contains(&code))
 }
+
+/// Linux `accept(2)` errors that concern the connection being accepted or
+/// a passing shortage, after which accepting goes on: EMFILE, ENFILE,
+/// ENOBUFS and ENOMEM (out of descriptors or memory for a moment), and the
+/// network errors the man page says to treat like EAGAIN (EPROTO, ENOPROTOOPT,
+/// EHOSTDOWN, ENONET, EHOSTUNREACH, EOPNOTSUPP, ENETUNREACH, ENETDOWN).
+const RETRY_ACCEPT_ON: [i32; 12] = [24, 23, 105, 12, 71, 92, 112, 64, 113, 95, 101, 100];
 
 #[cfg(test)]
 mod tests {

@@ -568,10 +568,6 @@ impl QueueService {
         if let Some(queue) = request.queue.as_deref().filter(|q| is_command_queue(q)) {
             caller.require(Role::Admin, &format!("queue: redrive on command queue {queue}"))?;
         }
-        // A job unknown even after the read barrier is left to the
-        // redrive, which skips it: no job becomes dead in that window.
-        let field = |index: usize| format!("job_ids[{index}]");
-        self.require_admin_on_command_jobs(&caller, "redrive", field, &request.job_ids).await?;
         let target = match (request.queue, request.job_ids.is_empty()) {
             (Some(queue), true) => RedriveTarget::Queue(queue),
             (None, false) => RedriveTarget::Ids(request.job_ids),
@@ -580,7 +576,29 @@ impl QueueService {
             }
             (None, true) => return Err(invalid("queue", "give a queue or job_ids").into()),
         };
-        match self.submit(Command::Redrive { target }).await? {
+        let mut command = Command::Redrive { target };
+        validate_command(&command, self.journal.limits()).map_err(Error::from)?;
+        if let Command::Redrive { target: RedriveTarget::Ids(job_ids) } = &mut command {
+            let field = |index: usize| format!("job_ids[{index}]");
+            let unknown =
+                self.require_admin_on_command_jobs(&caller, "redrive", field, job_ids).await?;
+            // A job unknown even after the read barrier is not proposed: a
+            // command job could be enqueued, fail and die before the apply.
+            // The redrive would have skipped it had it applied at once.
+            if !unknown.is_empty() {
+                let unknown: std::collections::HashSet<usize> = unknown.into_iter().collect();
+                let mut index = 0;
+                job_ids.retain(|_| {
+                    let keep = !unknown.contains(&index);
+                    index += 1;
+                    keep
+                });
+                if job_ids.is_empty() {
+                    return Ok(Reply::new(v1::RedriveResponse { redriven: 0 }));
+                }
+            }
+        }
+        match self.submit(command).await? {
             Response::Redriven(count) => Ok(Reply::new(v1::RedriveResponse { redriven: count })),
             other => Err(unexpected(&other).into()),
         }

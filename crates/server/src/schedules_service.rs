@@ -139,8 +139,11 @@ impl Schedules for SchedulesService {
         request: Request<v1::DeleteScheduleRequest>,
     ) -> Result<Reply<v1::DeleteScheduleResponse>, Status> {
         let name = request.into_inner().name;
-        match self.submit(Command::DeleteSchedule { name }).await? {
-            Response::ScheduleChanged => Ok(Reply::new(v1::DeleteScheduleResponse {})),
+        match self.submit(Command::DeleteSchedule { name: name.clone() }).await? {
+            Response::ScheduleChanged => {
+                self.counted.lock().await.remove(&name);
+                Ok(Reply::new(v1::DeleteScheduleResponse {}))
+            }
             other => Err(unexpected(&other)),
         }
     }
@@ -157,6 +160,7 @@ impl Schedules for SchedulesService {
             .await
             .map_err(Error::from)?;
         let Some(found) = found else {
+            self.counted.lock().await.remove(&request.name);
             return Err(Error::NotFound(format!("schedule {:?} not found", request.name)).into());
         };
         let mut counted = self.counted.lock().await;

@@ -175,7 +175,9 @@ async fn session_story(sandbox: &Sandbox) -> Result<()> {
     command_jobs(&admin, &client_as(&node, &certs, "worker")?, &worker).await?;
 
     phase("a worker's calls on a job that does not exist are answered without a proposal");
-    unknown_jobs(&node, &admin, &client_as(&node, &certs, "worker")?, &worker).await?;
+    let (worker_client, producer_client) =
+        (client_as(&node, &certs, "worker")?, client_as(&node, &certs, "producer")?);
+    unknown_jobs(&node, &admin, &worker_client, &producer_client, &worker).await?;
 
     phase("a token removed by a reload stops working on the session it opened");
     let read = |role: &str| -> Result<String> {
@@ -343,15 +345,16 @@ async fn proposals(node: &Node) -> Result<u64> {
     line[series.len()..].trim().parse().with_context(|| format!("metric line {line:?}"))
 }
 
-/// Ack, release and refresh from a worker on a job id past the last one:
-/// NOT_FOUND, and the refresh's lease lost, as apply would answer, but not
-/// proposed. Ids and tokens are counters anyone may read, so a call
+/// Ack, release and refresh from a worker, and redrive from a producer, on
+/// a job id past the last one: NOT_FOUND, the refresh's lease lost and
+/// nothing redriven, as apply would answer, but not proposed. Ids and tokens are counters anyone may read, so a call
 /// proposed for a job unknown at its check could meet, at apply, a command
 /// job enqueued and claimed in between.
 async fn unknown_jobs(
     node: &Node,
     admin: &Client,
     worker_client: &Client,
+    producer_client: &Client,
     worker: &Session,
 ) -> Result<()> {
     const CALLS: u64 = 10;
@@ -362,6 +365,9 @@ async fn unknown_jobs(
         ensure!(ack.code() == tonic::Code::NotFound, "an ack of a missing job: {ack}");
         let release = refusal("a release of a missing job", worker.release(missing, 1).await)?;
         ensure!(release.code() == tonic::Code::NotFound, "a release of a missing job: {release}");
+        let redrive = v1::RedriveRequest { queue: None, job_ids: vec![missing] };
+        let redriven = producer_client.redrive(redrive).await?;
+        ensure!(redriven == 0, "a redrive of a missing job redrove {redriven}");
     }
     let refresh = v1::RefreshRequest {
         worker: "w".into(),
@@ -375,12 +381,12 @@ async fn unknown_jobs(
     );
     let after = proposals(node).await?;
     // The node's own proposals (its heartbeat) may fall in the window; the
-    // calls, had they been proposed, would add 2 × CALLS + 1.
+    // calls, had they been proposed, would add 3 × CALLS + 1.
     ensure!(
         after.saturating_sub(before) < CALLS,
         "{} proposals during {} calls on a missing job",
         after.saturating_sub(before),
-        2 * CALLS + 1
+        3 * CALLS + 1
     );
     Ok(())
 }

@@ -15,7 +15,7 @@ use std::time::Duration;
 
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpListener;
-use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, oneshot};
 use tokio_stream::StreamExt;
 use tonic::transport::server::Connected;
 
@@ -36,18 +36,25 @@ pub struct Bounded {
     incoming: Incoming,
     local: SocketAddr,
     open: Arc<Semaphore>,
+    /// Told why, when the listener fails and nothing more will come.
+    failed: Option<oneshot::Sender<io::Error>>,
 }
 
 impl Bounded {
-    /// The connections accepted on `listener`, bounded as the module says.
-    pub fn new(listener: TcpListener) -> io::Result<Bounded> {
+    /// The connections accepted on `listener`, bounded as the module says,
+    /// and a receiver told why if accepting stops for good (axum's listener
+    /// cannot fail, so the server must hear of it this way).
+    pub fn new(listener: TcpListener) -> io::Result<(Bounded, oneshot::Receiver<io::Error>)> {
         let local = listener.local_addr()?;
         let limits = ConnectionLimits { per_client: PER_CLIENT, ..ConnectionLimits::default() };
-        Ok(Bounded {
+        let (failed, failure) = oneshot::channel();
+        let bounded = Bounded {
             incoming: incoming(listener, None, limits),
             local,
             open: Arc::new(Semaphore::new(TOTAL)),
-        })
+            failed: Some(failed),
+        };
+        Ok((bounded, failure))
     }
 }
 
@@ -65,12 +72,19 @@ impl axum::serve::Listener for Bounded {
                 let remote = connection.connect_info().remote.unwrap_or(self.local);
                 (Idle::new(connection, slot, IDLE), remote)
             }
+            // The listener failed: nothing more will come.
             Some(Err(error)) => {
-                tracing::error!(%error, "the HTTP port stopped accepting connections");
+                if let Some(failed) = self.failed.take() {
+                    let _ = failed.send(error);
+                }
                 std::future::pending().await
             }
-            // The listener failed: nothing more will come.
-            None => std::future::pending().await,
+            None => {
+                if let Some(failed) = self.failed.take() {
+                    let _ = failed.send(io::Error::other("the HTTP listener stopped"));
+                }
+                std::future::pending().await
+            }
         }
     }
 

@@ -50,6 +50,11 @@ type Queued = mpsc::Receiver<Result<v1::SessionResponse, Status>>;
 struct Outgoing {
     queued: Arc<Mutex<Option<Queued>>>,
     ended: Option<oneshot::Receiver<Status>>,
+    /// The node's reason, heard and not yet sent: answers the task queued
+    /// before it go first.
+    reason: Option<Status>,
+    /// The reason was sent: nothing follows it.
+    done: bool,
 }
 
 /// Drops the answers a session still has queued, from the session's task
@@ -65,13 +70,17 @@ impl Discard {
 
 fn outgoing(queued: Queued, ended: oneshot::Receiver<Status>) -> (Outgoing, Discard) {
     let queued = Arc::new(Mutex::new(Some(queued)));
-    (Outgoing { queued: queued.clone(), ended: Some(ended) }, Discard(queued))
+    let stream = Outgoing { queued: queued.clone(), ended: Some(ended), reason: None, done: false };
+    (stream, Discard(queued))
 }
 
 impl Stream for Outgoing {
     type Item = Result<v1::SessionResponse, Status>;
 
     fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        if self.done {
+            return Poll::Ready(None);
+        }
         let answers_left = {
             let mut queued = self.queued.lock().unwrap_or_else(PoisonError::into_inner);
             if let Some(answers) = queued.as_mut() {
@@ -86,17 +95,32 @@ impl Stream for Outgoing {
             }
             queued.is_some()
         };
-        if let Some(ended) = self.ended.as_mut() {
+        if self.reason.is_none()
+            && let Some(ended) = self.ended.as_mut()
+        {
             match Pin::new(ended).poll(cx) {
                 Poll::Ready(Ok(reason)) => {
                     self.ended = None;
-                    return Poll::Ready(Some(Err(reason)));
+                    self.reason = Some(reason);
                 }
                 // The task ended without a word (the client went away, or
                 // closed its side): the answers are all that is left.
                 Poll::Ready(Err(_)) => self.ended = None,
                 Poll::Pending => return Poll::Pending,
             }
+        }
+        if let Some(reason) = self.reason.take() {
+            // The task queues its last answer before it sends its reason, so
+            // an answer that came in since the look above is queued now.
+            let mut queued = self.queued.lock().unwrap_or_else(PoisonError::into_inner);
+            if let Some(answer) = queued.as_mut().and_then(|answers| answers.try_recv().ok()) {
+                drop(queued);
+                self.reason = Some(reason);
+                return Poll::Ready(Some(answer));
+            }
+            drop(queued);
+            self.done = true;
+            return Poll::Ready(Some(Err(reason)));
         }
         if answers_left { Poll::Pending } else { Poll::Ready(None) }
     }
@@ -362,6 +386,24 @@ mod tests {
         drop(answers);
         let last = tokio::time::timeout(Duration::from_secs(5), stream.next()).await;
         assert!(matches!(last, Ok(None)), "{last:?}");
+    }
+
+    #[tokio::test]
+    async fn an_answer_sent_after_a_look_found_none_comes_before_the_reason() {
+        let (answers, queued) = mpsc::channel(ANSWERS_QUEUED);
+        let (end, ended) = oneshot::channel();
+        let (mut stream, _discard) = outgoing(queued, ended);
+        // The stream looks and finds nothing; then the task answers and
+        // ends, before the stream looks again.
+        let first = futures::poll!(stream.next());
+        assert!(first.is_pending(), "{first:?}");
+        answers.send(answer(9)).await.expect("queued");
+        end.send(Status::unavailable("node shutting down")).expect("sent");
+        assert_eq!(id(stream.next().await), Ok(9), "the answer went missing");
+        let reason = stream.next().await.and_then(Result::err).map(|s| s.message().to_string());
+        assert_eq!(reason.as_deref(), Some("node shutting down"));
+        assert!(stream.next().await.is_none(), "nothing after the reason");
+        drop(answers);
     }
 
     #[tokio::test]
