@@ -17,7 +17,7 @@ use crate::clock::Clock;
 use crate::clock_watch::{self, ClockWatch};
 use crate::error::{JournalError as Error, Unavailable};
 use crate::forward::{ForwardRequest, ForwardResponse};
-use crate::metrics::{Metrics, PeerLabels, QueueLabels, Stage, StageLabels};
+use crate::metrics::{Metrics, PeerLabels, Stage, StageLabels};
 use crate::stores::{ReplicaLogStore, ReplicaStateMachine};
 
 /// Settings of the journal handle.
@@ -225,18 +225,20 @@ impl Journal {
         let (stats, last_token) =
             self.read_stale(|state| (state.stats(now_ms), state.last_token()));
         metrics.last_token.set(last_token as i64);
-        for (queue, counts) in stats {
-            for (state, count) in [
-                ("ready", counts.ready),
-                ("delayed", counts.delayed),
-                ("claimed", counts.claimed),
-                ("acked", counts.acked),
-                ("dead", counts.dead),
-            ] {
-                let labels = QueueLabels { queue: queue.clone(), state: state.to_string() };
-                metrics.queue_jobs.get_or_create(&labels).set(count as i64);
-            }
-        }
+        let queues: Vec<_> = stats
+            .into_iter()
+            .map(|(queue, counts)| {
+                let by_state = [
+                    ("ready", counts.ready),
+                    ("delayed", counts.delayed),
+                    ("claimed", counts.claimed),
+                    ("acked", counts.acked),
+                    ("dead", counts.dead),
+                ];
+                (queue, by_state)
+            })
+            .collect();
+        metrics.set_queue_counts(&queues);
     }
 
     /// Channels to peers, one per address.

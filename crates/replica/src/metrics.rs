@@ -159,6 +159,9 @@ pub struct PeerLabels {
     pub peer: String,
 }
 
+/// The states `leasehold_queue_jobs` counts, in its `state` label.
+pub const QUEUE_STATES: [&str; 5] = ["ready", "delayed", "claimed", "acked", "dead"];
+
 /// Every metric a node exports.
 pub struct Metrics {
     registry: Registry,
@@ -217,6 +220,8 @@ pub struct Metrics {
     /// seconds: the build's own work, without descheduled time.
     pub snapshot_lock_hold_longest_cpu_seconds: Gauge<f64, AtomicU64>,
     encode_lock: Mutex<()>,
+    /// The queues [`Metrics::set_queue_counts`] last published.
+    published_queues: Mutex<std::collections::BTreeSet<String>>,
 }
 
 impl Default for Metrics {
@@ -360,6 +365,7 @@ impl Metrics {
             snapshot_lock_hold_longest_seconds,
             snapshot_lock_hold_longest_cpu_seconds,
             encode_lock: Mutex::new(()),
+            published_queues: Mutex::new(std::collections::BTreeSet::new()),
         }
     }
 
@@ -374,6 +380,31 @@ impl Metrics {
         self.commit_stage_seconds
             .get_or_create(&StageLabels { stage: stage.name() })
             .observe(elapsed.as_secs_f64());
+    }
+
+    /// Publishes each queue's jobs by state, and removes the series of a
+    /// queue no longer listed (purged): queue names come from producers,
+    /// so stale ones must not pile up, nor show frozen counts.
+    pub fn set_queue_counts(&self, queues: &[(String, [(&'static str, u64); 5])]) {
+        let mut published =
+            self.published_queues.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let listed: std::collections::BTreeSet<String> =
+            queues.iter().map(|(queue, _)| queue.clone()).collect();
+        for gone in published.difference(&listed) {
+            for state in QUEUE_STATES {
+                let labels = QueueLabels { queue: gone.clone(), state: state.to_string() };
+                self.queue_jobs.remove(&labels);
+            }
+        }
+        for (queue, counts) in queues {
+            for (state, count) in counts {
+                let labels = QueueLabels { queue: queue.clone(), state: (*state).to_string() };
+                self.queue_jobs
+                    .get_or_create(&labels)
+                    .set(i64::try_from(*count).unwrap_or(i64::MAX));
+            }
+        }
+        *published = listed;
     }
 
     /// The registry in the text exposition format.
@@ -414,6 +445,28 @@ pub fn code_name(code: tonic::Code) -> &'static str {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_queue_no_longer_listed_loses_its_series() -> Result<(), std::fmt::Error> {
+        let metrics = Metrics::new();
+        let counts =
+            |n: u64| [("ready", n), ("delayed", 0), ("claimed", 0), ("acked", 0), ("dead", 0)];
+        metrics.set_queue_counts(&[("emails".into(), counts(3)), ("gone".into(), counts(1))]);
+        let text = metrics.encode()?;
+        assert!(text.contains("queue=\"gone\""), "{text}");
+        assert!(
+            text.contains("leasehold_queue_jobs{queue=\"emails\",state=\"ready\"} 3"),
+            "{text}"
+        );
+        metrics.set_queue_counts(&[("emails".into(), counts(4))]);
+        let text = metrics.encode()?;
+        assert!(!text.contains("queue=\"gone\""), "a purged queue kept its series: {text}");
+        assert!(
+            text.contains("leasehold_queue_jobs{queue=\"emails\",state=\"ready\"} 4"),
+            "{text}"
+        );
+        Ok(())
+    }
 
     #[test]
     fn code_names_are_snake_case() {
