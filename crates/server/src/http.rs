@@ -14,7 +14,8 @@ use axum::routing::get;
 use tokio::net::TcpListener;
 
 use leasehold_replica::Readiness;
-use tower::limit::ConcurrencyLimitLayer;
+use std::sync::Arc;
+use tokio::sync::Semaphore;
 
 use crate::status::{PAGE_HTML, PAGE_SCRIPT, PAGE_STYLE, StatusSources};
 
@@ -23,12 +24,17 @@ pub mod listener;
 /// Status answers computed at once; more wait their turn. Each fans out a
 /// status call to every member, so many open pages must not multiply that.
 const MAX_STATUS_IN_FLIGHT: usize = 4;
+/// How long an authorized status request waits for its turn before it is
+/// answered 503: the page polls every second and tries again.
+const STATUS_TURN_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
 
 /// What the HTTP handlers read.
 #[derive(Clone)]
 struct Http {
     readiness: Readiness,
     status: StatusSources,
+    /// Turns at computing a status answer, taken once the caller is known.
+    status_turns: Arc<Semaphore>,
 }
 
 /// Serves the HTTP endpoints on `listener` until `shutdown` resolves.
@@ -45,11 +51,12 @@ pub async fn serve(
         .route("/", get(|| async { asset("text/html; charset=utf-8", PAGE_HTML) }))
         .route("/status.js", get(|| async { asset("text/javascript; charset=utf-8", PAGE_SCRIPT) }))
         .route("/status.css", get(|| async { asset("text/css; charset=utf-8", PAGE_STYLE) }))
-        .route(
-            "/api/status",
-            get(api_status).layer(ConcurrencyLimitLayer::new(MAX_STATUS_IN_FLIGHT)),
-        )
-        .with_state(Http { readiness, status });
+        .route("/api/status", get(api_status))
+        .with_state(Http {
+            readiness,
+            status,
+            status_turns: Arc::new(Semaphore::new(MAX_STATUS_IN_FLIGHT)),
+        });
     let (connections, failure) = listener::Bounded::new(listener)?;
     let serving = axum::serve(connections, app).with_graceful_shutdown(shutdown);
     tokio::select! {
@@ -80,11 +87,18 @@ fn asset(content_type: &'static str, body: &'static str) -> Response {
 }
 
 async fn api_status(State(http): State<Http>, headers: HeaderMap) -> Response {
+    let no_store = [(header::CACHE_CONTROL, "no-store")];
+    // The token before a turn: a caller without one takes none.
     let answer = match http.status.authorize(&headers) {
-        Ok(()) => http.status.snapshot().await,
+        Ok(()) => match tokio::time::timeout(STATUS_TURN_WAIT, http.status_turns.acquire()).await {
+            Ok(Ok(_turn)) => http.status.snapshot().await,
+            _ => {
+                let busy = serde_json::json!({ "error": "busy: too many status requests at once" });
+                return (StatusCode::SERVICE_UNAVAILABLE, no_store, Json(busy)).into_response();
+            }
+        },
         Err(refusal) => Err(refusal),
     };
-    let no_store = [(header::CACHE_CONTROL, "no-store")];
     match answer {
         Ok(body) => (StatusCode::OK, no_store, Json(body)).into_response(),
         Err(refusal) => {
