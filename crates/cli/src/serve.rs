@@ -200,13 +200,16 @@ fn resolve(args: &ServeArgs) -> anyhow::Result<Config> {
 pub async fn run(prepared: Prepared) -> anyhow::Result<ExitCode> {
     let Prepared { config, log_format } = prepared;
     init_logging(log_format);
-    let transport = Transport::bind(&config).await?;
-    let node = Node::start(config, transport).await.context("starting the node")?;
-    println!("leasehold node listening: grpc {} http {}", node.grpc_addr(), node.http_addr());
+    // Before the node starts: it answers calls while it starts, so a
+    // supervisor that saw it up may signal it before start returns, and a
+    // signal without a handler would end it at once, undrained.
     let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
         .context("installing the SIGTERM handler")?;
     let mut hangup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())
         .context("installing the SIGHUP handler")?;
+    let transport = Transport::bind(&config).await?;
+    let node = Node::start(config, transport).await.context("starting the node")?;
+    println!("leasehold node listening: grpc {} http {}", node.grpc_addr(), node.http_addr());
     let mut drain_requested = node.journal().drain_requested();
     loop {
         tokio::select! {
