@@ -1,6 +1,7 @@
 //! The public `leasehold.v1.Queue` service: validates input, proposes journal
 //! commands, and turns responses and refusals into replies and statuses.
 
+use std::collections::HashSet;
 use std::time::Duration;
 
 use leasehold_core::schedule::is_command_queue;
@@ -155,20 +156,20 @@ impl QueueService {
     /// A job's queue never changes and ids are never reused, so the local
     /// state decides when it knows the job. A job it does not know (this
     /// node trails the leader) is looked up again after a read barrier.
-    /// Answers, for a caller that is not an admin, the positions of the ids
-    /// that name no job even then (id 0 aside, which validation refuses):
-    /// the call must not propose for those, since ids and tokens are
-    /// counters anyone may read (Stats) and a job enqueued and claimed
-    /// between the barrier and the apply could be a command.
+    /// Answers, for a caller that is not an admin, the ids that name no job
+    /// even then (id 0 aside, which validation refuses): the call must not
+    /// propose for those, since ids and tokens are counters anyone may read
+    /// (Stats) and a job enqueued and claimed between the barrier and the
+    /// apply could be a command.
     async fn require_admin_on_command_jobs(
         &self,
         caller: &Caller,
         what: &str,
         field: impl Fn(usize) -> String,
         job_ids: &[u64],
-    ) -> Result<Vec<usize>, Status> {
+    ) -> Result<HashSet<u64>, Status> {
         if caller.may(Role::Admin) {
-            return Ok(Vec::new());
+            return Ok(HashSet::new());
         }
         let refusal =
             |index: usize, job_id: u64| format!("{}: {what} of command job {job_id}", field(index));
@@ -189,20 +190,22 @@ impl QueueService {
             caller.require(Role::Admin, &refused)?;
         }
         if unknown.is_empty() {
-            return Ok(unknown);
+            return Ok(HashSet::new());
         }
         let (refused, unknown) = self
             .journal
             .read(false, |state| {
-                let mut still_unknown = Vec::new();
+                let mut still_unknown = HashSet::new();
                 for index in unknown {
                     let job_id = job_ids[index];
                     match state.job_queue(job_id) {
                         Some(queue) if is_command_queue(queue) => {
-                            return (Some(refusal(index, job_id)), Vec::new());
+                            return (Some(refusal(index, job_id)), HashSet::new());
                         }
                         Some(_) => {}
-                        None => still_unknown.push(index),
+                        None => {
+                            still_unknown.insert(job_id);
+                        }
                     }
                 }
                 (None, still_unknown)
@@ -371,17 +374,14 @@ impl QueueService {
         let unknown =
             self.require_admin_on_command_jobs(&caller, "refresh", leases_field, &job_ids).await?;
         // A lease on no job is lost, as apply would say; it is not proposed.
-        let mut lost: Vec<u64> = unknown.iter().map(|&index| job_ids[index]).collect();
-        if let Command::Refresh { leases, .. } = &mut command
-            && !lost.is_empty()
-        {
-            let unknown: std::collections::HashSet<u64> = lost.iter().copied().collect();
+        let mut lost: Vec<u64> = job_ids.into_iter().filter(|id| unknown.contains(id)).collect();
+        if let Command::Refresh { leases, .. } = &mut command {
             leases.retain(|(job_id, _)| !unknown.contains(job_id));
             if leases.is_empty() {
                 return Ok(Reply::new(v1::RefreshResponse { renewed: Vec::new(), lost }));
             }
         }
-        match self.submit(command).await? {
+        match self.propose_valid(command).await? {
             Response::Refreshed { renewed, lost: also_lost } => {
                 lost.extend(also_lost);
                 Ok(Reply::new(v1::RefreshResponse {
@@ -585,20 +585,12 @@ impl QueueService {
             // A job unknown even after the read barrier is not proposed: a
             // command job could be enqueued, fail and die before the apply.
             // The redrive would have skipped it had it applied at once.
-            if !unknown.is_empty() {
-                let unknown: std::collections::HashSet<usize> = unknown.into_iter().collect();
-                let mut index = 0;
-                job_ids.retain(|_| {
-                    let keep = !unknown.contains(&index);
-                    index += 1;
-                    keep
-                });
-                if job_ids.is_empty() {
-                    return Ok(Reply::new(v1::RedriveResponse { redriven: 0 }));
-                }
+            job_ids.retain(|job_id| !unknown.contains(job_id));
+            if job_ids.is_empty() {
+                return Ok(Reply::new(v1::RedriveResponse { redriven: 0 }));
             }
         }
-        match self.submit(command).await? {
+        match self.propose_valid(command).await? {
             Response::Redriven(count) => Ok(Reply::new(v1::RedriveResponse { redriven: count })),
             other => Err(unexpected(&other).into()),
         }
