@@ -563,20 +563,10 @@ fn serve(
 
 /// The gRPC services a node serves, by full name, as reflection lists them.
 fn served_services(fault_injection: bool) -> Vec<&'static str> {
-    let mut names = vec![
-        "leasehold.v1.Queue",
-        "leasehold.v1.Schedules",
-        "leasehold.v1.Cluster",
-        "leasehold.v1.Peer",
-        "leasehold.v1.Raft",
-        "grpc.health.v1.Health",
-        "grpc.reflection.v1.ServerReflection",
-        "grpc.reflection.v1alpha.ServerReflection",
-    ];
-    if fault_injection {
-        names.push("leasehold.v1.Faults");
-    }
-    names
+    leasehold_server::auth::SERVICES
+        .into_iter()
+        .filter(|name| fault_injection || *name != "leasehold.v1.Faults")
+        .collect()
 }
 
 /// Starts what takes in work: the executor (when on), the node's

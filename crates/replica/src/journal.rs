@@ -225,20 +225,7 @@ impl Journal {
         let (stats, last_token) =
             self.read_stale(|state| (state.stats(now_ms), state.last_token()));
         metrics.last_token.set(last_token as i64);
-        let queues: Vec<_> = stats
-            .into_iter()
-            .map(|(queue, counts)| {
-                let by_state = [
-                    ("ready", counts.ready),
-                    ("delayed", counts.delayed),
-                    ("claimed", counts.claimed),
-                    ("acked", counts.acked),
-                    ("dead", counts.dead),
-                ];
-                (queue, by_state)
-            })
-            .collect();
-        metrics.set_queue_counts(&queues);
+        metrics.set_queue_counts(&stats);
     }
 
     /// Channels to peers, one per address.

@@ -10,6 +10,7 @@ use std::sync::Mutex;
 use std::sync::atomic::AtomicU64;
 use std::time::Duration;
 
+use leasehold_core::QueueStats;
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
@@ -159,8 +160,16 @@ pub struct PeerLabels {
     pub peer: String,
 }
 
-/// The states `leasehold_queue_jobs` counts, in its `state` label.
-pub const QUEUE_STATES: [&str; 5] = ["ready", "delayed", "claimed", "acked", "dead"];
+/// A queue's counts by the `state` label of `leasehold_queue_jobs`.
+fn by_state(counts: &QueueStats) -> [(&'static str, u64); 5] {
+    [
+        ("ready", counts.ready),
+        ("delayed", counts.delayed),
+        ("claimed", counts.claimed),
+        ("acked", counts.acked),
+        ("dead", counts.dead),
+    ]
+}
 
 /// Every metric a node exports.
 pub struct Metrics {
@@ -385,23 +394,22 @@ impl Metrics {
     /// Publishes each queue's jobs by state, and removes the series of a
     /// queue no longer listed (purged): queue names come from producers,
     /// so stale ones must not pile up, nor show frozen counts.
-    pub fn set_queue_counts(&self, queues: &[(String, [(&'static str, u64); 5])]) {
+    pub fn set_queue_counts(&self, queues: &std::collections::BTreeMap<String, QueueStats>) {
         let mut published =
             self.published_queues.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        let listed: std::collections::BTreeSet<String> =
-            queues.iter().map(|(queue, _)| queue.clone()).collect();
+        let listed: std::collections::BTreeSet<String> = queues.keys().cloned().collect();
         for gone in published.difference(&listed) {
-            for state in QUEUE_STATES {
+            for (state, _) in by_state(&QueueStats::default()) {
                 let labels = QueueLabels { queue: gone.clone(), state: state.to_string() };
                 self.queue_jobs.remove(&labels);
             }
         }
         for (queue, counts) in queues {
-            for (state, count) in counts {
-                let labels = QueueLabels { queue: queue.clone(), state: (*state).to_string() };
+            for (state, count) in by_state(counts) {
+                let labels = QueueLabels { queue: queue.clone(), state: state.to_string() };
                 self.queue_jobs
                     .get_or_create(&labels)
-                    .set(i64::try_from(*count).unwrap_or(i64::MAX));
+                    .set(i64::try_from(count).unwrap_or(i64::MAX));
             }
         }
         *published = listed;
@@ -449,16 +457,16 @@ mod tests {
     #[test]
     fn a_queue_no_longer_listed_loses_its_series() -> Result<(), std::fmt::Error> {
         let metrics = Metrics::new();
-        let counts =
-            |n: u64| [("ready", n), ("delayed", 0), ("claimed", 0), ("acked", 0), ("dead", 0)];
-        metrics.set_queue_counts(&[("emails".into(), counts(3)), ("gone".into(), counts(1))]);
+        let counts = |ready: u64| QueueStats { ready, ..QueueStats::default() };
+        let both = [("emails".to_string(), counts(3)), ("gone".to_string(), counts(1))];
+        metrics.set_queue_counts(&both.into_iter().collect());
         let text = metrics.encode()?;
         assert!(text.contains("queue=\"gone\""), "{text}");
         assert!(
             text.contains("leasehold_queue_jobs{queue=\"emails\",state=\"ready\"} 3"),
             "{text}"
         );
-        metrics.set_queue_counts(&[("emails".into(), counts(4))]);
+        metrics.set_queue_counts(&[("emails".to_string(), counts(4))].into_iter().collect());
         let text = metrics.encode()?;
         assert!(!text.contains("queue=\"gone\""), "a purged queue kept its series: {text}");
         assert!(

@@ -156,8 +156,9 @@ pub fn requirement(path: &str) -> Requirement {
     }
 }
 
-/// The services a node may serve, by gRPC name.
-const SERVICES: [&str; 9] = [
+/// The services a node may serve, by gRPC name (Faults only with fault
+/// injection on).
+pub const SERVICES: [&str; 9] = [
     "grpc.health.v1.Health",
     "grpc.reflection.v1.ServerReflection",
     "grpc.reflection.v1alpha.ServerReflection",
