@@ -240,14 +240,30 @@ async fn a_leader_that_lost_a_batch_it_sent_ahead_does_not_reuse_its_log_ids() -
     })
     .await?;
     let mut entries = BTreeMap::new();
-    let mut digests = BTreeMap::new();
     for (id, node) in &nodes {
         entries.insert(*id, entry_at(node, target).await?);
-        digests.insert(
-            *id,
-            (applied_index(node), node.journal().read_stale(leasehold_storage::digest)),
-        );
     }
+    // Each node's digest with the applied index it was taken at (one read
+    // of the store), until all three are at the same index: the nodes keep
+    // proposing on their own (the leader's time stamps, registrations), so
+    // an applied index read apart from the state can be one entry off.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let digests = loop {
+        let mut digests = BTreeMap::new();
+        for (id, node) in &nodes {
+            let taken = node.journal().state_machine().recent_digest().await?;
+            let taken = taken.context("no digest taken")?;
+            digests.insert(*id, (taken.index, taken.digest));
+        }
+        let first = digests.values().next().map(|(index, _)| *index);
+        if digests.values().all(|(index, _)| Some(*index) == first) {
+            break digests;
+        }
+        if Instant::now() > deadline {
+            return Err(anyhow!("no applied index shared by all three within 10 s: {digests:x?}"));
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
     eprintln!("entry {target} per node: {entries:#?}");
     eprintln!("(applied, digest) per node: {digests:x?}");
 
