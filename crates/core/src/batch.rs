@@ -32,6 +32,42 @@ pub fn merge_weight(command: &Command) -> Option<usize> {
     }
 }
 
+/// Most bytes (by [`Command::size_hint`]) in one merged log entry. A
+/// command larger than this on its own is an entry of its own, so an entry
+/// is at most this or one command's size: well inside what a node accepts
+/// from a peer, whatever fields the commands fill.
+pub const MAX_BATCH_BYTES: usize = 4 * 1024 * 1024;
+
+/// What a batch being formed holds: commands and bytes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Fill {
+    commands: usize,
+    bytes: usize,
+}
+
+impl Fill {
+    /// A batch begun with `first`; `None` when `first` must be proposed
+    /// alone (see [`merge_weight`]).
+    pub fn start(first: &Command) -> Option<Fill> {
+        Some(Fill { commands: merge_weight(first)?, bytes: first.size_hint() })
+    }
+
+    /// Whether nothing more may join.
+    pub fn is_full(&self) -> bool {
+        self.commands >= MAX_BATCH_COMMANDS || self.bytes >= MAX_BATCH_BYTES
+    }
+
+    /// The batch with `next` in it, or `None` when `next` must begin the
+    /// next batch: it would take the batch past its commands or its bytes,
+    /// or it is a malformed batch.
+    pub fn admit(self, next: &Command) -> Option<Fill> {
+        let commands = self.commands + merge_weight(next)?;
+        let bytes = self.bytes + next.size_hint();
+        (commands <= MAX_BATCH_COMMANDS && bytes <= MAX_BATCH_BYTES)
+            .then_some(Fill { commands, bytes })
+    }
+}
+
 /// One `Batch` of every command, flattened, and each proposer's share of it.
 pub fn merge(commands: Vec<Command>) -> (Command, Vec<Share>) {
     let mut merged = Vec::new();
@@ -93,6 +129,52 @@ mod tests {
 
     fn sweep() -> Command {
         Command::Sweep
+    }
+
+    /// An enqueue of `jobs` jobs whose bytes are all in tags, not payloads.
+    fn tagged_enqueue(jobs: usize) -> Command {
+        let job = crate::job::JobSpec {
+            queue: "q".into(),
+            tags: (0..32).map(|_| "t".repeat(256)).collect(),
+            ..Default::default()
+        };
+        Command::Enqueue { jobs: vec![job; jobs] }
+    }
+
+    #[test]
+    fn a_batch_is_bounded_by_every_byte_not_only_payloads() {
+        // About 8.4 MiB of tags and no payload: an entry of its own.
+        let heavy = tagged_enqueue(1_000);
+        let fill = Fill::start(&Command::Sweep).expect("a command");
+        assert_eq!(fill.admit(&heavy), None, "joins no batch");
+        let alone = Fill::start(&heavy).expect("begins one");
+        assert!(alone.is_full());
+        // Long nack errors weigh as much.
+        let nack = |len: usize| Command::Nack {
+            job_id: 1,
+            token: 1,
+            error: "e".repeat(len),
+            retry_after_ms: None,
+        };
+        let mut fill = Fill::start(&nack(1 << 20)).expect("a command");
+        let mut merged = 1;
+        while let Some(more) = fill.admit(&nack(1 << 20)) {
+            fill = more;
+            merged += 1;
+        }
+        assert_eq!(
+            merged, 3,
+            "three 1 MiB nacks and their framing fit in 4 MiB, a fourth does not"
+        );
+        // Small commands still fill a batch to its count.
+        let mut fill = Fill::start(&tagged_enqueue(1)).expect("a command");
+        let mut merged = 1;
+        while let Some(more) = fill.admit(&tagged_enqueue(1)) {
+            fill = more;
+            merged += 1;
+        }
+        assert_eq!(merged, MAX_BATCH_COMMANDS);
+        assert!(fill.is_full());
     }
 
     #[test]

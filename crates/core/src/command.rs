@@ -319,18 +319,110 @@ impl Command {
         }
     }
 
-    /// Rough size of the command's bulk (payload and command bytes), for
-    /// bounding a batch.
-    pub fn bulk_bytes(&self) -> usize {
-        match self {
-            Command::Enqueue { jobs } => jobs.iter().map(|j| j.payload.len()).sum(),
-            Command::PutSchedule { spec } => {
-                spec.template.payload.len()
-                    + spec.template.command.as_ref().map(String::len).unwrap_or(0)
+    /// Roughly how many bytes the command takes encoded: every payload,
+    /// string and list it carries, plus a fixed allowance for its numbers.
+    /// The journal bounds a merged log entry by this, so it must count
+    /// every field a caller can fill (a nack's error and a job's tags
+    /// weigh as much as a payload). The match names every variant, so a
+    /// new one must say what it weighs.
+    pub fn size_hint(&self) -> usize {
+        // A length prefix and the bytes, for each string or byte list.
+        fn text(text: &str) -> usize {
+            8 + text.len()
+        }
+        fn bytes(bytes: &[u8]) -> usize {
+            8 + bytes.len()
+        }
+        fn maybe(option: &Option<String>) -> usize {
+            option.as_deref().map_or(1, |t| 1 + text(t))
+        }
+        fn texts(texts: &[String]) -> usize {
+            8 + texts.iter().map(|t| text(t)).sum::<usize>()
+        }
+        fn numbers(list: &[u64]) -> usize {
+            8 + list.len() * 8
+        }
+        // The variant, the numbers, and the options' tags.
+        const FIXED: usize = 64;
+        let variable = match self {
+            Command::Enqueue { jobs } => jobs
+                .iter()
+                .map(|job| {
+                    FIXED
+                        + text(&job.queue)
+                        + bytes(&job.payload)
+                        + maybe(&job.idempotency_key)
+                        + texts(&job.tags)
+                })
+                .sum(),
+            Command::Claim { worker, queue, selector, .. } => {
+                text(worker) + text(queue) + texts(selector)
             }
-            Command::Batch { commands } => commands.iter().map(Command::bulk_bytes).sum(),
-            Command::Ruled { command, .. } => command.bulk_bytes(),
-            _ => 0,
+            Command::ClaimOnce { request_id, worker, queue, selector, .. } => {
+                text(request_id) + text(worker) + text(queue) + texts(selector)
+            }
+            Command::Refresh { worker, leases, .. } => text(worker) + 8 + leases.len() * 16,
+            Command::Ack { result, .. } | Command::AckLean { result, .. } => {
+                result.as_deref().map_or(0, bytes)
+            }
+            Command::Nack { error, .. } => text(error),
+            Command::Release { .. }
+            | Command::Sweep
+            | Command::Purge
+            | Command::SweepBounded { .. }
+            | Command::SetDraining { .. } => 0,
+            Command::Redrive { target: RedriveTarget::Queue(queue) } => text(queue),
+            Command::Redrive { target: RedriveTarget::Ids(ids) } => numbers(ids),
+            Command::PutSchedule { spec } => {
+                let template = &spec.template;
+                FIXED
+                    + text(&spec.name)
+                    + text(&spec.cron)
+                    + text(&spec.timezone)
+                    + maybe(&template.queue)
+                    + bytes(&template.payload)
+                    + texts(&template.tags)
+                    + maybe(&template.command)
+            }
+            Command::DeleteSchedule { name } | Command::SetPaused { name, .. } => text(name),
+            Command::Fire { schedule, targets, .. }
+            | Command::Trigger { schedule, targets, .. } => text(schedule) + numbers(targets),
+            Command::FireEach { schedule, targets, offline, .. } => {
+                text(schedule) + numbers(targets) + numbers(offline)
+            }
+            Command::Skip { schedule, .. } => text(schedule),
+            Command::TriggerOnce { request_id, schedule, targets, .. } => {
+                text(request_id) + text(schedule) + numbers(targets)
+            }
+            Command::RegisterNode { tags, .. } => texts(tags),
+            Command::Batch { commands } => {
+                8 + commands.iter().map(Command::size_hint).sum::<usize>()
+            }
+            Command::Ruled { command, .. } => FIXED + command.size_hint(),
+        };
+        FIXED + variable
+    }
+
+    /// The command with a nack's error cut to `limits.max_error_bytes`, as
+    /// `apply` would cut it: the cut is made before the command enters the
+    /// log, so a long error costs the log, the wire and every replica
+    /// nothing, and the applied state is the same.
+    pub fn with_texts_cut(self, limits: &Limits) -> Command {
+        match self {
+            Command::Nack { job_id, token, error, retry_after_ms }
+                if error.len() > limits.max_error_bytes =>
+            {
+                let error = crate::validate::truncate_text(&error, limits.max_error_bytes);
+                Command::Nack { job_id, token, error, retry_after_ms }
+            }
+            Command::Batch { commands } => Command::Batch {
+                commands: commands.into_iter().map(|c| c.with_texts_cut(limits)).collect(),
+            },
+            Command::Ruled { limits: ruled, command } => {
+                let command = Box::new(command.with_texts_cut(&ruled));
+                Command::Ruled { limits: ruled, command }
+            }
+            other => other,
         }
     }
 }
@@ -338,6 +430,118 @@ impl Command {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn text(len: usize) -> String {
+        "x".repeat(len)
+    }
+
+    fn texts(count: usize, len: usize) -> Vec<String> {
+        (0..count).map(|_| text(len)).collect()
+    }
+
+    /// Each command filled to what validation lets a caller send.
+    fn filled() -> Vec<Command> {
+        let limits = Limits::default();
+        let (tags, text_len) = (limits.max_tags, limits.max_text_bytes);
+        let job = JobSpec {
+            queue: text(64),
+            payload: vec![7; 16],
+            idempotency_key: Some(text(text_len)),
+            tags: texts(tags, text_len),
+            ..JobSpec::default()
+        };
+        let spec = ScheduleSpec {
+            name: text(64),
+            cron: text(10_000),
+            timezone: text(1_000),
+            template: crate::schedule::JobTemplate {
+                queue: Some(text(64)),
+                payload: vec![1; 1_000],
+                tags: texts(tags, text_len),
+                command: Some(text(crate::validate::MAX_COMMAND_BYTES)),
+                ..Default::default()
+            },
+            ..ScheduleSpec::default()
+        };
+        let ids: Vec<u64> = (1..=1_000).collect();
+        vec![
+            Command::Enqueue { jobs: vec![job; limits.max_batch] },
+            Command::Nack { job_id: 1, token: 1, error: text(1 << 20), retry_after_ms: Some(1) },
+            Command::Ack { job_id: 1, token: 1, result: Some(vec![0; limits.max_result_bytes]) },
+            Command::AckLean { job_id: 1, token: 1, result: Some(vec![0; 100]) },
+            Command::ClaimOnce {
+                request_id: text(text_len),
+                worker: text(text_len),
+                queue: text(64),
+                max: 1,
+                lease_ttl_ms: None,
+                selector: texts(tags, text_len),
+            },
+            Command::Refresh {
+                worker: text(text_len),
+                leases: ids.iter().map(|&id| (id, id)).collect(),
+                lease_ttl_ms: Some(1),
+            },
+            Command::Redrive { target: RedriveTarget::Ids(ids.clone()) },
+            Command::PutSchedule { spec },
+            Command::FireEach {
+                schedule: text(64),
+                bucket: 1,
+                targets: ids.clone(),
+                offline: ids.clone(),
+            },
+            Command::TriggerOnce {
+                request_id: text(text_len),
+                schedule: text(64),
+                force: true,
+                targets: ids,
+            },
+            Command::RegisterNode { node: 1, tags: texts(tags, text_len) },
+            Command::Release { job_id: 1, token: 1 },
+        ]
+    }
+
+    #[test]
+    fn every_field_a_caller_fills_is_weighed() {
+        let commands = filled();
+        let batch = Command::Batch { commands: commands.clone() };
+        let ruled = Command::Ruled { limits: Limits::default(), command: Box::new(batch.clone()) };
+        for (index, command) in commands.iter().chain([&batch, &ruled]).enumerate() {
+            let encoded = bincode::serialize(command).expect("encodes").len();
+            let hint = command.size_hint();
+            assert!(hint >= encoded, "command {index}: {hint} < {encoded} encoded bytes");
+            assert!(hint <= 2 * encoded + 256, "command {index}: {hint} far above {encoded}");
+        }
+    }
+
+    #[test]
+    fn a_nack_error_is_cut_before_the_log_as_apply_would_cut_it() {
+        let limits = Limits::default();
+        // Multi-byte characters across the limit: the cut lands on a boundary.
+        let error = "é".repeat(limits.max_error_bytes);
+        let nack =
+            Command::Nack { job_id: 3, token: 4, error: error.clone(), retry_after_ms: None };
+        let expected = crate::validate::truncate_text(&error, limits.max_error_bytes);
+        assert!(
+            expected.len() <= limits.max_error_bytes && expected.len() + 2 > limits.max_error_bytes
+        );
+        let cut = |command: Command| command.with_texts_cut(&limits);
+        let Command::Nack { error: kept, job_id: 3, token: 4, .. } = cut(nack.clone()) else {
+            panic!("still the nack")
+        };
+        assert_eq!(kept, expected);
+        let Command::Batch { commands } = cut(Command::Batch { commands: vec![nack.clone()] })
+        else {
+            panic!("still a batch")
+        };
+        assert!(matches!(&commands[0], Command::Nack { error, .. } if *error == expected));
+        let ruled = Command::Ruled { limits: limits.clone(), command: Box::new(nack) };
+        let Command::Ruled { command, .. } = cut(ruled) else { panic!("still ruled") };
+        assert!(matches!(*command, Command::Nack { ref error, .. } if *error == expected));
+        let short =
+            Command::Nack { job_id: 1, token: 1, error: "oops".into(), retry_after_ms: None };
+        assert_eq!(cut(short.clone()), short);
+    }
 
     #[test]
     fn the_agreed_format_is_the_least_any_member_reads() {

@@ -21,8 +21,11 @@ use serde::de::DeserializeOwned;
 
 use crate::NodeId;
 
-/// Largest envelope either side accepts. openraft sends log entries in
-/// bounded batches and snapshots in bounded chunks, so this is headroom.
+/// Largest envelope either side accepts. An append carries one entry
+/// whatever its size, then more up to the log reader's byte budget; an
+/// entry is at most the journal's batch bound (4 MiB, counting every
+/// field) or one command (at most a Queue request, 16 MiB), and snapshots
+/// travel in bounded chunks, so this is headroom.
 pub const MAX_ENVELOPE_BYTES: usize = 64 * 1024 * 1024;
 
 /// The first byte of a binary envelope (version 1). A JSON envelope starts

@@ -95,8 +95,6 @@ const STAMP_RECHECK: Duration = Duration::from_millis(100);
 
 /// Most proposals waiting for the batcher before proposers wait for room.
 const BATCH_QUEUE: usize = 4_096;
-/// Most bulk bytes (payloads) in one batched log entry.
-const MAX_BATCH_BYTES: usize = 4 * 1024 * 1024;
 
 /// Cheap to clone; shared by every service and the node's driver.
 #[derive(Clone)]
@@ -591,12 +589,15 @@ impl Journal {
         self.enqueue_proposal(proposal, true).await
     }
 
-    /// Queues `proposal` for the batcher and waits for its answer.
+    /// Queues `proposal` for the batcher and waits for its answer. A
+    /// nack's error is cut here, at the first node that sees it, to what
+    /// `apply` keeps, so no caller's text larger than that enters the log.
     async fn enqueue_proposal(
         &self,
-        proposal: Proposal,
+        mut proposal: Proposal,
         may_forward: bool,
     ) -> Result<Response, Error> {
+        proposal.command = proposal.command.with_texts_cut(self.limits());
         let timeout = self.inner.config.quorum_timeout;
         let (reply, answer) = tokio::sync::oneshot::channel();
         let pending = Pending { proposal, may_forward, reply, queued: std::time::Instant::now() };
@@ -890,18 +891,17 @@ async fn batch_proposals(
         // the pipeline is full joins this batch.
         let Ok(permit) = in_flight.clone().acquire_owned().await else { return };
         let mut batch = vec![first];
-        if let Some(mut count) = batch::merge_weight(&batch[0].proposal.command) {
-            let mut bytes = batch[0].proposal.command.bulk_bytes();
-            while count < leasehold_core::command::MAX_BATCH_COMMANDS && bytes < MAX_BATCH_BYTES {
+        if let Some(mut fill) = batch::Fill::start(&batch[0].proposal.command) {
+            while !fill.is_full() {
                 let Ok(next) = queue.try_recv() else { break };
-                match batch::merge_weight(&next.proposal.command) {
-                    Some(more) if count + more <= leasehold_core::command::MAX_BATCH_COMMANDS => {
-                        count += more;
-                        bytes += next.proposal.command.bulk_bytes();
+                match fill.admit(&next.proposal.command) {
+                    Some(more) => {
+                        fill = more;
                         batch.push(next);
                     }
-                    // Too many to merge, or malformed: it starts the next batch.
-                    _ => {
+                    // Too many commands or bytes, or malformed: it starts
+                    // the next batch.
+                    None => {
                         carried = Some(next);
                         break;
                     }
