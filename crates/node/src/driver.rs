@@ -23,7 +23,9 @@ use std::time::Duration;
 
 use leasehold_core::claim_path::ClaimPath;
 use leasehold_core::cron::{self, CronSchedule};
-use leasehold_core::schedule::{Schedule, SkipReason, Target, TickOutcome, TickPlan, plan_ticks};
+use leasehold_core::schedule::{
+    Schedule, ScheduleSpec, SkipReason, Target, TickOutcome, TickPlan, plan_ticks,
+};
 use leasehold_core::{Command, Response};
 use leasehold_replica::metrics::TickLabels;
 use leasehold_replica::{Gate, Journal};
@@ -263,7 +265,13 @@ pub async fn tick_schedules(
             }
             ClaimPath::Bus => {
                 ticker.bus_done.insert(name.clone(), bucket);
-                if let Some(why) = bus_refusal(gate, config, &schedule, newest_ms, now_ms) {
+                let facts = BusFacts {
+                    warmed_up: gate.warmed_up(),
+                    clock_skewed: journal.clock_verdict().is_skewed(),
+                    run_commands: config.run_commands,
+                    tags: &config.tags,
+                };
+                if let Some(why) = bus_refusal(&facts, &schedule.spec, newest_ms, now_ms) {
                     tracing::info!(event = "cron.skip", path = "bus", schedule = %name, bucket, reason = why, "bus tick not claimed here");
                     continue;
                 }
@@ -308,34 +316,50 @@ fn cron_key(schedule: &Schedule) -> (String, String) {
     (schedule.spec.cron.clone(), schedule.spec.timezone.clone())
 }
 
+/// What this node knows of itself when it decides on a bus tick.
+struct BusFacts<'a> {
+    /// Up for the gate's settle time (every online peer heard).
+    warmed_up: bool,
+    /// A majority of the voters judge this node's clock wrong.
+    clock_skewed: bool,
+    /// The built-in executor is on.
+    run_commands: bool,
+    /// This node's tags.
+    tags: &'a [String],
+}
+
 /// Why this node takes no bus claim for a tick, if it does not.
 fn bus_refusal(
-    gate: &Gate,
-    config: &DriverConfig,
-    schedule: &Schedule,
+    facts: &BusFacts<'_>,
+    spec: &ScheduleSpec,
     tick_ms: u64,
     now_ms: u64,
 ) -> Option<&'static str> {
-    if !gate.warmed_up() {
+    if !facts.warmed_up {
         // Not every online peer may have been heard yet.
         return Some("warming_up");
     }
-    if schedule.spec.paused {
+    if facts.clock_skewed {
+        // On the bus a node judges a tick due by its own clock: one running
+        // ahead would claim ticks early, and the skip it records would
+        // move the schedule's mark past ticks that never ran.
+        return Some("clock_skewed");
+    }
+    if spec.paused {
         return Some("paused");
     }
     if now_ms.saturating_sub(tick_ms) >= TICK_TOLERANCE_MS {
         // The bus runs current ticks only; missed ones are not caught up.
         return Some("missed");
     }
-    if schedule.spec.template.command.is_none() {
+    if spec.template.command.is_none() {
         // A queue job can only be enqueued through the journal.
         return Some("not_a_command");
     }
-    if !config.run_commands {
+    if !facts.run_commands {
         return Some("no_executor");
     }
-    if schedule.spec.target == Target::Each
-        && !schedule.spec.template.tags.iter().all(|tag| config.tags.contains(tag))
+    if spec.target == Target::Each && !spec.template.tags.iter().all(|tag| facts.tags.contains(tag))
     {
         return Some("no_target");
     }
@@ -489,4 +513,38 @@ async fn fire_on_journal(
         }
     }
     true
+}
+
+#[cfg(test)]
+mod tests {
+    use leasehold_core::schedule::JobTemplate;
+
+    use super::*;
+
+    fn command_schedule() -> ScheduleSpec {
+        ScheduleSpec {
+            name: "nightly".into(),
+            cron: "* * * * *".into(),
+            template: JobTemplate { command: Some("true".into()), ..JobTemplate::default() },
+            ..ScheduleSpec::default()
+        }
+    }
+
+    #[test]
+    fn a_node_whose_clock_the_voters_judge_wrong_claims_no_bus_tick() {
+        let tags = Vec::new();
+        let facts =
+            BusFacts { warmed_up: true, clock_skewed: false, run_commands: true, tags: &tags };
+        let spec = command_schedule();
+        let (tick_ms, now_ms) = (60_000, 60_010);
+        assert_eq!(bus_refusal(&facts, &spec, tick_ms, now_ms), None, "claims when sound");
+        let skewed = BusFacts { clock_skewed: true, ..facts };
+        assert_eq!(bus_refusal(&skewed, &spec, tick_ms, now_ms), Some("clock_skewed"));
+        let cold = BusFacts { warmed_up: false, ..facts };
+        assert_eq!(bus_refusal(&cold, &spec, tick_ms, now_ms), Some("warming_up"));
+        let idle = BusFacts { run_commands: false, ..facts };
+        assert_eq!(bus_refusal(&idle, &spec, tick_ms, now_ms), Some("no_executor"));
+        let late = now_ms + TICK_TOLERANCE_MS;
+        assert_eq!(bus_refusal(&facts, &spec, tick_ms, late), Some("missed"));
+    }
 }
