@@ -201,20 +201,30 @@ impl Credentials {
     }
 
     /// Reads the tokens file and the TLS files again and puts them in
-    /// force for every later call and connection. On any error nothing
-    /// changes.
+    /// force for every later call and connection. Each kind is taken on its
+    /// own: a broken TLS file must not hold back a token's removal, nor a
+    /// broken tokens file a certificate's rotation. A kind that fails to
+    /// load changes nothing and is reported.
     fn reload(&self) -> Result<(), NodeError> {
-        let tokens = match &self.tokens_file {
-            Some(path) => Some(TokenSet::from_file(path)?),
-            None => None,
-        };
+        match (self.reload_tokens(), self.reload_tls()) {
+            (Ok(()), Ok(())) => Ok(()),
+            (Err(error), Ok(())) | (Ok(()), Err(error)) => Err(error),
+            (Err(tokens), Err(tls)) => Err(NodeError::Security(format!("{tokens}; {tls}"))),
+        }
+    }
+
+    fn reload_tokens(&self) -> Result<(), NodeError> {
+        if let (Some(path), Some(shared)) = (&self.tokens_file, &self.tokens) {
+            shared.replace(TokenSet::from_file(path)?);
+        }
+        Ok(())
+    }
+
+    fn reload_tls(&self) -> Result<(), NodeError> {
         let tls = self.tls_files.as_ref().map(|files| node_tls(files, self.id)).transpose()?;
         let server = tls.as_ref().map(TlsMaterial::server_config).transpose()?;
         let reloaded = Credentials { tls, ..self.clone() };
         let peer_security = reloaded.peer_security()?;
-        if let (Some(shared), Some(tokens)) = (&self.tokens, tokens) {
-            shared.replace(tokens);
-        }
         if let (Some(shared), Some(server)) = (&self.server_tls, server) {
             shared.replace(server);
         }

@@ -9,11 +9,13 @@
 //! `leasehold dev-certs`; callers are raw tonic clients with exactly the
 //! identity, token and proof under test, so the test sees what the server
 //! answered. Rotation is judged by the same caller failing before the
-//! SIGHUP and succeeding after it (and the reverse for a removed token).
+//! SIGHUP and succeeding after it (and the reverse for a removed token),
+//! even while a TLS file is broken.
 //!
 //! Mutation checks (each run once against a deliberately broken build): a
 //! SIGHUP handler that does not reload fails the rotation story at the new
-//! token. (An exposure check that looks only for TLS is caught by the
+//! token; a reload that takes nothing when a TLS file is broken fails it at
+//! the token added beside the broken key. (An exposure check that looks only for TLS is caught by the
 //! config unit test instead, which needs no node on 0.0.0.0.)
 
 use std::path::Path;
@@ -253,6 +255,20 @@ async fn rotation_story(sandbox: &Sandbox) -> Result<()> {
     .await?;
     stats(second, client_tls()?)?().await.context("the kept token after a bad reload")?;
     write_tokens(&tokens, &[("second", second)])?;
+
+    phase("a broken TLS key does not hold back the tokens file: 'second' removed, 'third' added");
+    let key = certs.join("node-1.key");
+    let good_key = std::fs::read(&key)?;
+    std::fs::write(&key, "not a key")?;
+    let third = "lh_third-token-of-the-story";
+    write_tokens(&tokens, &[("third", third)])?;
+    node.signal(Signal::SIGHUP)?;
+    until("token 'third' to be accepted", stats(third, client_tls()?)?, true).await?;
+    until("token 'second' to be refused", stats(second, client_tls()?)?, false).await?;
+    std::fs::write(&key, good_key)?;
+    write_tokens(&tokens, &[("second", second)])?;
+    node.signal(Signal::SIGHUP)?;
+    until("token 'second' to be accepted again", stats(second, client_tls()?)?, true).await?;
 
     phase("a client certificate of a new CA: refused, then accepted once the CA bundle has it");
     let first_ca = ca_of(&certs)?;
