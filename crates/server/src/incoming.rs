@@ -31,6 +31,10 @@ pub struct ConnectionLimits {
     pub per_client: usize,
     /// Most TLS handshakes in progress at once (a slow handshake holds one).
     pub handshakes: usize,
+    /// Most of those from one client address, so that one address cannot
+    /// hold every handshake (silent connections, each for the timeout) and
+    /// shut out peers and clients that bring a certificate.
+    pub handshakes_per_client: usize,
     /// A handshake not done within this is abandoned.
     pub handshake_timeout: Duration,
 }
@@ -40,6 +44,7 @@ impl Default for ConnectionLimits {
         ConnectionLimits {
             per_client: 256,
             handshakes: 128,
+            handshakes_per_client: 8,
             handshake_timeout: Duration::from_secs(10),
         }
     }
@@ -219,6 +224,7 @@ async fn accept_loop(
     sender: mpsc::Sender<io::Result<Connection>>,
 ) {
     let counts = Counts::default();
+    let in_handshake = Counts::default();
     let handshakes = Arc::new(Semaphore::new(limits.handshakes.max(1)));
     // Dropped (aborting every handshake) when this task ends.
     let mut in_progress = tokio::task::JoinSet::new();
@@ -265,6 +271,16 @@ async fn accept_loop(
             }
             continue;
         };
+        let Some(handshaking) = in_handshake.take(remote.ip(), limits.handshakes_per_client) else {
+            tracing::warn!(
+                event = "limit.refuse",
+                limit = "tls_handshakes_per_client",
+                client = %remote.ip(),
+                max = limits.handshakes_per_client,
+                "too many TLS handshakes in progress from one client; closing the new connection"
+            );
+            continue;
+        };
         let Ok(permit) = handshakes.clone().try_acquire_owned() else {
             tracing::warn!(
                 event = "limit.refuse",
@@ -280,7 +296,7 @@ async fn accept_loop(
         in_progress.spawn(async move {
             let acceptor = tokio_rustls::TlsAcceptor::from(config);
             let handshake = tokio::time::timeout(timeout, acceptor.accept(stream)).await;
-            drop(permit);
+            drop((permit, handshaking));
             let stream = match handshake {
                 Ok(Ok(stream)) => stream,
                 Ok(Err(error)) => {
@@ -341,7 +357,64 @@ const RETRY_ACCEPT_ON: [i32; 12] = [24, 23, 105, 12, 71, 92, 112, 64, 113, 95, 1
 
 #[cfg(test)]
 mod tests {
+    use leasehold_security::TlsFiles;
+    use leasehold_security::devcerts::DevCerts;
+    use tokio::io::AsyncReadExt;
+    use tokio::net::TcpSocket;
+
     use super::*;
+
+    /// A connection from `ip` that sends nothing.
+    async fn silent(ip: [u8; 4], to: SocketAddr) -> io::Result<TcpStream> {
+        let socket = TcpSocket::new_v4()?;
+        socket.bind(SocketAddr::from((ip, 0)))?;
+        socket.connect(to).await
+    }
+
+    /// Whether the node closed `stream` within a moment (read EOF or reset).
+    async fn closed_soon(stream: &mut TcpStream) -> bool {
+        let mut byte = [0u8; 1];
+        match tokio::time::timeout(Duration::from_millis(300), stream.read(&mut byte)).await {
+            Ok(Ok(0)) | Ok(Err(_)) => true,
+            Ok(Ok(_)) | Err(_) => false,
+        }
+    }
+
+    #[tokio::test]
+    async fn one_address_cannot_hold_every_tls_handshake() -> Result<(), Box<dyn std::error::Error>>
+    {
+        let dir = tempfile::tempdir()?;
+        DevCerts { dir: dir.path().to_path_buf(), nodes: 1, hosts: Vec::new() }.write()?;
+        let files = TlsFiles {
+            ca: dir.path().join("ca.pem"),
+            cert: dir.path().join("node-1.pem"),
+            key: dir.path().join("node-1.key"),
+        };
+        let tls = SharedServerConfig::new(files.load()?.server_config()?);
+        let listener = TcpListener::bind("127.0.0.1:0").await?;
+        let addr = listener.local_addr()?;
+        let limits = ConnectionLimits {
+            handshakes: 16,
+            handshakes_per_client: 4,
+            ..ConnectionLimits::default()
+        };
+        let _incoming = incoming(listener, Some(tls), limits);
+        // One address opens more silent connections than there are handshakes.
+        let mut flood = Vec::new();
+        for _ in 0..20 {
+            flood.push(silent([127, 0, 0, 2], addr).await?);
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let mut refused = 0;
+        for stream in &mut flood {
+            refused += usize::from(closed_soon(stream).await);
+        }
+        assert_eq!(refused, 16, "all but the per-address share are closed at once");
+        // Another address still gets a handshake: its connection stays open.
+        let mut other = silent([127, 0, 0, 3], addr).await?;
+        assert!(!closed_soon(&mut other).await, "another client was shut out");
+        Ok(())
+    }
 
     #[test]
     fn slots_bound_connections_per_client_and_come_back() {
