@@ -174,6 +174,22 @@ pub const SERVICES: [&str; 9] = [
 /// name, or `other` for a name no node serves. The path comes from the
 /// caller, so it never becomes a label of its own (each would be a series
 /// kept for the life of the process).
+/// Longest path a refusal repeats in its log line or its message: longer
+/// than every method a node serves, so only a made-up path is cut. A
+/// client may send a path of kilobytes once and then name it again in a
+/// byte or two (HTTP/2 header compression), so an uncut path would let it
+/// write a thousand bytes of log for every byte it sends.
+const SHOWN_PATH_BYTES: usize = 128;
+
+/// `path`, cut to [`SHOWN_PATH_BYTES`] at a character boundary.
+fn shown(path: &str) -> &str {
+    let mut end = path.len().min(SHOWN_PATH_BYTES);
+    while !path.is_char_boundary(end) {
+        end -= 1;
+    }
+    path.get(..end).unwrap_or_default()
+}
+
 fn service_label(path: &str) -> &'static str {
     let service = path.trim_start_matches('/').split('/').next().unwrap_or_default();
     SERVICES.iter().find(|known| **known == service).copied().unwrap_or("other")
@@ -209,7 +225,7 @@ impl AuthConfig {
         headers: &http::HeaderMap,
         connection: Option<&ConnectionInfo>,
     ) -> Result<Caller, Refusal> {
-        let method = path.trim_start_matches('/');
+        let method = shown(path.trim_start_matches('/'));
         let needed = requirement(path);
         let identity = connection.and_then(|c| c.identity.as_ref());
         // With TLS only a certificate makes a node; without, a node proof.
@@ -324,7 +340,7 @@ impl AuthLayer {
         let remote = remote.map(|r| r.to_string()).unwrap_or_default();
         tracing::info!(
             event = "auth.refuse",
-            method = %path,
+            method = %shown(path),
             reason = refusal.reason,
             client = %remote,
             message = %refusal.status.message(),
@@ -344,7 +360,7 @@ impl AuthLayer {
             .inc();
         tracing::info!(
             event = "auth.refuse",
-            method = %path,
+            method = %shown(path),
             reason = "role",
             message = %status.message(),
             "call refused"
@@ -530,6 +546,18 @@ mod tests {
     struct Method {
         #[prost(string, optional, tag = "1")]
         name: Option<String>,
+    }
+
+    #[test]
+    fn a_refusal_repeats_at_most_a_short_path() {
+        let long = format!("/leasehold.v1.Queue/{}", "é".repeat(4_000));
+        let cut = shown(&long);
+        assert!(cut.len() <= SHOWN_PATH_BYTES && cut.len() + 2 > SHOWN_PATH_BYTES, "{}", cut.len());
+        assert!(long.starts_with(cut));
+        for service in SERVICES {
+            let path = format!("/{service}/SomeLongMethodNameOfTheService");
+            assert_eq!(shown(&path), path, "a served path is never cut");
+        }
     }
 
     #[test]
