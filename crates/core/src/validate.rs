@@ -244,6 +244,11 @@ pub fn validate_command(command: &Command, limits: &Limits) -> Result<(), Valida
 
 /// Longest shell command a schedule may carry (bytes).
 pub const MAX_COMMAND_BYTES: usize = 64 * 1024;
+/// Longest cron expression a schedule may carry (bytes), checked by the
+/// proposer only (see [`schedule_expression`]).
+pub const MAX_CRON_BYTES: usize = 1_024;
+/// Longest timezone name (bytes; IANA names are at most about 30).
+pub const MAX_TIMEZONE_BYTES: usize = 64;
 /// Most missed ticks `catchup = all` may run.
 pub const MAX_CATCHUP: u32 = 1_000;
 
@@ -261,6 +266,19 @@ pub fn schedule_spec(spec: &ScheduleSpec, limits: &Limits) -> Result<(), Validat
 /// differs between versions, and replicas of two versions must not judge
 /// one committed schedule differently.
 pub fn schedule_expression(spec: &ScheduleSpec) -> Result<(), ValidationError> {
+    // Bounded before they are parsed: an error echoes the text, and every
+    // read of the schedule carries it.
+    for (field, text, limit) in [
+        ("cron", &spec.cron, MAX_CRON_BYTES),
+        ("timezone", &spec.timezone, MAX_TIMEZONE_BYTES),
+    ] {
+        if text.len() > limit {
+            return Err(ValidationError::too_large(
+                field,
+                format!("is {} bytes, limit {limit}", text.len()),
+            ));
+        }
+    }
     if let Err(error) = crate::cron::parse(&spec.cron, &spec.timezone) {
         let field = if matches!(error, crate::cron::CronError::UnknownTimezone { .. }) {
             "timezone"
@@ -590,6 +608,26 @@ mod tests {
         assert_eq!(error.kind, kind, "{error}");
         assert_eq!(error.field, field, "{error}");
         assert_eq!(error.problem, problem, "{error}");
+    }
+
+    #[test]
+    fn a_long_cron_or_timezone_is_refused_before_it_is_parsed() {
+        let spec = |cron: String, timezone: String| ScheduleSpec {
+            name: "nightly".into(),
+            cron,
+            timezone,
+            ..ScheduleSpec::default()
+        };
+        let limits = Limits::default();
+        let fine = spec("0 3 * * *".into(), "Europe/Berlin".into());
+        assert_eq!(schedule_spec(&fine, &limits), Ok(()));
+        let long_cron = spec(format!("0 3 * * {}", "1,".repeat(MAX_CRON_BYTES)), String::new());
+        let error = schedule_spec(&long_cron, &limits).expect_err("too long");
+        assert_eq!((error.kind, error.field.as_str()), (ValidationKind::TooLarge, "cron"));
+        assert!(error.problem.len() < 100, "the text is not echoed: {}", error.problem);
+        let long_zone = spec("0 3 * * *".into(), "Europe/".repeat(MAX_TIMEZONE_BYTES));
+        let error = schedule_spec(&long_zone, &limits).expect_err("too long");
+        assert_eq!((error.kind, error.field.as_str()), (ValidationKind::TooLarge, "timezone"));
     }
 
     #[test]
