@@ -268,10 +268,9 @@ pub fn schedule_spec(spec: &ScheduleSpec, limits: &Limits) -> Result<(), Validat
 pub fn schedule_expression(spec: &ScheduleSpec) -> Result<(), ValidationError> {
     // Bounded before they are parsed: an error echoes the text, and every
     // read of the schedule carries it.
-    for (field, text, limit) in [
-        ("cron", &spec.cron, MAX_CRON_BYTES),
-        ("timezone", &spec.timezone, MAX_TIMEZONE_BYTES),
-    ] {
+    for (field, text, limit) in
+        [("cron", &spec.cron, MAX_CRON_BYTES), ("timezone", &spec.timezone, MAX_TIMEZONE_BYTES)]
+    {
         if text.len() > limit {
             return Err(ValidationError::too_large(
                 field,

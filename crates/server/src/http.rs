@@ -57,6 +57,11 @@ pub async fn serve(
             status,
             status_turns: Arc::new(Semaphore::new(MAX_STATUS_IN_FLIGHT)),
         });
+    let app = if listener.local_addr()?.ip().is_loopback() {
+        app.layer(axum::middleware::from_fn(loopback_hosts_only))
+    } else {
+        app
+    };
     let (connections, failure) = listener::Bounded::new(listener)?;
     let serving = axum::serve(connections, app).with_graceful_shutdown(shutdown);
     tokio::select! {
@@ -66,6 +71,53 @@ pub async fn serve(
             Err(error)
         }
     }
+}
+
+/// On a port bound to loopback, answers only requests addressed to a
+/// loopback name (`localhost`, `127.0.0.0/8`, `::1`), except `/livez`. A
+/// web page the operator visits can rebind its own host name to
+/// 127.0.0.1 and read this port as its own origin (DNS rebinding); its
+/// requests still name that host, so they are refused, with 421.
+async fn loopback_hosts_only(
+    request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
+    let host =
+        request.uri().authority().map(|authority| authority.host().to_string()).or_else(|| {
+            // A Host that does not parse names no loopback either.
+            let value = request.headers().get(header::HOST)?;
+            Some(value.to_str().ok().and_then(host_of).unwrap_or_else(|| "(unreadable)".into()))
+        });
+    match host {
+        Some(host) if !is_loopback_name(&host) && request.uri().path() != "/livez" => (
+            StatusCode::MISDIRECTED_REQUEST,
+            [(header::CACHE_CONTROL, "no-store")],
+            format!(
+                "this port is bound to loopback and answers requests for a loopback name only, \
+                 not for host {}\n",
+                host.chars().take(64).collect::<String>()
+            ),
+        )
+            .into_response(),
+        _ => next.run(request).await,
+    }
+}
+
+/// The host part of a `Host` header's value (without its port).
+fn host_of(value: &str) -> Option<String> {
+    let authority: axum::http::uri::Authority = value.parse().ok()?;
+    Some(authority.host().to_string())
+}
+
+/// Whether `host` (as in a URI, IPv6 in brackets) names this machine's
+/// loopback interface.
+fn is_loopback_name(host: &str) -> bool {
+    let host = host.trim_end_matches('.');
+    if host.eq_ignore_ascii_case("localhost") {
+        return true;
+    }
+    let bare = host.strip_prefix('[').and_then(|h| h.strip_suffix(']')).unwrap_or(host);
+    bare.parse::<std::net::IpAddr>().is_ok_and(|ip| ip.is_loopback())
 }
 
 /// An embedded asset. The shell carries no data, and nothing of it may be
@@ -134,4 +186,24 @@ async fn readyz(State(http): State<Http>) -> (StatusCode, String) {
     let report = http.readiness.report().await;
     let code = if report.ready { StatusCode::OK } else { StatusCode::SERVICE_UNAVAILABLE };
     (code, report.body())
+}
+
+#[cfg(test)]
+mod host_tests {
+    use super::{host_of, is_loopback_name};
+
+    #[test]
+    fn only_loopback_names_pass() {
+        for host in ["localhost:7080", "LOCALHOST", "127.0.0.1:7080", "127.3.4.5", "[::1]:7080"] {
+            let name = host_of(host).expect("a host");
+            assert!(is_loopback_name(&name), "{host}");
+        }
+        for host in
+            ["attacker.example:7080", "10.0.0.1", "[::2]:7080", "localhost.attacker.example"]
+        {
+            let name = host_of(host).expect("a host");
+            assert!(!is_loopback_name(&name), "{host}");
+        }
+        assert_eq!(host_of("not a host"), None);
+    }
 }

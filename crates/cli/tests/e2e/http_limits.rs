@@ -10,9 +10,14 @@
 //! 127.0.0.2 is answered. Then every connection left open must be closed
 //! by the node within the idle time and a margin.
 //!
+//! Before that, requests naming a host other than a loopback name are
+//! refused with 421 (a page that rebinds its name to 127.0.0.1 must not
+//! read the port), except `/livez`.
+//!
 //! Mutation checks (each run once against a deliberately broken build): with
 //! no per-address limit the 65th connection stays open; without the idle
-//! close the silent connections stay open past the margin.
+//! close the silent connections stay open past the margin; without the
+//! host check the status answers the attacker's host.
 
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -59,6 +64,28 @@ async fn story(sandbox: &Sandbox) -> Result<()> {
     phase("a node");
     let node = Node::start(sandbox).await?;
     let http = node.http;
+
+    phase("a request for another host name is refused (DNS rebinding); loopback names are served");
+    for (host, path, status) in [
+        ("attacker.example", "/api/status", "421"),
+        ("attacker.example:7080", "/metrics", "421"),
+        ("127.0.0.1", "/api/status", "200"),
+        ("localhost", "/metrics", "200"),
+        ("attacker.example", "/livez", "200"),
+    ] {
+        let mut stream = connect([127, 0, 0, 3], http).await?;
+        let request = format!("GET {path} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n");
+        stream.write_all(request.as_bytes()).await?;
+        let mut answer = String::new();
+        tokio::time::timeout(Duration::from_secs(10), stream.read_to_string(&mut answer))
+            .await
+            .context("no answer")??;
+        ensure!(
+            answer.starts_with(&format!("HTTP/1.1 {status}")),
+            "{path} for host {host}: {}",
+            answer.lines().next().unwrap_or_default()
+        );
+    }
 
     phase("63 silent connections and one with half a request from 127.0.0.1");
     let mut open = Vec::new();
