@@ -41,6 +41,7 @@ pub mod layout;
 pub mod local;
 mod log_store;
 mod migrate;
+mod purge_floor;
 mod state_machine;
 mod wal;
 
@@ -74,7 +75,8 @@ pub fn open(path: &Path) -> Result<(LogStore, StateMachineStore), StorageError> 
 /// trees next to the stores.
 pub fn open_db(db: sled::Db, dir: &Path) -> Result<(LogStore, StateMachineStore), StorageError> {
     let failpoint = Failpoint::default();
-    let log_store = LogStore::open(dir, db.clone(), failpoint.clone())?;
-    let state_machine = StateMachineStore::open_db(db, dir, failpoint)?;
+    let floor = purge_floor::PurgeFloor::default();
+    let log_store = LogStore::open(dir, db.clone(), failpoint.clone(), floor.clone())?;
+    let state_machine = StateMachineStore::open_db(db, dir, failpoint, floor)?;
     Ok((log_store, state_machine))
 }

@@ -14,7 +14,7 @@ use openraft::storage::RaftStateMachine;
 use openraft::{BasicNode, RaftSnapshotBuilder, Snapshot, SnapshotMeta};
 use tokio::io::{AsyncReadExt, AsyncSeekExt, AsyncWriteExt};
 
-use crate::support::{enqueue, membership, reopen};
+use crate::support::{blank, enqueue, log_id, membership, reopen};
 
 /// openraft's default chunk is 3 MiB; a small one makes many chunks.
 const CHUNK: usize = 4 * 1024;
@@ -187,5 +187,38 @@ async fn a_receive_cut_by_a_crash_is_cleaned_up_on_open() -> anyhow::Result<()> 
     std::fs::write(dir.path().join("snapshot.receiving.7"), b"half a snapshot")?;
     let _stores = reopen(dir.path())?;
     assert_eq!(receiving_files(dir.path())?, Vec::<String>::new());
+    Ok(())
+}
+
+#[tokio::test]
+async fn the_log_a_received_snapshot_covers_is_purged_only_once_the_snapshot_is_on_disk()
+-> anyhow::Result<()> {
+    use openraft::RaftLogReader;
+    use openraft::storage::{RaftLogStorage, RaftLogStorageExt};
+
+    let from = tempfile::tempdir()?;
+    let to = tempfile::tempdir()?;
+    let (_sender, mut snapshot) = sender(from.path(), 40).await?;
+    let chunks = chunks(&mut snapshot).await?;
+    let (mut log, mut receiver) = leasehold_storage::open(to.path())?;
+    log.blocking_append((1..=5).map(|index| blank(1, index))).await?;
+
+    // openraft hands the install over and purges at once; the purge comes
+    // first here, as it can on a node.
+    let mut data = receiver.begin_receiving_snapshot().await?;
+    receive(&mut data, &chunks).await?;
+    log.purge(log_id(1, 5)).await?;
+    assert_eq!(log.get_log_state().await?.last_purged_log_id, None, "purged before the install");
+    drop((log, receiver));
+    // A crash here: the log is whole, and the node starts from it.
+    let (mut log, mut receiver) = reopen(to.path())?;
+    assert_eq!(log.try_get_log_entries(1..6).await?.len(), 5, "the log after a crash");
+
+    // Received and installed again; now the purge goes through.
+    let mut data = receiver.begin_receiving_snapshot().await?;
+    receive(&mut data, &chunks).await?;
+    receiver.install_snapshot(&snapshot.meta, data).await?;
+    log.purge(log_id(1, 5)).await?;
+    assert_eq!(log.get_log_state().await?.last_purged_log_id, Some(log_id(1, 5)));
     Ok(())
 }
