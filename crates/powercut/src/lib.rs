@@ -77,9 +77,20 @@ struct Disk {
     fsyncs: u64,
     /// Fsyncs seen of each file, by inode.
     file_fsyncs: BTreeMap<u64, u64>,
+    /// Fsyncs seen of each directory, by inode.
+    dir_fsyncs: BTreeMap<u64, u64>,
 }
 
 impl Disk {
+    /// The inode at `path`, relative to the root, now.
+    fn lookup(&self, path: &Path) -> Option<u64> {
+        let mut ino = ROOT;
+        for part in path.components() {
+            ino = *self.names.get(&(ino, part.as_os_str().to_os_string()))?;
+        }
+        Some(ino)
+    }
+
     fn new() -> Self {
         let mut disk = Disk { next: ROOT + 1, ..Disk::default() };
         disk.nodes.insert(ROOT, Node::Dir);
@@ -376,12 +387,14 @@ impl Filesystem for Fs {
     fn fsyncdir(
         &mut self,
         _req: &Request<'_>,
-        _ino: u64,
+        ino: u64,
         _fh: u64,
         _datasync: bool,
         reply: ReplyEmpty,
     ) {
-        self.disk().commit();
+        let mut disk = self.disk();
+        *disk.dir_fsyncs.entry(ino).or_default() += 1;
+        disk.commit();
         reply.ok();
     }
 
@@ -439,16 +452,19 @@ impl Mounted {
     /// mount syncs meanwhile.
     pub fn file_fsyncs_in(&self, dir: &Path) -> u64 {
         let disk = self.disk.lock().unwrap_or_else(PoisonError::into_inner);
-        let mut ino = ROOT;
-        for part in dir.components() {
-            match disk.names.get(&(ino, part.as_os_str().to_os_string())) {
-                Some(&child) => ino = child,
-                None => return 0,
-            }
-        }
+        let Some(ino) = disk.lookup(dir) else { return 0 };
         disk.children(ino)
             .map(|(_, child)| disk.file_fsyncs.get(&child).copied().unwrap_or(0))
             .sum()
+    }
+
+    /// How many fsyncs it has seen of the directory `dir` itself, a path
+    /// relative to the mount point (`""` for the root; 0 when there is no
+    /// such directory): what makes the names in it durable on a file
+    /// system without a journal.
+    pub fn dir_fsyncs_of(&self, dir: &Path) -> u64 {
+        let disk = self.disk.lock().unwrap_or_else(PoisonError::into_inner);
+        disk.lookup(dir).map_or(0, |ino| disk.dir_fsyncs.get(&ino).copied().unwrap_or(0))
     }
 
     /// Cuts the power: writes what survives, as it stands at this instant,

@@ -46,6 +46,27 @@ pub(crate) fn sync_dir(dir: &Path) -> Result<(), StorageError> {
     })
 }
 
+/// Creates `path` and any missing parents, then fsyncs the parent of each
+/// directory it created, so that their names survive a power cut too. On
+/// a journalling file system any later fsync would commit them, but on
+/// one without a journal (ext2, ext4 made without one) only a sync of the
+/// directory that holds a name makes that name durable; without it the
+/// whole data directory, its vote and acknowledged entries with it, could
+/// vanish after a node's first start.
+pub(crate) fn create_dir_all_durably(path: &Path) -> Result<(), StorageError> {
+    let missing: Vec<&Path> =
+        path.ancestors().take_while(|dir| !dir.as_os_str().is_empty() && !dir.exists()).collect();
+    std::fs::create_dir_all(path)
+        .map_err(|source| StorageError::CreateDir { path: path.to_path_buf(), source })?;
+    for dir in missing {
+        match dir.parent() {
+            Some(parent) if !parent.as_os_str().is_empty() => sync_dir(parent)?,
+            _ => sync_dir(Path::new("."))?,
+        }
+    }
+    Ok(())
+}
+
 /// Reads `dir/name`, `None` when it does not exist.
 #[cfg(test)]
 pub(crate) fn read_file(dir: &Path, name: &str) -> Result<Option<Vec<u8>>, StorageError> {

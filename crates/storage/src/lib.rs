@@ -61,8 +61,7 @@ use failpoint::Failpoint;
 /// stores. Blocks while it replays the log (and, once, while it migrates
 /// an older version's log out of sled): call it off the async threads.
 pub fn open(path: &Path) -> Result<(LogStore, StateMachineStore), StorageError> {
-    std::fs::create_dir_all(path)
-        .map_err(|source| StorageError::CreateDir { path: path.to_path_buf(), source })?;
+    durable::create_dir_all_durably(path)?;
     let db = sled::Config::new().path(path).open()?;
     // sled creates its files without syncing the directory that names them.
     durable::sync_dir(path)?;

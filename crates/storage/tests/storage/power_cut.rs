@@ -149,3 +149,17 @@ async fn one_append_of_many_entries_costs_one_sync() -> anyhow::Result<()> {
     assert_eq!(log_store.try_get_log_entries(..).await?, written);
     Ok(())
 }
+
+#[tokio::test]
+async fn a_new_data_directory_is_named_durably_in_every_parent_it_needed() -> anyhow::Result<()> {
+    let Some(fs) = mount()? else { return Ok(()) };
+    let data = fs.path().join("fleet").join("node-1");
+    let (_log_store, _state_machine) = leasehold_storage::open(&data)?;
+    // On a file system without a journal a name is durable only once the
+    // directory holding it is synced: the mount's root holds `fleet`, and
+    // `fleet` holds `node-1`.
+    for (holder, name) in [("", "fleet"), ("fleet", "node-1")] {
+        assert!(fs.dir_fsyncs_of(Path::new(holder)) >= 1, "the directory naming {name} unsynced");
+    }
+    Ok(())
+}
