@@ -1710,3 +1710,24 @@ proptest::proptest! {
         proptest::prop_assert_eq!(count_up_to(&members, &pivot), expected);
     }
 }
+
+/// `apply` decides by these constants, and they travel in no entry
+/// (unlike the limits a `Ruled` entry carries): replicas of two
+/// builds that differ in one would apply the same entry differently.
+/// Changing one needs a new log format, written only once every member
+/// reads it (see `LOG_FORMAT`); this pins them so that it cannot
+/// happen by accident.
+#[test]
+fn the_constants_apply_decides_by_are_pinned() {
+    use crate::command::{MAX_BATCH_COMMANDS, MAX_CLOCK_OFFSET_MS};
+    use crate::{schedule, state, validate};
+    assert_eq!(MAX_BATCH_COMMANDS, 256);
+    assert_eq!(MAX_CLOCK_OFFSET_MS, 60_000);
+    assert_eq!(validate::MAX_COMMAND_BYTES, 64 * 1024);
+    assert_eq!(validate::MAX_CATCHUP, 1_000);
+    assert_eq!(validate::QUEUE_NAME_PATTERN, "[a-z0-9][a-z0-9._-]{0,63}");
+    assert_eq!(schedule::HISTORY_LEN, 100);
+    assert_eq!(state::TERM_START_GRACE_MS, 5_000);
+    assert_eq!(super::requests::REQUEST_WINDOW_MS, 10 * 60 * 1_000);
+    assert_eq!(super::requests::MAX_REMEMBERED_REQUESTS, 100_000);
+}
