@@ -15,6 +15,7 @@ use std::time::Duration;
 use anyhow::{Context, Result};
 use tokio::sync::{Semaphore, SemaphorePermit};
 
+mod big_entries;
 mod clocks;
 mod drain;
 mod failover;
