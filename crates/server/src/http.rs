@@ -3,8 +3,6 @@
 //! which Prometheus scrapes natively), and the status page — its shell at
 //! `/` and the JSON it polls at `/api/status` (see [`crate::status`]).
 
-use std::future::IntoFuture;
-
 use axum::Json;
 use axum::Router;
 use axum::extract::State;
@@ -63,14 +61,64 @@ pub async fn serve(
         app
     };
     let (connections, failure) = listener::Bounded::new(listener)?;
-    let serving = axum::serve(connections, app).with_graceful_shutdown(shutdown);
     tokio::select! {
-        served = serving.into_future() => served,
+        () = serve_connections(connections, app, shutdown) => Ok(()),
         Ok(error) = failure => {
             tracing::error!(%error, "the HTTP port stopped accepting connections");
             Err(error)
         }
     }
+}
+
+/// How long a client may take to send a request's headers, from the
+/// first byte: a client that trickles them (a byte now and then, which
+/// the listener's idle close never sees as idle) is closed after this.
+const HEADER_READ_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+/// How long open connections may finish their answers once the node stops.
+const SHUTDOWN_GRACE: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// Serves `app` on every connection until `shutdown` resolves, then lets
+/// open connections finish what they are answering for a moment. This is
+/// axum's own `serve` with one change: hyper is given a timer, without
+/// which its header-read timeout does nothing.
+async fn serve_connections(
+    mut connections: listener::Bounded,
+    app: Router,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) {
+    use axum::serve::Listener;
+    use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+    use hyper_util::server::conn::auto::Builder;
+    use hyper_util::service::TowerToHyperService;
+
+    let (stop, stopping) = tokio::sync::watch::channel(());
+    let mut open = tokio::task::JoinSet::new();
+    tokio::pin!(shutdown);
+    loop {
+        let (io, _remote) = tokio::select! {
+            accepted = connections.accept() => accepted,
+            () = &mut shutdown => break,
+        };
+        while open.try_join_next().is_some() {}
+        let service = TowerToHyperService::new(app.clone());
+        let mut stopping = stopping.clone();
+        open.spawn(async move {
+            let mut builder = Builder::new(TokioExecutor::new());
+            builder.http1().timer(TokioTimer::new()).header_read_timeout(HEADER_READ_TIMEOUT);
+            builder.http2().timer(TokioTimer::new());
+            let connection = builder.serve_connection_with_upgrades(TokioIo::new(io), service);
+            tokio::pin!(connection);
+            tokio::select! {
+                _ = connection.as_mut() => return,
+                _ = stopping.changed() => connection.as_mut().graceful_shutdown(),
+            }
+            let _ = connection.await;
+        });
+    }
+    drop(stop);
+    let _ =
+        tokio::time::timeout(SHUTDOWN_GRACE, async { while open.join_next().await.is_some() {} })
+            .await;
 }
 
 /// On a port bound to loopback, answers only requests addressed to a

@@ -3,8 +3,9 @@
 //! logged as `limit.refuse`), at most [`TOTAL`] in all (further ones wait
 //! in the kernel's backlog), and each closed once nothing has been read
 //! or written on it for [`IDLE`]: a client that opens connections and sends
-//! nothing, trickles a request, or stops reading its answer holds a
-//! connection for that long, no longer.
+//! nothing, or stops reading its answer, holds a connection for that long,
+//! no longer. (One that trickles a request's headers is closed by hyper's
+//! header-read timeout; see `serve_connections` in the HTTP module.)
 
 use std::io;
 use std::net::SocketAddr;
