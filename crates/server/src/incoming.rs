@@ -33,7 +33,9 @@ pub struct ConnectionLimits {
     pub handshakes: usize,
     /// Most of those from one client address, so that one address cannot
     /// hold every handshake (silent connections, each for the timeout) and
-    /// shut out peers and clients that bring a certificate.
+    /// shut out peers and clients that bring a certificate. A quarter of
+    /// the pool: a machine starting a few dozen workers at once still
+    /// connects them all.
     pub handshakes_per_client: usize,
     /// A handshake not done within this is abandoned.
     pub handshake_timeout: Duration,
@@ -44,7 +46,7 @@ impl Default for ConnectionLimits {
         ConnectionLimits {
             per_client: 256,
             handshakes: 128,
-            handshakes_per_client: 8,
+            handshakes_per_client: 32,
             handshake_timeout: Duration::from_secs(10),
         }
     }
