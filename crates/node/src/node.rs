@@ -275,9 +275,13 @@ impl Node {
         let advertise = config.advertise.clone().unwrap_or_else(|| grpc_addr.to_string());
 
         let data = config.data.clone();
-        let (log, state) = tokio::task::spawn_blocking(move || leasehold_storage::open(&data))
-            .await
-            .map_err(|e| NodeError::Serve(e.to_string()))??;
+        let (log, state) = tokio::task::spawn_blocking(move || {
+            let (log, state) = leasehold_storage::open(&data)?;
+            leasehold_storage::check_purged_within_snapshot(&log, &state, &data)?;
+            Ok::<_, leasehold_storage::StorageError>((log, state))
+        })
+        .await
+        .map_err(|e| NodeError::Serve(e.to_string()))??;
         let bus_table = log.bus_table()?;
         let peer_store = log.peer_store()?;
         let secret = cluster_secret(&config)?;

@@ -70,6 +70,27 @@ pub enum StorageError {
         /// The version this build writes and reads.
         supported: u32,
     },
+    /// The log is purged past the state the snapshot on disk holds: the
+    /// entries between are gone from both. openraft 0.9 purges the log a
+    /// received snapshot covers without waiting for the snapshot to be
+    /// written, so a crash while one was installed leaves this. The node
+    /// cannot rebuild its state; it must be wiped and join again.
+    #[error(
+        "data directory {path}: the raft log is purged up to entry {purged}, but the snapshot \
+         on disk ends at entry {snapshot}, so the entries between are lost (the node stopped \
+         while it installed a snapshot from the leader). Replace the node as after a lost \
+         disk: `leasehold cluster remove ID` on a live node, delete this data directory, and \
+         start the node again with --join (docs/operations.md, \"Removing and replacing \
+         nodes\")"
+    )]
+    PurgedPastSnapshot {
+        /// The data directory.
+        path: PathBuf,
+        /// The last purged log index.
+        purged: u64,
+        /// The last log index the snapshot on disk covers (0: none).
+        snapshot: u64,
+    },
     /// A snapshot build lost its view of the state half way (a snapshot
     /// was installed meanwhile, or another build started); nothing was
     /// replaced, and openraft builds again later.

@@ -41,7 +41,6 @@ pub mod layout;
 pub mod local;
 mod log_store;
 mod migrate;
-mod purge_floor;
 mod state_machine;
 mod wal;
 
@@ -68,14 +67,39 @@ pub fn open(path: &Path) -> Result<(LogStore, StateMachineStore), StorageError> 
     open_db(db, path)
 }
 
+/// Refuses stores whose log is purged past the state their snapshot holds
+/// ([`StorageError::PurgedPastSnapshot`]): call it on stores just opened,
+/// before Raft replays anything. openraft 0.9 purges the log a received
+/// snapshot covers as soon as it hands the install to the state machine,
+/// without waiting for the snapshot to be on disk, so a node that stopped
+/// in between has lost the entries between the two and cannot rebuild its
+/// state. Deferring that purge is no way out: openraft marks the log
+/// purged at once and never asks again, and the log then refuses the next
+/// append as leaving a gap.
+pub fn check_purged_within_snapshot(
+    log_store: &LogStore,
+    state_machine: &StateMachineStore,
+    path: &Path,
+) -> Result<(), StorageError> {
+    let purged = log_store.last_purged_index()?;
+    let snapshot = state_machine.last_applied_index();
+    if purged > snapshot {
+        return Err(StorageError::PurgedPastSnapshot {
+            path: path.to_path_buf(),
+            purged,
+            snapshot,
+        });
+    }
+    Ok(())
+}
+
 /// Builds both stores on an already open sled database, with the raft log
 /// and the snapshot file in `dir`. They share one failpoint, so a test that
 /// breaks "the disk" breaks it for both. Tests use this to reach the raw
 /// trees next to the stores.
 pub fn open_db(db: sled::Db, dir: &Path) -> Result<(LogStore, StateMachineStore), StorageError> {
     let failpoint = Failpoint::default();
-    let floor = purge_floor::PurgeFloor::default();
-    let log_store = LogStore::open(dir, db.clone(), failpoint.clone(), floor.clone())?;
-    let state_machine = StateMachineStore::open_db(db, dir, failpoint, floor)?;
+    let log_store = LogStore::open(dir, db.clone(), failpoint.clone())?;
+    let state_machine = StateMachineStore::open_db(db, dir, failpoint)?;
     Ok((log_store, state_machine))
 }

@@ -41,7 +41,6 @@ use raft_log::api::raft_log_writer::RaftLogWriter;
 use crate::StorageError;
 use crate::failpoint::Failpoint;
 use crate::layout::{PROBE_FILE, RAFT_LOG_DIR};
-use crate::purge_floor::PurgeFloor;
 use crate::wal::{Flushed, Health, LogTypes, Stored, StoredEntry};
 
 /// Most entries one `limited_get_log_entries` call returns, so a replication
@@ -116,8 +115,6 @@ pub struct LogStore {
     /// Told of every batch appended, before its sync (see
     /// [`LogStore::observe_appends`]); set once, shared by clones.
     appends: Arc<OnceLock<Arc<dyn AppendObserver>>>,
-    /// How far a purge may go while a received snapshot is installed.
-    floor: PurgeFloor,
 }
 
 impl Debug for LogStore {
@@ -179,7 +176,6 @@ impl LogStore {
         data_dir: &Path,
         db: sled::Db,
         failpoint: Failpoint,
-        floor: PurgeFloor,
     ) -> Result<Self, StorageError> {
         let dir = data_dir.join(RAFT_LOG_DIR);
         let health = Arc::new(Health::default());
@@ -192,7 +188,6 @@ impl LogStore {
             probe_turn: Arc::default(),
             failpoint,
             appends: Arc::default(),
-            floor,
         })
     }
 
@@ -475,15 +470,8 @@ impl LogStore {
         Ok(())
     }
 
-    async fn purge_upto(&self, asked: LogId<NodeId>) -> Result<(), StorageError> {
+    async fn purge_upto(&self, log_id: LogId<NodeId>) -> Result<(), StorageError> {
         self.failpoint.check()?;
-        let Some(log_id) = self.floor.purge_target(asked) else {
-            tracing::debug!(upto = %asked, "purge deferred: a received snapshot is not on disk yet");
-            return Ok(());
-        };
-        if log_id != asked {
-            tracing::debug!(upto = %asked, to = %log_id, "purge cut to the snapshot on disk");
-        }
         let done = {
             let log = self.reader()?;
             log.log_state().purged().is_some_and(|purged| purged.0.index >= log_id.index)
@@ -496,6 +484,11 @@ impl LogStore {
         self.write_durably("purge", |log| log.purge(Stored(log_id)).map(drop)).await?;
         tracing::debug!(upto = %log_id, "log purged");
         Ok(())
+    }
+
+    /// The index of the last purged entry, 0 when none was.
+    pub fn last_purged_index(&self) -> Result<u64, StorageError> {
+        Ok(self.log_state()?.last_purged_log_id.map_or(0, |purged| purged.index))
     }
 
     fn log_state(&self) -> Result<LogState<TypeConfig>, StorageError> {

@@ -41,7 +41,6 @@ use crate::codec::{Fnv1a64, decode, decode_from, digest, encode, encode_into};
 use crate::durable;
 use crate::failpoint::Failpoint;
 use crate::layout::{SNAPSHOT_DATA_KEY, SNAPSHOT_FILE, SNAPSHOT_META_KEY, SNAPSHOT_TREE};
-use crate::purge_floor::PurgeFloor;
 
 /// Snapshot meta as openraft describes it for this type config.
 type Meta = SnapshotMeta<NodeId, BasicNode>;
@@ -311,9 +310,6 @@ pub struct StateMachineStore {
     last_build: Arc<Mutex<Option<SnapshotBuildStats>>>,
     /// The last digest taken by [`StateMachineStore::recent_digest`].
     digest_memo: Arc<Mutex<Option<DigestMemo>>>,
-    /// Tells the log store which snapshot is on disk, and when a received
-    /// one is on its way there.
-    floor: PurgeFloor,
 }
 
 impl StateMachineStore {
@@ -324,7 +320,6 @@ impl StateMachineStore {
         db: sled::Db,
         dir: &Path,
         failpoint: Failpoint,
-        floor: PurgeFloor,
     ) -> Result<Self, StorageError> {
         let legacy_snapshots = db.open_tree(SNAPSHOT_TREE)?;
         remove_received_files(dir)?;
@@ -348,7 +343,6 @@ impl StateMachineStore {
             None => (Applied::default(), None),
         };
         let (applied_index, _) = watch::channel(index_of(&applied.last_applied));
-        floor.persisted(meta.as_ref().and_then(|meta| meta.last_log_id));
         Ok(StateMachineStore {
             applied: Arc::new(RwLock::new(applied)),
             applied_index: Arc::new(applied_index),
@@ -359,7 +353,6 @@ impl StateMachineStore {
             failpoint,
             last_build: Arc::new(Mutex::new(None)),
             digest_memo: Arc::new(Mutex::new(None)),
-            floor,
         })
     }
 
@@ -593,7 +586,6 @@ impl StateMachineStore {
         match stats {
             Some(stats) => {
                 *current = Some(meta.clone());
-                self.floor.persisted(meta.last_log_id);
                 *self.last_build.lock().unwrap_or_else(PoisonError::into_inner) = Some(stats);
                 // The file supersedes a snapshot kept in sled by an older
                 // version; dropping that one needs no flush (the file is
@@ -728,7 +720,6 @@ impl StateMachineStore {
         .await
         .map_err(|e| StorageError::Sled(sled::Error::Io(std::io::Error::other(e))))??;
         *current = Some(meta.clone());
-        self.floor.persisted(meta.last_log_id);
         if !self.legacy_snapshots.is_empty() {
             self.legacy_snapshots.clear()?;
         }
@@ -926,7 +917,6 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
     async fn begin_receiving_snapshot(
         &mut self,
     ) -> Result<Box<SnapshotData>, RaftStorageError<NodeId>> {
-        self.floor.begin_receiving();
         let receive =
             async {
                 let serial = self.db.generate_id()?;
@@ -954,9 +944,8 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
             })?;
             self.install(meta, received).await
         };
-        let installed = install.await;
-        self.floor.end_receiving();
-        installed
+        install
+            .await
             .map_err(|error| StorageIOError::write_snapshot(Some(meta.signature()), &error).into())
     }
 
