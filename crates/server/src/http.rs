@@ -70,17 +70,19 @@ pub async fn serve(
     }
 }
 
-/// How long a client may take to send a request's headers, from the
-/// first byte: a client that trickles them (a byte now and then, which
-/// the listener's idle close never sees as idle) is closed after this.
+/// How long a client may take to send a request's headers, counted from
+/// when hyper starts reading them (on a kept-alive connection, right after
+/// the previous answer, so an idle kept-alive connection is closed after
+/// this too): a client that trickles them (a byte now and then, which the
+/// listener's idle close never sees as idle) is closed after this.
 const HEADER_READ_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
 /// How long open connections may finish their answers once the node stops.
 const SHUTDOWN_GRACE: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// Serves `app` on every connection until `shutdown` resolves, then lets
 /// open connections finish what they are answering for a moment. This is
-/// axum's own `serve` with one change: hyper is given a timer, without
-/// which its header-read timeout does nothing.
+/// axum's own `serve` with two changes: hyper is given a timer, without
+/// which its header-read timeout does nothing, and it speaks HTTP/1 only.
 async fn serve_connections(
     mut connections: listener::Bounded,
     app: Router,
@@ -103,10 +105,12 @@ async fn serve_connections(
         let service = TowerToHyperService::new(app.clone());
         let mut stopping = stopping.clone();
         open.spawn(async move {
-            let mut builder = Builder::new(TokioExecutor::new());
+            // HTTP/1 only: probes, scrapers and browsers speak it on a
+            // plain port, and HTTP/2 has no header-read timeout, so a
+            // client could hold a connection with a frame now and then.
+            let mut builder = Builder::new(TokioExecutor::new()).http1_only();
             builder.http1().timer(TokioTimer::new()).header_read_timeout(HEADER_READ_TIMEOUT);
-            builder.http2().timer(TokioTimer::new());
-            let connection = builder.serve_connection_with_upgrades(TokioIo::new(io), service);
+            let connection = builder.serve_connection(TokioIo::new(io), service);
             tokio::pin!(connection);
             tokio::select! {
                 _ = connection.as_mut() => return,
@@ -115,6 +119,8 @@ async fn serve_connections(
             let _ = connection.await;
         });
     }
+    // Refuse new connections at once, rather than accept them unserved.
+    drop(connections);
     drop(stop);
     let _ =
         tokio::time::timeout(SHUTDOWN_GRACE, async { while open.join_next().await.is_some() {} })

@@ -2,10 +2,11 @@
 //! [`PER_CLIENT`] open from one client address (more are closed at once,
 //! logged as `limit.refuse`), at most [`TOTAL`] in all (further ones wait
 //! in the kernel's backlog), and each closed once nothing has been read
-//! or written on it for [`IDLE`]: a client that opens connections and sends
-//! nothing, or stops reading its answer, holds a connection for that long,
-//! no longer. (One that trickles a request's headers is closed by hyper's
-//! header-read timeout; see `serve_connections` in the HTTP module.)
+//! or written on it for [`IDLE`]: a client that stops reading its answer
+//! holds a connection for that long, no longer. (A client that sends
+//! nothing, half a request or a request a byte at a time is closed sooner,
+//! by hyper's header-read timeout; see `serve_connections` in the HTTP
+//! module. This close stays behind it.)
 
 use std::io;
 use std::net::SocketAddr;
