@@ -217,9 +217,10 @@ pub async fn run(prepared: Prepared) -> anyhow::Result<ExitCode> {
             _ = tokio::signal::ctrl_c() => tracing::info!("interrupt: draining"),
             _ = drain_requested.wait_for(|asked| *asked) => tracing::info!("drain requested: draining"),
             _ = hangup.recv() => {
-                // Rotation: a bad file keeps the credentials in force.
+                // Rotation: a kind whose file is bad keeps what it had; the
+                // other is in force.
                 if let Err(error) = node.reload_credentials() {
-                    tracing::error!(event = "auth.reload", %error, "SIGHUP: reload failed; keeping the credentials in force");
+                    tracing::error!(event = "auth.reload", %error, "SIGHUP: reload failed for what the error names; that keeps what it had");
                 }
                 continue;
             }

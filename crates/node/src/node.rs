@@ -206,10 +206,12 @@ impl Credentials {
     /// broken tokens file a certificate's rotation. A kind that fails to
     /// load changes nothing and is reported.
     fn reload(&self) -> Result<(), NodeError> {
-        match (self.reload_tokens(), self.reload_tls()) {
-            (Ok(()), Ok(())) => Ok(()),
-            (Err(error), Ok(())) | (Ok(()), Err(error)) => Err(error),
-            (Err(tokens), Err(tls)) => Err(NodeError::Security(format!("{tokens}; {tls}"))),
+        let tokens = self.reload_tokens().err().map(|e| format!("tokens file kept: {e}"));
+        let tls = self.reload_tls().err().map(|e| format!("TLS files kept: {e}"));
+        match (tokens, tls) {
+            (None, None) => Ok(()),
+            (Some(failed), None) | (None, Some(failed)) => Err(NodeError::Security(failed)),
+            (Some(tokens), Some(tls)) => Err(NodeError::Security(format!("{tokens}; {tls}"))),
         }
     }
 
@@ -803,7 +805,9 @@ impl NodeHandle {
     /// Reads the tokens file and the TLS files again (on SIGHUP) and puts
     /// them in force: later calls are checked against the new tokens,
     /// later connections (both ways) use the new certificates, and open
-    /// connections keep theirs. On an error nothing changes.
+    /// connections keep theirs. The tokens file and the TLS files are
+    /// taken each on its own: the error names the kind that failed to
+    /// load, which keeps what it had, while the other is in force.
     pub fn reload_credentials(&self) -> Result<(), NodeError> {
         self.credentials.reload()?;
         tracing::info!(

@@ -170,10 +170,6 @@ pub const SERVICES: [&str; 9] = [
     "leasehold.v1.Schedules",
 ];
 
-/// The `service` label of a refusal of the call at `path`: the service's
-/// name, or `other` for a name no node serves. The path comes from the
-/// caller, so it never becomes a label of its own (each would be a series
-/// kept for the life of the process).
 /// Longest path a refusal repeats in its log line or its message: longer
 /// than every method a node serves, so only a made-up path is cut. A
 /// client may send a path of kilobytes once and then name it again in a
@@ -190,6 +186,10 @@ fn shown(path: &str) -> &str {
     path.get(..end).unwrap_or_default()
 }
 
+/// The `service` label of a refusal of the call at `path`: the service's
+/// name, or `other` for a name no node serves. The path comes from the
+/// caller, so it never becomes a label of its own (each would be a series
+/// kept for the life of the process).
 fn service_label(path: &str) -> &'static str {
     let service = path.trim_start_matches('/').split('/').next().unwrap_or_default();
     SERVICES.iter().find(|known| **known == service).copied().unwrap_or("other")

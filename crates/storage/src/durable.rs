@@ -58,10 +58,25 @@ pub(crate) fn create_dir_all_durably(path: &Path) -> Result<(), StorageError> {
         path.ancestors().take_while(|dir| !dir.as_os_str().is_empty() && !dir.exists()).collect();
     std::fs::create_dir_all(path)
         .map_err(|source| StorageError::CreateDir { path: path.to_path_buf(), source })?;
-    for dir in missing {
-        match dir.parent() {
-            Some(parent) if !parent.as_os_str().is_empty() => sync_dir(parent)?,
-            _ => sync_dir(Path::new("."))?,
+    let created = missing.len();
+    for (index, dir) in missing.into_iter().enumerate() {
+        let parent = match dir.parent() {
+            Some(parent) if !parent.as_os_str().is_empty() => parent,
+            _ => Path::new("."),
+        };
+        match File::open(parent).and_then(|handle| handle.sync_all()) {
+            Ok(()) => {}
+            // The one parent this did not create may be one the node can
+            // enter but not read (mode 0711): its name for our directory
+            // then rests on the file system, as it did before this sync.
+            Err(error)
+                if index + 1 == created && error.kind() == std::io::ErrorKind::PermissionDenied =>
+            {
+                tracing::warn!(dir = %parent.display(), %error, "cannot sync the data directory's parent; its entry is not made durable here");
+            }
+            Err(source) => {
+                return Err(StorageError::Io { what: "fsync", path: parent.to_path_buf(), source });
+            }
         }
     }
     Ok(())
