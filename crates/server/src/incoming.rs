@@ -219,6 +219,17 @@ pub fn incoming(
     Incoming { connections: ReceiverStream::new(receiver), accepting }
 }
 
+/// Logs a connection closed at once because `limit` (of `max`) is reached.
+fn refuse(limit: &'static str, client: IpAddr, max: usize) {
+    tracing::warn!(
+        event = "limit.refuse",
+        limit,
+        %client,
+        max,
+        "a connection limit is reached; closing the new connection"
+    );
+}
+
 async fn accept_loop(
     listener: TcpListener,
     tls: Option<SharedServerConfig>,
@@ -253,13 +264,7 @@ async fn accept_loop(
             }
         };
         let Some(slot) = counts.take(remote.ip(), limits.per_client) else {
-            tracing::warn!(
-                event = "limit.refuse",
-                limit = "connections_per_client",
-                client = %remote.ip(),
-                max = limits.per_client,
-                "too many connections from one client; closing the new one"
-            );
+            refuse("connections_per_client", remote.ip(), limits.per_client);
             continue;
         };
         // Without Nagle a reply does not wait for the peer's delayed ACK
@@ -274,23 +279,11 @@ async fn accept_loop(
             continue;
         };
         let Some(handshaking) = in_handshake.take(remote.ip(), limits.handshakes_per_client) else {
-            tracing::warn!(
-                event = "limit.refuse",
-                limit = "tls_handshakes_per_client",
-                client = %remote.ip(),
-                max = limits.handshakes_per_client,
-                "too many TLS handshakes in progress from one client; closing the new connection"
-            );
+            refuse("tls_handshakes_per_client", remote.ip(), limits.handshakes_per_client);
             continue;
         };
         let Ok(permit) = handshakes.clone().try_acquire_owned() else {
-            tracing::warn!(
-                event = "limit.refuse",
-                limit = "tls_handshakes",
-                client = %remote.ip(),
-                max = limits.handshakes,
-                "too many TLS handshakes in progress; closing the new connection"
-            );
+            refuse("tls_handshakes", remote.ip(), limits.handshakes);
             continue;
         };
         let sender = sender.clone();
