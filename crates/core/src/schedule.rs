@@ -425,49 +425,12 @@ pub fn may_run_on_bus(
     }
 }
 
-/// How far ahead of `now_ms` (the leader's cluster time) a peer's bus
-/// record of `bucket` claims its tick, when that is further than two clock
-/// bounds: `None` for every record a node with an agreed clock can make.
-///
-/// On the bus each node judges a tick due by its own clock, and its record
-/// of bucket B moves the schedule's mark past every tick up to B. A node
-/// whose clock runs far ahead would record ticks before they are due, and
-/// the ticks between would never run. A node refuses bus ticks once the
-/// voters judge its clock skewed, but not before its clock is first
-/// measured; the leader, whose own clock a majority agrees with, closes
-/// that window by refusing such records. Two bounds, not one: a clock the
-/// voters agree with is within the bound of a majority, so within two
-/// bounds of the leader's (each within the bound of a voter both agree
-/// with), and such a node may claim a tick as soon as its clock reaches it.
-pub fn bus_record_ahead_ms(bucket: u64, now_ms: u64, bound_ms: u64) -> Option<u64> {
-    let ahead_ms = cron::tick_ms(bucket).saturating_sub(now_ms);
-    (ahead_ms > bound_ms.saturating_mul(2)).then_some(ahead_ms)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
     const MINUTE_MS: u64 = 60_000;
     const T0_MS: u64 = 1_767_225_600_000; // 2026-01-01T00:00:00Z
-
-    #[test]
-    fn a_bus_record_more_than_two_bounds_ahead_of_the_leader_is_named() {
-        let bound_ms = 500;
-        let bucket = cron::bucket_of(T0_MS);
-        // Due, past, or as far ahead as an agreed clock can be: taken.
-        assert_eq!(bus_record_ahead_ms(bucket, T0_MS, bound_ms), None);
-        assert_eq!(bus_record_ahead_ms(bucket, T0_MS + MINUTE_MS, bound_ms), None);
-        assert_eq!(bus_record_ahead_ms(bucket, T0_MS - 1_000, bound_ms), None);
-        // Beyond two bounds: named, with how far.
-        assert_eq!(bus_record_ahead_ms(bucket, T0_MS - 1_001, bound_ms), Some(1_001));
-        assert_eq!(
-            bus_record_ahead_ms(cron::bucket_of(T0_MS + 60 * MINUTE_MS), T0_MS, bound_ms),
-            Some(60 * MINUTE_MS)
-        );
-        // A bucket at the end of time saturates rather than wrapping.
-        assert_eq!(bus_record_ahead_ms(u64::MAX, 0, bound_ms), Some(u64::MAX));
-    }
 
     fn every_minute(catchup: Catchup) -> (Schedule, CronSchedule) {
         let spec = ScheduleSpec {

@@ -6,7 +6,6 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::time::Duration;
 
-use leasehold_core::schedule::{self, SkipReason};
 use leasehold_core::{Command, Limits, Proposal, Response, State, batch};
 use leasehold_proto::v1::RaftEnvelope;
 use leasehold_proto::v1::raft_client::RaftClient;
@@ -802,10 +801,9 @@ impl Journal {
         let result = match request {
             // Through the batcher, so the followers' forwarded batches and
             // the leader's own proposals share one entry and one fsync.
-            ForwardRequest::Write(proposal) => match self.early_bus_record(&proposal.command) {
-                Some(refusal) => Err(refusal),
-                None => self.enqueue_proposal(*proposal, false).await.map(ForwardResponse::Written),
-            },
+            ForwardRequest::Write(proposal) => {
+                self.enqueue_proposal(*proposal, false).await.map(ForwardResponse::Written)
+            }
             ForwardRequest::Campaign => self.campaign(None).await,
             ForwardRequest::HandOver { leader, term } => self.campaign(Some((leader, term))).await,
             ForwardRequest::ReadIndex => {
@@ -826,40 +824,6 @@ impl Journal {
                 message: error.to_string(),
             },
         }
-    }
-}
-
-impl Journal {
-    /// The refusal of a peer's bus record that claims a tick too far ahead
-    /// of this node's cluster time for the peer's clock to be right
-    /// ([`schedule::bus_record_ahead_ms`]): its record would move the
-    /// schedule's mark past ticks that are not yet due. The peer hears
-    /// UNAVAILABLE and does not run the tick.
-    fn early_bus_record(&self, command: &Command) -> Option<Error> {
-        let Command::Skip { schedule, bucket, reason: SkipReason::Bus, .. } = command else {
-            return None;
-        };
-        let now_ms = self.cluster_now_ms();
-        let bound_ms = self.inner.clock_watch.bound_ms();
-        let ahead_ms = schedule::bus_record_ahead_ms(*bucket, now_ms, bound_ms)?;
-        // A peer's text, so bounded before it is logged.
-        let schedule: String = schedule.chars().take(128).collect();
-        tracing::warn!(
-            event = "cron.skip",
-            path = "bus",
-            schedule = %schedule,
-            bucket,
-            reason = "peer_clock_ahead",
-            ahead_ms,
-            "a peer's bus record claims a tick ahead of this leader's clock; refused"
-        );
-        Some(
-            Unavailable::ClockUnverified(format!(
-                "bus record of schedule {schedule:?} bucket {bucket} is {ahead_ms} ms ahead of the \
-             leader's cluster time (more than twice the {bound_ms} ms clock bound); not recorded"
-            ))
-            .into(),
-        )
     }
 }
 

@@ -26,15 +26,14 @@
 
 use std::sync::{Arc, Mutex, PoisonError};
 
-use leasehold_core::schedule::{JobTemplate, ScheduleSpec, SkipReason};
-use leasehold_core::{Command, QueueStats, Response, cron};
+use leasehold_core::QueueStats;
 use leasehold_replica::metrics::WireLabels;
 use leasehold_sim::clock::{Clocks, HostClock};
 use tokio::time::Instant;
 
 use crate::journal_hosts::{
     Host, Hosts, Peers, Skews, WAIT, claim_two_ack_one, enqueue_at_once, form_group,
-    last_log_index, propose, real_ms, stamping_leader, stamps_and_digests, start,
+    last_log_index, real_ms, stamping_leader, stamps_and_digests, start,
 };
 
 /// How many enqueues the driver sends the follower at once.
@@ -216,107 +215,6 @@ fn a_followers_journal_forwards_over_grpc_on_simulated_tcp_and_the_leader_stamps
         // The same seed gives the same history.
         let second = run(seed)?;
         assert_eq!(first, second, "seed {seed} is not deterministic");
-    }
-    Ok(())
-}
-
-/// The seeds the early bus record story runs on.
-const EARLY_SEEDS: std::ops::Range<u64> = 0..4;
-
-/// What the early bus record story saw: the answers to a follower's two
-/// bus records, and the mark the leader's schedule was left at.
-#[derive(Debug, Default)]
-struct EarlyRun {
-    /// The record of a tick an hour past the follower's clock.
-    early: String,
-    /// The record of the follower's current tick.
-    current: String,
-    /// The bucket of the follower's current tick.
-    current_bucket: u64,
-    /// The leader's `last_fired_bucket` of the schedule afterwards.
-    mark: Option<u64>,
-}
-
-/// Puts a schedule, then sends a follower's bus records through its real
-/// journal: first one of a tick an hour ahead of its clock (what a node
-/// whose clock runs an hour fast would send before its clock is first
-/// measured), then one of its current tick.
-async fn drive_early(hosts: Hosts, run: Arc<Mutex<EarlyRun>>) -> anyhow::Result<()> {
-    form_group(&hosts, Peers::Grpc).await?;
-    let (leader_id, leader) = stamping_leader(&hosts).await?;
-    let Some((_, follower)) = hosts.all().into_iter().find(|(id, _)| *id != leader_id) else {
-        anyhow::bail!("no follower");
-    };
-    let deadline = Instant::now() + WAIT;
-    while follower.journal.raft().metrics().borrow().current_leader != Some(leader_id) {
-        anyhow::ensure!(Instant::now() < deadline, "the follower never learned its leader");
-        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
-    }
-    let spec = ScheduleSpec {
-        name: "s".to_string(),
-        cron: "* * * * * *".to_string(),
-        template: JobTemplate { command: Some("work".to_string()), ..JobTemplate::default() },
-        ..ScheduleSpec::default()
-    };
-    let put = propose(&follower, Command::PutSchedule { spec }).await??;
-    anyhow::ensure!(put == Response::ScheduleChanged, "the schedule was answered {put:?}");
-
-    let record = |bucket| Command::Skip {
-        schedule: "s".to_string(),
-        bucket,
-        reason: SkipReason::Bus,
-        ticks: 1,
-    };
-    let now_ms = follower.journal.clock().now_ms();
-    let early = propose(&follower, record(cron::bucket_of(now_ms + 3_600_000))).await?;
-    let current_bucket = cron::bucket_of(follower.journal.clock().now_ms());
-    let current = propose(&follower, record(current_bucket)).await?;
-    let last = last_log_index(leader.journal.raft());
-    leader.journal.raft().wait(Some(WAIT)).applied_index(Some(last), "applied").await?;
-    let mark = leader
-        .journal
-        .read_stale(|state| state.schedules().get("s").map(|schedule| schedule.last_fired_bucket));
-    *run.lock().unwrap_or_else(PoisonError::into_inner) = EarlyRun {
-        early: format!("{early:?}"),
-        current: format!("{current:?}"),
-        current_bucket,
-        mark,
-    };
-    Ok(())
-}
-
-/// Goal: the leader refuses a follower's bus record of a tick far ahead of
-/// its own clock (docs/safety.md, the bus and a wrong clock), and takes one
-/// of a tick that is due. The follower's clock is 200–400 ms from the
-/// leader's or less, within two bounds of 500 ms.
-///
-/// What fails if the feature goes: the early record is taken and the
-/// schedule's mark moves an hour ahead, so the current tick's record is
-/// answered as already covered.
-#[test]
-fn a_followers_bus_record_far_ahead_of_the_leaders_clock_is_refused() -> anyhow::Result<()> {
-    for seed in EARLY_SEEDS {
-        let simulation = start(seed, Peers::Grpc, Skews::Alternating)?;
-        let (mut sim, hosts) = (simulation.sim, simulation.hosts);
-        let recorded = Arc::new(Mutex::new(EarlyRun::default()));
-        let driver_run = recorded.clone();
-        sim.client("driver", async move {
-            drive_early(hosts, driver_run).await.map_err(|error| error.into())
-        });
-        sim.run().map_err(|error| anyhow::anyhow!("seed {seed}: {error}"))?;
-        let run = std::mem::take(&mut *recorded.lock().unwrap_or_else(PoisonError::into_inner));
-        assert!(
-            run.early.starts_with("Err(")
-                && run.early.contains("ahead of the leader's cluster time"),
-            "seed {seed}: the early record was answered {}",
-            run.early
-        );
-        assert!(
-            run.current.starts_with("Ok(Tick(Some(Skipped") && run.current.contains("Bus"),
-            "seed {seed}: the current record was answered {}",
-            run.current
-        );
-        assert_eq!(run.mark, Some(run.current_bucket), "seed {seed}: the schedule's mark moved");
     }
     Ok(())
 }
