@@ -22,6 +22,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use leasehold_core::claim_path::ClaimPath;
+use leasehold_core::clock_bound::ClockVerdict;
 use leasehold_core::cron::{self, CronSchedule};
 use leasehold_core::schedule::{
     Schedule, ScheduleSpec, SkipReason, Target, TickOutcome, TickPlan, plan_ticks,
@@ -267,7 +268,7 @@ pub async fn tick_schedules(
                 ticker.bus_done.insert(name.clone(), bucket);
                 let facts = BusFacts {
                     warmed_up: gate.warmed_up(),
-                    clock_skewed: journal.clock_verdict().is_skewed(),
+                    clock: journal.clock_verdict(),
                     run_commands: config.run_commands,
                     tags: &config.tags,
                 };
@@ -320,8 +321,8 @@ fn cron_key(schedule: &Schedule) -> (String, String) {
 struct BusFacts<'a> {
     /// Up for the gate's settle time (every online peer heard).
     warmed_up: bool,
-    /// A majority of the voters judge this node's clock wrong.
-    clock_skewed: bool,
+    /// The voters' verdict on this node's clock.
+    clock: ClockVerdict,
     /// The built-in executor is on.
     run_commands: bool,
     /// This node's tags.
@@ -339,11 +340,19 @@ fn bus_refusal(
         // Not every online peer may have been heard yet.
         return Some("warming_up");
     }
-    if facts.clock_skewed {
-        // On the bus a node judges a tick due by its own clock: one running
-        // ahead would claim ticks early, and the skip it records would
-        // move the schedule's mark past ticks that never ran.
-        return Some("clock_skewed");
+    // On the bus a node judges a tick due by its own clock: one running
+    // ahead would claim ticks early, and the record it makes would move the
+    // schedule's mark past ticks that never ran. So a node claims only on a
+    // clock a majority of the voters agree with, as a leader stamps only
+    // on one: not while it is judged wrong, nor before it is measured (a
+    // restarted node whose clock jumped an hour would otherwise claim in
+    // the seconds before its peers' adverts measure it). A node that
+    // cannot be measured by a majority could not record its claim in the
+    // journal either, which needs a quorum.
+    match facts.clock {
+        ClockVerdict::Agreed { .. } => {}
+        ClockVerdict::Skewed { .. } => return Some("clock_skewed"),
+        ClockVerdict::Unknown { .. } => return Some("clock_unverified"),
     }
     if spec.paused {
         return Some("paused");
@@ -531,20 +540,35 @@ mod tests {
     }
 
     #[test]
-    fn a_node_whose_clock_the_voters_judge_wrong_claims_no_bus_tick() {
+    fn a_node_claims_bus_ticks_only_on_a_clock_the_voters_agree_with() {
         let tags = Vec::new();
-        let facts =
-            BusFacts { warmed_up: true, clock_skewed: false, run_commands: true, tags: &tags };
+        let facts = |clock: ClockVerdict| BusFacts {
+            warmed_up: true,
+            clock,
+            run_commands: true,
+            tags: &tags,
+        };
+        let agreed = || ClockVerdict::Agreed { agreeing: 2, voters: 3 };
         let spec = command_schedule();
         let (tick_ms, now_ms) = (60_000, 60_010);
-        assert_eq!(bus_refusal(&facts, &spec, tick_ms, now_ms), None, "claims when sound");
-        let skewed = BusFacts { clock_skewed: true, ..facts };
+        assert_eq!(
+            bus_refusal(&facts(agreed()), &spec, tick_ms, now_ms),
+            None,
+            "claims when sound"
+        );
+        let skewed = facts(ClockVerdict::Skewed { disagreeing: vec![(2, 3_600_000)], voters: 3 });
         assert_eq!(bus_refusal(&skewed, &spec, tick_ms, now_ms), Some("clock_skewed"));
-        let cold = BusFacts { warmed_up: false, ..facts };
+        // Not measured yet (a restarted node, or one a majority cannot
+        // reach): its clock may be an hour fast, so it claims nothing.
+        let unmeasured = facts(ClockVerdict::Unknown { agreeing: 1, disagreeing: 0, voters: 3 });
+        assert_eq!(bus_refusal(&unmeasured, &spec, tick_ms, now_ms), Some("clock_unverified"));
+        let split = facts(ClockVerdict::Unknown { agreeing: 1, disagreeing: 1, voters: 3 });
+        assert_eq!(bus_refusal(&split, &spec, tick_ms, now_ms), Some("clock_unverified"));
+        let cold = BusFacts { warmed_up: false, ..facts(agreed()) };
         assert_eq!(bus_refusal(&cold, &spec, tick_ms, now_ms), Some("warming_up"));
-        let idle = BusFacts { run_commands: false, ..facts };
+        let idle = BusFacts { run_commands: false, ..facts(agreed()) };
         assert_eq!(bus_refusal(&idle, &spec, tick_ms, now_ms), Some("no_executor"));
         let late = now_ms + TICK_TOLERANCE_MS;
-        assert_eq!(bus_refusal(&facts, &spec, tick_ms, late), Some("missed"));
+        assert_eq!(bus_refusal(&facts(agreed()), &spec, tick_ms, late), Some("missed"));
     }
 }
