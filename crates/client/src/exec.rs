@@ -72,8 +72,9 @@ pub fn schedule_tick(key: &str) -> Option<(&str, u64)> {
     Some((name, bucket))
 }
 
-async fn tail_of(stream: Option<impl AsyncRead + Unpin>) -> String {
-    let mut tail = Vec::new();
+/// Reads `stream` to its end, keeping its last [`OUTPUT_TAIL_BYTES`] in
+/// `tail` as they come, so what was read survives if the read is given up.
+async fn read_tail(stream: Option<impl AsyncRead + Unpin>, tail: &mut Vec<u8>) {
     if let Some(mut stream) = stream {
         let mut buffer = [0u8; 4096];
         while let Ok(n) = stream.read(&mut buffer).await {
@@ -86,7 +87,30 @@ async fn tail_of(stream: Option<impl AsyncRead + Unpin>) -> String {
             }
         }
     }
-    String::from_utf8_lossy(&tail).into_owned()
+}
+
+/// How long the output is still read once the command and its process
+/// group are gone. Only a process that left the group (`setsid`, a
+/// daemon, a tool that makes its own group) can still hold the pipes then;
+/// the run does not wait for it.
+pub const OUTPUT_GRACE: Duration = Duration::from_secs(1);
+
+/// Most bytes of a nack's error: the `max_error_bytes` a node keeps by
+/// default. The error ends with the tail of stderr, cut from the front to
+/// fit, so a node that keeps only this much keeps the last line, where a
+/// failing command usually says why.
+pub const NACK_ERROR_BYTES: usize = 4 * 1024;
+
+/// `prefix` then as much of the end of `stderr` as fits in
+/// [`NACK_ERROR_BYTES`], cut at a character boundary.
+fn nack_error(prefix: &str, stderr: &str) -> String {
+    let stderr = stderr.trim();
+    let room = NACK_ERROR_BYTES.saturating_sub(prefix.len());
+    let mut from = stderr.len().saturating_sub(room);
+    while !stderr.is_char_boundary(from) {
+        from += 1;
+    }
+    format!("{prefix}{}", &stderr[from..])
 }
 
 /// Kills a child's process group when dropped (the run was abandoned) or
@@ -161,7 +185,7 @@ pub async fn run(command: &CommandLine, payload: Vec<u8>) -> Run {
             let _ = stdin.write_all(&payload).await;
         }
     };
-    let wait = async {
+    let waiting = async {
         let status = match command.timeout {
             Some(limit) => match tokio::time::timeout(limit, child.wait()).await {
                 Ok(status) => Some(status),
@@ -179,23 +203,51 @@ pub async fn run(command: &CommandLine, payload: Vec<u8>) -> Run {
         status
     };
     // One task: feeding stdin, reading both pipes and waiting run together
-    // and end together (or are dropped together, with a lost lease).
-    let (status, stdout, stderr, ()) = tokio::join!(wait, tail_of(stdout), tail_of(stderr), feed);
+    // (and are dropped together, with a lost lease). The reading ends when
+    // every writer of the pipes has closed them; once the command's group
+    // is gone it gets a short grace, so a process that escaped the group
+    // and holds them cannot keep the run, its lease and its slot for as
+    // long as it lives (the timeout bounds only the group).
+    let (mut out_tail, mut err_tail) = (Vec::new(), Vec::new());
+    let status = {
+        let reading = async {
+            tokio::join!(read_tail(stdout, &mut out_tail), read_tail(stderr, &mut err_tail), feed);
+        };
+        let mut reading = std::pin::pin!(reading);
+        let mut waiting = std::pin::pin!(waiting);
+        let (status, read) = tokio::select! {
+            status = &mut waiting => (status, false),
+            () = &mut reading => (waiting.await, true),
+        };
+        if !read && tokio::time::timeout(OUTPUT_GRACE, &mut reading).await.is_err() {
+            tracing::warn!(
+                program = %program,
+                "the command ended but a process outside its group still holds its output; \
+                 not waiting for it"
+            );
+        }
+        status
+    };
+    let stdout = String::from_utf8_lossy(&out_tail).into_owned();
+    let stderr = String::from_utf8_lossy(&err_tail).into_owned();
     let outcome = match status {
         Some(Ok(status)) if status.success() => {
             Outcome::Ack { result: stdout.clone().into_bytes() }
         }
-        Some(Ok(status)) => {
-            Outcome::Nack { error: format!("{status}: {}", stderr.trim()), retry_after_ms: None }
-        }
+        Some(Ok(status)) => Outcome::Nack {
+            error: nack_error(&format!("{status}: "), &stderr),
+            retry_after_ms: None,
+        },
         Some(Err(error)) => {
             Outcome::Nack { error: format!("waiting for {program}: {error}"), retry_after_ms: None }
         }
         None => Outcome::Nack {
-            error: format!(
-                "timed out after {} s: {}",
-                command.timeout.map(|t| t.as_secs()).unwrap_or(0),
-                stderr.trim()
+            error: nack_error(
+                &format!(
+                    "timed out after {} s: ",
+                    command.timeout.map(|t| t.as_secs()).unwrap_or(0)
+                ),
+                &stderr,
             ),
             retry_after_ms: None,
         },
@@ -241,6 +293,51 @@ mod tests {
         assert!(
             matches!(run.outcome, Outcome::Nack { ref error, .. } if error.contains("timed out"))
         );
+    }
+
+    #[tokio::test]
+    async fn a_process_that_escaped_the_group_does_not_hold_the_run() {
+        // `setsid` takes the background sleep out of the command's process
+        // group with the pipes still open: killing the group misses it. The
+        // shell exits only once the sleep leads its own session (field 6
+        // of its stat), so the kill cannot catch it before it escapes.
+        let command = sh("setsid sleep 20 & pid=$!; \
+             until [ \"$(cut -d' ' -f6 /proc/$pid/stat)\" = \"$pid\" ]; do sleep 0.01; done; \
+             echo $pid; echo started >&2");
+        let started = std::time::Instant::now();
+        let run = run(&command, Vec::new()).await;
+        let waited = started.elapsed();
+        if let Ok(pid) = run.stdout.trim().parse::<i32>() {
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(pid),
+                nix::sys::signal::Signal::SIGKILL,
+            );
+        }
+        assert!(waited < OUTPUT_GRACE + Duration::from_secs(3), "the run waited {waited:?}");
+        assert!(matches!(run.outcome, Outcome::Ack { .. }), "{:?}", run.outcome);
+        assert_eq!(run.stderr.trim(), "started", "the output read before the grace is kept");
+    }
+
+    #[tokio::test]
+    async fn a_nack_keeps_the_end_of_a_long_stderr() {
+        let run =
+            run(&sh("head -c 6000 /dev/zero | tr '\\0' x >&2; echo why >&2; exit 1"), Vec::new())
+                .await;
+        let Outcome::Nack { error, .. } = run.outcome else {
+            panic!("expected a nack, got {:?}", run.outcome);
+        };
+        assert!(error.len() <= NACK_ERROR_BYTES, "{} bytes", error.len());
+        assert!(error.starts_with("exit status: 1: "), "{}", &error[..40]);
+        assert!(error.ends_with("xxwhy"), "{}", &error[error.len() - 40..]);
+    }
+
+    #[test]
+    fn a_nack_error_is_cut_at_a_character_boundary() {
+        let stderr = "é".repeat(NACK_ERROR_BYTES);
+        let error = nack_error("failed: ", &stderr);
+        assert!(error.len() <= NACK_ERROR_BYTES);
+        assert!(error.starts_with("failed: é"));
+        assert_eq!(nack_error("p: ", " short \n"), "p: short");
     }
 
     #[tokio::test]
