@@ -174,6 +174,12 @@ fn kubernetes_manifests_have_the_kinds_probes_and_flags() -> Result<()> {
         "the StatefulSet's serviceName is not the headless Service"
     );
     let pod = at(set, &["spec", "template", "spec"])?;
+    // Orphans of executor commands are reaped by the pod's pause process,
+    // not left as zombies of a node running as process 1.
+    ensure!(
+        at(pod, &["shareProcessNamespace"])?.as_bool() == Some(true),
+        "the pod does not share its process namespace"
+    );
     let container = at(pod, &["containers", "0"])?;
     let ports = at(container, &["ports"])?.as_vec().context("ports is not a list")?;
     let http = ports
