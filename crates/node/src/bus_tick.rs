@@ -132,9 +132,9 @@ pub async fn run_bus_tick(
                 path = "bus",
                 schedule = %name,
                 bucket,
-                outcome = ?run.outcome,
-                stdout = %run.stdout.trim_end(),
-                stderr = %run.stderr.trim_end(),
+                outcome = run.outcome.name(),
+                stdout = ?run.stdout.trim_end(),
+                stderr = ?run.stderr.trim_end(),
                 "bus tick ran"
             );
         }

@@ -108,12 +108,14 @@ async fn run_job(
         timeout: Some(timeout),
     };
     let run = commands.run(&command).await;
+    // Output is a command's text: logged quoted, with its line breaks and
+    // control characters escaped, so it cannot forge log lines.
     tracing::info!(
         node = node_id,
         job = job.id,
         outcome = run.outcome.name(),
-        stdout = %run.stdout.trim_end(),
-        stderr = %run.stderr.trim_end(),
+        stdout = ?run.stdout.trim_end(),
+        stderr = ?run.stderr.trim_end(),
         "executor command finished"
     );
     run.outcome
