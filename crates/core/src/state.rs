@@ -462,19 +462,49 @@ impl State {
         self.indexes
             .queues
             .iter()
-            .map(|(queue, index)| {
-                let due = count_up_to(&index.due_order, &(at_ms, u64::MAX));
-                let ready = index.due_order.len();
-                let stats = QueueStats {
-                    ready: count(due),
-                    delayed: count(ready.saturating_sub(due)),
-                    claimed: count(index.claimed.len()),
-                    acked: count(index.acked.len()),
-                    dead: count(index.dead.len()),
-                };
-                (queue.to_string(), stats)
-            })
+            .map(|(queue, index)| (queue.to_string(), queue_stats(index, at_ms)))
             .collect()
+    }
+
+    /// [`State::stats`] of the `limit` queues holding the most jobs (of
+    /// equal counts, the first by name), and how many queues hold a job.
+    /// What a metrics scrape publishes: producers name queues, so their
+    /// number has no bound, and a scrape must not cost in proportion to
+    /// it. Ranking reads only the sizes of each queue's sets, so only the
+    /// chosen queues are counted in full.
+    pub fn largest_queue_stats(
+        &self,
+        now_ms: u64,
+        limit: usize,
+    ) -> (BTreeMap<String, QueueStats>, usize) {
+        use std::cmp::Reverse;
+        use std::collections::BinaryHeap;
+        let at_ms = self.cluster_time_ms.max(now_ms);
+        let queues = &self.indexes.queues;
+        // The kept queues, the least of them on top: fewest jobs, then the
+        // last by name.
+        let mut kept: BinaryHeap<Reverse<(usize, Reverse<&str>)>> = BinaryHeap::new();
+        for (queue, index) in queues {
+            if limit == 0 {
+                break;
+            }
+            let jobs =
+                index.due_order.len() + index.claimed.len() + index.acked.len() + index.dead.len();
+            let rank = Reverse((jobs, Reverse(queue.as_ref())));
+            if kept.len() < limit {
+                kept.push(rank);
+            } else if kept.peek().is_some_and(|least| rank < *least) {
+                kept.pop();
+                kept.push(rank);
+            }
+        }
+        let stats = kept
+            .into_iter()
+            .filter_map(|Reverse((_, Reverse(queue)))| {
+                queues.get(queue).map(|index| (queue.to_string(), queue_stats(index, at_ms)))
+            })
+            .collect();
+        (stats, queues.len())
     }
 
     /// Whether a claim on `queue` with `selector`, applied at `now_ms`, would
@@ -923,6 +953,19 @@ fn first_page<'a>(
 }
 
 /// A length as a count on the wire.
+/// One queue's counts, a ready job judged due at `at_ms`.
+fn queue_stats(index: &crate::index::QueueIndex, at_ms: u64) -> QueueStats {
+    let due = count_up_to(&index.due_order, &(at_ms, u64::MAX));
+    let ready = index.due_order.len();
+    QueueStats {
+        ready: count(due),
+        delayed: count(ready.saturating_sub(due)),
+        claimed: count(index.claimed.len()),
+        acked: count(index.acked.len()),
+        dead: count(index.dead.len()),
+    }
+}
+
 fn count(length: usize) -> u64 {
     u64::try_from(length).unwrap_or(u64::MAX)
 }

@@ -17,7 +17,7 @@ use crate::clock::Clock;
 use crate::clock_watch::{self, ClockWatch};
 use crate::error::{JournalError as Error, Unavailable};
 use crate::forward::{ForwardRequest, ForwardResponse};
-use crate::metrics::{Metrics, PeerLabels, Stage, StageLabels};
+use crate::metrics::{MAX_QUEUE_SERIES, Metrics, PeerLabels, Stage, StageLabels};
 use crate::stores::{ReplicaLogStore, ReplicaStateMachine};
 
 /// Settings of the journal handle.
@@ -58,6 +58,18 @@ struct Inner {
     drain_request: tokio::sync::watch::Sender<bool>,
     batches: tokio::sync::mpsc::Sender<Pending>,
     batcher: std::sync::Mutex<Option<tokio::task::JoinHandle<()>>>,
+    /// When the metrics last walked the queues, and how long it took.
+    queue_walk: tokio::sync::Mutex<Option<(std::time::Instant, Duration)>>,
+}
+
+/// A metrics scrape walks the queues again only after twenty times the
+/// last walk's time ([`Journal::refresh_gauges`]).
+const QUEUE_WALK_SHARE: u32 = 20;
+
+/// Whether a scrape at `now` walks the queues, given when the last walk
+/// started and how long it took.
+fn queue_walk_due(last: Option<(std::time::Instant, Duration)>, now: std::time::Instant) -> bool {
+    last.is_none_or(|(at, took)| now.saturating_duration_since(at) >= took * QUEUE_WALK_SHARE)
 }
 
 /// A proposal waiting for the batcher, and where its answer goes.
@@ -141,6 +153,7 @@ impl Journal {
                 drain_request: tokio::sync::watch::channel(false).0,
                 batches,
                 batcher: std::sync::Mutex::new(None),
+                queue_walk: tokio::sync::Mutex::new(None),
                 metrics,
                 clock_watch,
             }),
@@ -220,9 +233,22 @@ impl Journal {
             metrics.snapshot_lock_hold_longest_cpu_seconds.set(longest.as_secs_f64());
         }
         let now_ms = self.inner.clock.now_ms();
-        let (stats, last_token) =
-            self.read_stale(|state| (state.stats(now_ms), state.last_token()));
-        metrics.last_token.set(last_token as i64);
+        metrics.last_token.set(self.read_stale(|state| state.last_token()) as i64);
+        // The queue counts walk every queue under the state lock, and
+        // producers name queues: on a large state they are taken again only
+        // once the time since the last walk is twenty times what it took,
+        // so scrapes, however many, keep the lock at most a twentieth of
+        // the time. A small state's walk takes microseconds, so every
+        // scrape sees it fresh.
+        let mut last = self.inner.queue_walk.lock().await;
+        if !queue_walk_due(*last, std::time::Instant::now()) {
+            return;
+        }
+        let started = std::time::Instant::now();
+        let (stats, queues) =
+            self.read_stale(|state| state.largest_queue_stats(now_ms, MAX_QUEUE_SERIES));
+        *last = Some((started, started.elapsed()));
+        metrics.queues.set(i64::try_from(queues).unwrap_or(i64::MAX));
         metrics.set_queue_counts(&stats);
     }
 
@@ -989,5 +1015,23 @@ async fn write_batch(journal: &Journal, mut batch: Vec<Pending>) {
                 let _ = reply.send(Err(error.clone()));
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_slow_queue_walk_is_taken_again_only_after_twenty_times_its_time() {
+        let at = std::time::Instant::now();
+        assert!(queue_walk_due(None, at), "the first scrape walks");
+        // A walk of a small state: the next scrape, a millisecond on, walks.
+        let quick = Some((at, Duration::from_micros(20)));
+        assert!(queue_walk_due(quick, at + Duration::from_millis(1)));
+        // A walk of 100 ms: not again for two seconds.
+        let slow = Some((at, Duration::from_millis(100)));
+        assert!(!queue_walk_due(slow, at + Duration::from_millis(1_999)));
+        assert!(queue_walk_due(slow, at + Duration::from_secs(2)));
     }
 }

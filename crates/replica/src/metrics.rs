@@ -160,6 +160,11 @@ pub struct PeerLabels {
     pub peer: String,
 }
 
+/// Most queues with series of their own in `leasehold_queue_jobs`: the
+/// ones holding the most jobs. Producers name queues, so their number has
+/// no bound; a scrape's size and cost must have one.
+pub const MAX_QUEUE_SERIES: usize = 1_000;
+
 /// A queue's counts by the `state` label of `leasehold_queue_jobs`.
 fn by_state(counts: &QueueStats) -> [(&'static str, u64); 5] {
     [
@@ -204,6 +209,9 @@ pub struct Metrics {
     pub draining: Gauge,
     /// The last fencing token issued.
     pub last_token: Gauge,
+    /// Queues holding a job (those past [`MAX_QUEUE_SERIES`] have no
+    /// series of their own in `queue_jobs`).
+    pub queues: Gauge,
     /// Cutover-gate decisions made for claims, by path and reason.
     pub gate_decisions: Family<GateLabels, Counter>,
     /// Valid adverts accepted from peers.
@@ -282,6 +290,11 @@ impl Metrics {
         let raft_applied_index = gauge(&mut registry, "raft_applied_index", "Last applied index");
         let draining = gauge(&mut registry, "draining", "1 while the node drains");
         let last_token = gauge(&mut registry, "last_fencing_token", "Last fencing token issued");
+        let queues = gauge(
+            &mut registry,
+            "queues",
+            "Queues holding a job; queue_jobs has series for the 1,000 largest",
+        );
         let gate_decisions = Family::<GateLabels, Counter>::default();
         registry.register(
             "gate_decisions",
@@ -362,6 +375,7 @@ impl Metrics {
             raft_applied_index,
             draining,
             last_token,
+            queues,
             gate_decisions,
             adverts_accepted,
             peer_rejected,

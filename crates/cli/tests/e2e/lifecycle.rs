@@ -13,7 +13,7 @@
 //! `Faults` service of `--fault-injection`. Every wait is a named condition
 //! with a deadline; nothing sleeps to synchronize.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
 use std::time::Duration;
 
@@ -811,6 +811,33 @@ async fn metrics_story(sandbox: &Sandbox) -> Result<()> {
         let gauge = after.gauge("leasehold_queue_jobs", &[("queue", QUEUE), ("state", state)])?;
         ensure!(gauge == count as f64, "queue_jobs {state}: {gauge}, Stats says {count}");
     }
+
+    phase("queues past the series cap: the largest keep their series, all are counted");
+    // Producers name queues; a scrape publishes the 1,000 holding the most
+    // jobs, so 1,100 one-job queues beside QUEUE (four jobs) leave 101
+    // without series of their own, and QUEUE keeps its.
+    const MANY: usize = 1_100;
+    const SERIES: usize = 1_000;
+    for chunk in (0..MANY).collect::<Vec<_>>().chunks(500) {
+        let jobs = chunk.iter().map(|n| job(&format!("many-{n:04}"), b"x")).collect();
+        stub.enqueue(v1::EnqueueRequest { jobs }).await.context("enqueue into many queues")?;
+    }
+    let capped = scrape(node.http).await?;
+    let queues = capped.gauge("leasehold_queues", &[])?;
+    ensure!(queues == (MANY + 1) as f64, "leasehold_queues {queues}, expected {}", MANY + 1);
+    let with_series: BTreeSet<&str> = capped
+        .samples
+        .iter()
+        .filter(|sample| sample.metric == "leasehold_queue_jobs")
+        .filter_map(|sample| sample.labels.get("queue"))
+        .collect();
+    ensure!(with_series.len() == SERIES, "{} queues with series", with_series.len());
+    ensure!(with_series.contains(QUEUE), "the largest queue lost its series");
+    // Of the one-job queues, the first by name are kept.
+    ensure!(
+        with_series.contains("many-0000") && !with_series.contains("many-1099"),
+        "ties are not broken by name"
+    );
     Ok(())
 }
 

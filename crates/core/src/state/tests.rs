@@ -1236,6 +1236,30 @@ mod queries {
     }
 
     #[test]
+    fn the_largest_queues_are_chosen_by_jobs_then_name() {
+        let mut state = mixed_state();
+        // "a" holds 4 jobs and "b" 1 (mixed_state); "c" and "d" 2 each.
+        for queue in ["c", "c", "d", "d"] {
+            enqueue_one(&mut state, 0, spec(queue));
+        }
+        let all = state.stats(0);
+        let pick = |limit| {
+            let (stats, queues) = state.largest_queue_stats(0, limit);
+            assert_eq!(queues, all.len(), "every queue holding a job is counted");
+            for (queue, counts) in &stats {
+                assert_eq!(all.get(queue), Some(counts), "{queue} counted as stats() does");
+            }
+            stats.into_keys().collect::<Vec<_>>()
+        };
+        assert_eq!(pick(1), ["a"]);
+        // Of "c" and "d" (two jobs each), "c" comes first by name.
+        assert_eq!(pick(2), ["a", "c"]);
+        assert_eq!(pick(3), ["a", "c", "d"]);
+        assert_eq!(pick(10), ["a", "b", "c", "d"]);
+        assert!(pick(0).is_empty());
+    }
+
+    #[test]
     fn due_and_expiry_hints() {
         let state = mixed_state();
         assert_eq!(state.next_due_ms("a"), Some(60_000));
