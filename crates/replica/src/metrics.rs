@@ -90,7 +90,8 @@ pub struct OutcomeLabels {
 /// Labels of a refused call.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct AuthLabels {
-    /// The gRPC service, e.g. `leasehold.v1.Raft`.
+    /// The gRPC service, e.g. `leasehold.v1.Raft`, or `http.status` for
+    /// the status page's JSON.
     pub service: String,
     /// `no_token`, `unknown_token`, `role`, `not_a_node`, `node_proof` or
     /// `identity_mismatch`.

@@ -6,18 +6,23 @@
 use axum::Json;
 use axum::Router;
 use axum::extract::State;
-use axum::http::{HeaderMap, StatusCode, header};
+use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use tokio::net::TcpListener;
 
 use leasehold_replica::Readiness;
+use leasehold_replica::metrics::AuthLabels;
 use std::sync::Arc;
 use tokio::sync::Semaphore;
 
 use crate::status::{PAGE_HTML, PAGE_SCRIPT, PAGE_STYLE, StatusSources};
 
 pub mod listener;
+
+/// The `service` label of a status page request's refusal in
+/// `leasehold_auth_refused_total`.
+const STATUS_PAGE_SERVICE: &str = "http.status";
 
 /// Status answers computed at once; more wait their turn. Each fans out a
 /// status call to every member, so many open pages must not multiply that.
@@ -97,12 +102,14 @@ async fn serve_connections(
     let mut open = tokio::task::JoinSet::new();
     tokio::pin!(shutdown);
     loop {
-        let (io, _remote) = tokio::select! {
+        let (io, remote) = tokio::select! {
             accepted = connections.accept() => accepted,
             () = &mut shutdown => break,
         };
         while open.try_join_next().is_some() {}
-        let service = TowerToHyperService::new(app.clone());
+        // Each request knows the connection's client, for refusal logs.
+        let with_client = tower::ServiceExt::map_request(app.clone(), client_of(remote));
+        let service = TowerToHyperService::new(with_client);
         let mut stopping = stopping.clone();
         open.spawn(async move {
             // HTTP/1 only: probes, scrapers and browsers speak it on a
@@ -125,6 +132,17 @@ async fn serve_connections(
     let _ =
         tokio::time::timeout(SHUTDOWN_GRACE, async { while open.join_next().await.is_some() {} })
             .await;
+}
+
+/// Marks each request with the connection's client address, which
+/// axum's `ConnectInfo` extractor reads.
+fn client_of<B>(
+    remote: std::net::SocketAddr,
+) -> impl FnMut(axum::http::Request<B>) -> axum::http::Request<B> + Clone {
+    move |mut request| {
+        request.extensions_mut().insert(axum::extract::ConnectInfo(remote));
+        request
+    }
 }
 
 /// On a port bound to loopback, answers only requests addressed to a
@@ -192,10 +210,11 @@ fn asset(content_type: &'static str, body: &'static str) -> Response {
         .into_response()
 }
 
-async fn api_status(State(http): State<Http>, headers: HeaderMap) -> Response {
+async fn api_status(State(http): State<Http>, request: axum::http::request::Parts) -> Response {
+    let headers = &request.headers;
     let no_store = [(header::CACHE_CONTROL, "no-store")];
     // The token before a turn: a caller without one takes none.
-    let answer = match http.status.authorize(&headers) {
+    let answer = match http.status.authorize(headers) {
         Ok(()) => match tokio::time::timeout(STATUS_TURN_WAIT, http.status_turns.acquire()).await {
             Ok(Ok(_turn)) => http.status.snapshot().await,
             _ => {
@@ -208,6 +227,28 @@ async fn api_status(State(http): State<Http>, headers: HeaderMap) -> Response {
     match answer {
         Ok(body) => (StatusCode::OK, no_store, Json(body)).into_response(),
         Err(refusal) => {
+            if let Some(reason) = refusal.auth_reason {
+                // Counted and logged as the gRPC side's refusals are, so
+                // tokens tried against the page show where operators look.
+                let labels = AuthLabels {
+                    service: STATUS_PAGE_SERVICE.to_string(),
+                    reason: reason.to_string(),
+                };
+                http.readiness.journal().metrics().auth_refused.get_or_create(&labels).inc();
+                let client = request
+                    .extensions
+                    .get::<axum::extract::ConnectInfo<std::net::SocketAddr>>()
+                    .map(|info| info.0.to_string())
+                    .unwrap_or_default();
+                tracing::info!(
+                    event = "auth.refuse",
+                    method = "GET /api/status",
+                    reason,
+                    %client,
+                    message = %refusal.message,
+                    "status request refused"
+                );
+            }
             let mut response = (refusal.status, no_store, Json(refusal.body())).into_response();
             if refusal.status == StatusCode::UNAUTHORIZED {
                 // Bearer, not Basic: a browser must not pop up its own dialog.

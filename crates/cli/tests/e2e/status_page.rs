@@ -112,6 +112,21 @@ async fn story(sandbox: &Sandbox, chromium: &Path, chromedriver: &Path) -> Resul
     ensure!(wrong.0 == 401 && wrong.1.contains("unknown token"), "wrong token: {wrong:?}");
     let right = http_get_with_token(http, "/api/status", &reader).await?;
     ensure!(right.0 == 200, "the reader token: {right:?}");
+    // Both refusals are counted as the gRPC side's are, and logged with
+    // the client's address.
+    let metrics = super::lifecycle::scrape(http).await?;
+    for reason in ["no_token", "unknown_token"] {
+        let labels = [("service", "http.status"), ("reason", reason)];
+        let refused = metrics.counter("leasehold_auth_refused_total", &labels)?;
+        ensure!(refused == 1.0, "{reason}: {refused} refusals counted, expected 1");
+    }
+    let log = std::fs::read_to_string(page_node.log().context("the node keeps no log")?)?;
+    let logged = log
+        .lines()
+        .filter(|line| line.contains("auth.refuse") && line.contains("GET /api/status"))
+        .filter(|line| line.contains("127.0.0.1"))
+        .count();
+    ensure!(logged == 2, "{logged} status refusals logged with the client, expected 2");
     let shell = http_get(http, "/").await?;
     ensure!(shell.status == 200 && shell.content_type.starts_with("text/html"), "{shell:?}");
     ensure!(!shell.body.contains(QUEUE), "the shell carries no data");

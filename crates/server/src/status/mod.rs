@@ -48,11 +48,22 @@ pub struct StatusRefusal {
     pub status: StatusCode,
     /// What went wrong, naming the header or the call.
     pub message: String,
+    /// For a refused token, the `reason` label the gRPC side counts such a
+    /// refusal under (`no_token`, `unknown_token`, `role`).
+    pub auth_reason: Option<&'static str>,
 }
 
 impl StatusRefusal {
     fn new(status: StatusCode, message: impl Into<String>) -> Self {
-        StatusRefusal { status, message: message.into() }
+        StatusRefusal { status, message: message.into(), auth_reason: None }
+    }
+
+    fn unauthorized(reason: &'static str, message: impl Into<String>) -> Self {
+        StatusRefusal {
+            status: StatusCode::UNAUTHORIZED,
+            message: message.into(),
+            auth_reason: Some(reason),
+        }
     }
 
     /// The JSON body of the refusal.
@@ -105,9 +116,9 @@ fn authorize(tokens: Option<&SharedTokens>, headers: &HeaderMap) -> Result<(), S
     let Some(tokens) = tokens else {
         return Ok(());
     };
-    let unauthorized = |message: &str| StatusRefusal::new(StatusCode::UNAUTHORIZED, message);
     let Some(value) = headers.get(header::AUTHORIZATION) else {
-        return Err(unauthorized(
+        return Err(StatusRefusal::unauthorized(
+            "no_token",
             "authorization: the status needs a bearer token (any role reads it)",
         ));
     };
@@ -118,15 +129,18 @@ fn authorize(tokens: Option<&SharedTokens>, headers: &HeaderMap) -> Result<(), S
         .map(str::trim)
         .filter(|t| !t.is_empty());
     let Some(token) = token else {
-        return Err(unauthorized("authorization: expected \"Bearer TOKEN\""));
+        return Err(StatusRefusal::unauthorized(
+            "no_token",
+            "authorization: expected \"Bearer TOKEN\"",
+        ));
     };
     match tokens.current().authenticate(token) {
         Some(entry) if entry.grants(Role::Reader) => Ok(()),
-        Some(entry) => Err(unauthorized(&format!(
-            "authorization: token {:?} does not grant the reader role",
-            entry.name
-        ))),
-        None => Err(unauthorized("authorization: unknown token")),
+        Some(entry) => Err(StatusRefusal::unauthorized(
+            "role",
+            format!("authorization: token {:?} does not grant the reader role", entry.name),
+        )),
+        None => Err(StatusRefusal::unauthorized("unknown_token", "authorization: unknown token")),
     }
 }
 
