@@ -34,7 +34,9 @@ pub struct WorkerArgs {
     /// This worker's tags (repeatable).
     #[arg(long = "tag")]
     tags: Vec<String>,
-    /// Seconds running commands may continue after SIGTERM.
+    /// Seconds running commands may continue after SIGTERM or Ctrl-C; then
+    /// they are killed and their jobs released. A second signal stops at
+    /// once: the commands are killed, their jobs wait out their leases.
     #[arg(long, default_value_t = 30)]
     grace_s: u64,
     /// The command and its arguments.
@@ -57,8 +59,12 @@ pub async fn run(args: WorkerArgs) -> anyhow::Result<ExitCode> {
     config.lease_ttl_ms = args.lease_ttl_ms;
     config.selector = args.tags.clone();
     config.grace = Duration::from_secs(args.grace_s);
+    // A command still running after the grace is killed; its job goes back
+    // to the queue at once rather than after its lease's TTL.
+    config.release_abandoned = true;
     let command = args.command.clone();
     let (stop, stopped) = watch::channel(false);
+    let (abort, aborted) = tokio::sync::oneshot::channel::<()>();
     let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
     tokio::spawn(async move {
         tokio::select! {
@@ -67,18 +73,28 @@ pub async fn run(args: WorkerArgs) -> anyhow::Result<ExitCode> {
         }
         tracing::info!("stopping: no new claims; running jobs finish within the grace period");
         let _ = stop.send(true);
-        // A second signal exits at once.
+        // A second signal stops at once. Not by exiting the process here:
+        // that would skip every drop, and the commands, each in a process
+        // group of its own, would run on with their leases lapsing, for
+        // another worker to start the same jobs. Returning from `run`
+        // drops the worker, whose running commands are killed as they go.
         tokio::select! {
             _ = terminate.recv() => {}
             _ = tokio::signal::ctrl_c() => {}
         }
-        std::process::exit(1);
+        let _ = abort.send(());
     });
     let handler = move |grant: v1::Grant| {
         let command = command.clone();
         async move { run_command(&command, grant).await }
     };
-    let report = worker::run(client, config, handler, stopped).await;
+    let report = tokio::select! {
+        report = worker::run(client, config, handler, stopped) => report,
+        Ok(()) = aborted => {
+            tracing::warn!("stopped at once by a second signal: running commands are killed");
+            return Ok(ExitCode::FAILURE);
+        }
+    };
     tracing::info!(
         acked = report.acked.len(),
         nacked = report.nacked.len(),

@@ -229,3 +229,90 @@ async fn executor_result_story(sandbox: &Sandbox) -> Result<()> {
     );
     Ok(())
 }
+
+/// A command that records its pid in `$E2E_PID_FILE`, then sleeps a
+/// minute: a job still running when the worker is told to stop.
+const SLEEPER: &str =
+    r#"echo $$ > "$E2E_PID_FILE.tmp" && mv "$E2E_PID_FILE.tmp" "$E2E_PID_FILE"; exec sleep 60"#;
+
+/// Goal: a stopping `leasehold worker` leaves no command behind. After the
+/// grace period (SIGTERM, `--grace-s 1`) the running command is killed and
+/// its job released at once, not after its lease's TTL; on a second
+/// signal the worker exits at once, non-zero, and kills its command too
+/// (each runs in a process group of its own, which outlives a plain exit).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stopping_worker_kills_its_commands_and_releases_their_jobs() -> Result<()> {
+    let sandbox = Sandbox::new("worker-stop")?;
+    sandbox.run(Duration::from_secs(60), stop_story(&sandbox)).await
+}
+
+/// Whether process `pid` still runs (a zombie waiting to be reaped does not).
+fn running(pid: i32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .is_ok_and(|stat| stat.rsplit_once(") ").is_some_and(|(_, rest)| !rest.starts_with('Z')))
+}
+
+/// Starts a worker on `queue` running [`SLEEPER`], enqueues one job with a
+/// lease of a minute, and waits for the command to start; the worker and
+/// the command's pid.
+async fn sleeping_worker(
+    sandbox: &Sandbox,
+    node: &Node,
+    queue: &str,
+    grace_s: &str,
+) -> Result<(Process, i32)> {
+    let pid_file = sandbox.path().join(format!("{queue}.pid"));
+    let mut command = Command::new(binary());
+    command
+        .args(["worker", "--queue", queue, "--lease-ttl-ms", "60000", "--grace-s", grace_s])
+        .args(["--", "sh", "-c", SLEEPER])
+        .env("LEASEHOLD_ADDR", node.addr())
+        .env("E2E_PID_FILE", &pid_file)
+        .env("NO_COLOR", "1");
+    let worker = Process::spawn(queue, command, &sandbox.log_file(queue))?;
+    let mut stub = node.stub()?;
+    stub.enqueue(v1::EnqueueRequest { jobs: vec![job(queue, b"sleep")] }).await?;
+    let pid = wait_until("the command started", deadline_in(Duration::from_secs(20)), || {
+        let pid = std::fs::read_to_string(&pid_file).ok().and_then(|t| t.trim().parse().ok());
+        async move {
+            Ok(match pid {
+                Some(pid) => Check::Done(pid),
+                None => Check::NotYet("no pid file yet".to_string()),
+            })
+        }
+    })
+    .await?;
+    ensure!(running(pid), "the command {pid} is not running");
+    Ok((worker, pid))
+}
+
+async fn stop_story(sandbox: &Sandbox) -> Result<()> {
+    let node = Node::start(sandbox).await?;
+    let mut stub = node.stub()?;
+
+    phase("SIGTERM, a grace of 1 s: the command is killed and its job released");
+    let (mut worker, pid) = sleeping_worker(sandbox, &node, "graced", "1").await?;
+    worker.signal(Signal::SIGTERM)?;
+    let status = worker.wait_exit(deadline_in(Duration::from_secs(15))).await?;
+    ensure!(status.code() == Some(0), "worker exited with {status} after SIGTERM");
+    ensure!(!running(pid), "the command {pid} outlived the worker");
+    let stats = queue_stats(&mut stub, "graced").await?;
+    ensure!(
+        stats.ready == 1 && stats.claimed == 0,
+        "the abandoned job is not ready again at once (its lease has 60 s left): {stats:?}"
+    );
+
+    phase("SIGTERM twice: the worker exits at once and its command with it");
+    let (mut worker, pid) = sleeping_worker(sandbox, &node, "twice", "30").await?;
+    worker.signal(Signal::SIGTERM)?;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    worker.signal(Signal::SIGTERM)?;
+    let status = worker.wait_exit(deadline_in(Duration::from_secs(5))).await?;
+    ensure!(status.code() == Some(1), "worker exited with {status} after a second SIGTERM");
+    let gone = deadline_in(Duration::from_secs(2));
+    while running(pid) {
+        ensure!(tokio::time::Instant::now() < gone, "the command {pid} outlived the worker");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    Ok(())
+}
