@@ -146,6 +146,11 @@ function showProblem(text) {
   problem.hidden = !text;
 }
 
+// True while the page waits for a token: a refused request is not
+// repeated every second (each would be counted and logged as a refusal);
+// the next poll is the form's submit.
+let waitingForToken = false;
+
 async function poll() {
   const headers = { "Accept": "application/json" };
   const token = sessionStorage.getItem(TOKEN_KEY);
@@ -159,6 +164,7 @@ async function poll() {
     if (reply.status === 401 || reply.status === 403) {
       $("token-form").hidden = false;
       showProblem((body && body.error) || "the node refused the token (" + reply.status + ")");
+      waitingForToken = true;
     } else if (!reply.ok) {
       showProblem((body && body.error) || "the node answered " + reply.status);
     } else {
@@ -170,7 +176,7 @@ async function poll() {
     showProblem("no answer from the node: " + error.message + " (showing the last data)");
   } finally {
     clearTimeout(timer);
-    setTimeout(poll, POLL_MS);
+    if (!waitingForToken) setTimeout(poll, POLL_MS);
   }
 }
 
@@ -180,6 +186,10 @@ document.addEventListener("DOMContentLoaded", () => {
     const value = $("token").value.trim();
     if (value) sessionStorage.setItem(TOKEN_KEY, value);
     $("token").value = "";
+    if (waitingForToken) {
+      waitingForToken = false;
+      poll();
+    }
   });
   poll();
 });

@@ -155,6 +155,15 @@ async fn story(sandbox: &Sandbox, chromium: &Path, chromedriver: &Path) -> Resul
             && seen["problem"].as_str().is_some_and(|p| p.contains("token")))
     })
     .await?;
+    // While it asks, the page does not repeat the refused request every
+    // second: each would be counted and logged as a refusal.
+    let no_token = [("service", "http.status"), ("reason", "no_token")];
+    let asked =
+        super::lifecycle::scrape(http).await?.counter("leasehold_auth_refused_total", &no_token)?;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let later =
+        super::lifecycle::scrape(http).await?.counter("leasehold_auth_refused_total", &no_token)?;
+    ensure!(later == asked, "the page asking for a token was refused {} more times", later - asked);
     page.find(Locator::Id("token")).await?.send_keys(&reader).await?;
     page.find(Locator::Css("#token-form button")).await?.click().await?;
     let form = page.find(Locator::Id("token-form")).await?;
