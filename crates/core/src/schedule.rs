@@ -23,6 +23,10 @@ pub const LATE_AFTER_MS: u64 = 2_000;
 pub const NODE_TAG_PREFIX: &str = "node:";
 /// Queue command jobs go to when the template names none.
 pub const DEFAULT_COMMAND_QUEUE: &str = "exec";
+/// How the idempotency key of a job a schedule fired begins
+/// ([`Schedule::job_key`]). Reserved: a producer may not enqueue with it
+/// ([`crate::validate::enqueue_key`]).
+pub const CRON_KEY_PREFIX: &str = "cron:";
 
 /// Whether `queue` is a command queue: `exec`, or `exec.` followed by a
 /// name. Only command queues may feed the built-in executor, whose jobs'
@@ -258,8 +262,8 @@ impl Schedule {
     /// The idempotency key of the job a tick enqueues (per node for `each`).
     pub fn job_key(&self, bucket: u64, node: Option<u64>) -> String {
         match node {
-            Some(node) => format!("cron:{}:{bucket}:{node}", self.spec.name),
-            None => format!("cron:{}:{bucket}", self.spec.name),
+            Some(node) => format!("{CRON_KEY_PREFIX}{}:{bucket}:{node}", self.spec.name),
+            None => format!("{CRON_KEY_PREFIX}{}:{bucket}", self.spec.name),
         }
     }
 }

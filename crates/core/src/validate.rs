@@ -474,6 +474,26 @@ fn job_spec(
     tags(&format_args!("{field}.tags"), &spec.tags, limits)
 }
 
+/// Checks a producer's idempotency key as its proposer must: keys that
+/// begin `cron:` are the schedules' ([`crate::schedule::CRON_KEY_PREFIX`]).
+/// A producer who enqueued `cron:NAME:BUCKET` on a schedule's queue before
+/// its tick would take the tick's place: the fire finds the key taken, is
+/// recorded as fired, and the producer's payload runs under the schedule's
+/// name. Checked by the proposer only, never at apply, so replicas of
+/// builds before the rule apply the same log alike.
+pub fn enqueue_key(field: &(impl Display + ?Sized), key: &str) -> Result<(), ValidationError> {
+    if key.starts_with(crate::schedule::CRON_KEY_PREFIX) {
+        return Err(ValidationError::invalid(
+            format!("{field}"),
+            format!(
+                "keys beginning {:?} are reserved for the jobs schedules fire",
+                crate::schedule::CRON_KEY_PREFIX
+            ),
+        ));
+    }
+    Ok(())
+}
+
 /// Checks a backoff: a zero base would retry in a hot loop, and a cap below
 /// the base would make the "exponential" delay shrink.
 fn backoff(field: &(impl Display + ?Sized), backoff: &Backoff) -> Result<(), ValidationError> {
@@ -579,6 +599,16 @@ pub fn truncate_text(text: &str, max_bytes: usize) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_producer_may_not_use_a_schedules_key() {
+        let error = enqueue_key("jobs[0].idempotency_key", "cron:nightly:1767225600");
+        let error = error.expect_err("a schedule's key");
+        assert_eq!(error.field, "jobs[0].idempotency_key");
+        assert!(error.problem.contains("reserved"), "{}", error.problem);
+        assert!(enqueue_key("k", "crontab-7").is_ok(), "only the prefix is reserved");
+        assert!(enqueue_key("k", "order:cron:1").is_ok());
+    }
 
     fn spec(queue: &str) -> JobSpec {
         JobSpec { queue: queue.to_owned(), ..JobSpec::default() }

@@ -247,6 +247,10 @@ impl QueueService {
                 let what = format!("jobs[{index}].queue: enqueue on command queue {}", spec.queue);
                 caller.require(Role::Admin, &what)?;
             }
+            if let Some(key) = &spec.idempotency_key {
+                let field = format!("jobs[{index}].idempotency_key");
+                validate::enqueue_key(&field, key).map_err(Error::from)?;
+            }
         }
         let now_ms = self.journal.clock().now_ms();
         let jobs = request

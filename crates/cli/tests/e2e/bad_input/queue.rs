@@ -113,6 +113,15 @@ pub fn cases(held: v1::LeaseRef) -> Vec<Case> {
             Invalid,
             "jobs[0].idempotency_key",
         ),
+        bad(
+            "enqueue: a key reserved for a schedule's fire",
+            one(v1::JobSpec {
+                idempotency_key: Some("cron:nightly:1767225600".into()),
+                ..spec(QUEUE)
+            }),
+            Invalid,
+            "jobs[0].idempotency_key",
+        ),
         big(
             "enqueue: 257-byte idempotency key",
             one(v1::JobSpec { idempotency_key: Some(long_text.clone()), ..spec(QUEUE) }),
