@@ -346,9 +346,11 @@ fn bus_refusal(
     // clock a majority of the voters agree with, as a leader stamps only
     // on one: not while it is judged wrong, nor before it is measured (a
     // restarted node whose clock jumped an hour would otherwise claim in
-    // the seconds before its peers' adverts measure it). A node that
-    // cannot be measured by a majority could not record its claim in the
-    // journal either, which needs a quorum.
+    // the seconds before its peers' adverts measure it). Adverts measure
+    // every reachable peer each second, within the gate's settle time, so
+    // only a node cut off from most voters, or one among older builds that
+    // report no time, goes without; the other nodes run its ticks, but
+    // for `target = each` its own share is missed (docs/safety.md).
     match facts.clock {
         ClockVerdict::Agreed { .. } => {}
         ClockVerdict::Skewed { .. } => return Some("clock_skewed"),
