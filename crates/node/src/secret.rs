@@ -54,18 +54,26 @@ pub fn dev_secret_path(data: &Path) -> PathBuf {
 }
 
 /// Keeps a dev secret in the data dir (owner-readable only), so a restart
-/// keeps talking to the same cluster.
+/// keeps talking to the same cluster. Written to a new file that replaces
+/// the old one, so the file is owner-only whatever one it replaces (an
+/// unreadable leftover kept its own mode when truncated), and a crash
+/// leaves the old file or the whole new one, never an empty one, which
+/// the next start would take for no secret and replace with another.
 pub fn keep_dev_secret(data: &Path, secret: &ClusterSecret) -> std::io::Result<()> {
     use std::os::unix::fs::OpenOptionsExt;
     let path = dev_secret_path(data);
-    let mut file = std::fs::OpenOptions::new()
-        .create(true)
-        .write(true)
-        .truncate(true)
-        .mode(0o600)
-        .open(&path)?;
+    let temp = data.join(format!("{DEV_SECRET_FILE}.tmp"));
+    match std::fs::remove_file(&temp) {
+        Err(error) if error.kind() != std::io::ErrorKind::NotFound => return Err(error),
+        _ => {}
+    }
+    let mut file =
+        std::fs::OpenOptions::new().create_new(true).write(true).mode(0o600).open(&temp)?;
     file.write_all(secret.as_bytes())?;
-    file.sync_all()
+    file.sync_all()?;
+    drop(file);
+    std::fs::rename(&temp, &path)?;
+    std::fs::File::open(data)?.sync_all()
 }
 
 #[cfg(test)]
@@ -102,6 +110,19 @@ mod tests {
         let kept = resolve_secret(&config)?;
         assert!(kept.generated && !kept.fresh);
         assert_eq!(kept.secret, fresh.secret, "a restart keeps the dev secret");
+
+        // A leftover the node could not read as a secret, readable by all:
+        // replaced by an owner-only file holding the secret.
+        use std::os::unix::fs::PermissionsExt;
+        let kept_path = dev_secret_path(&data);
+        std::fs::write(&kept_path, "")?;
+        std::fs::set_permissions(&kept_path, std::fs::Permissions::from_mode(0o644))?;
+        let again = resolve_secret(&config)?;
+        assert!(again.fresh, "an empty file is no secret");
+        keep_dev_secret(&data, &again.secret)?;
+        let mode = std::fs::metadata(&kept_path)?.permissions().mode() & 0o777;
+        assert_eq!(mode, 0o600, "the kept secret is owner-only");
+        assert_eq!(std::fs::read(&kept_path)?, again.secret.as_bytes());
 
         std::fs::write(&file, "short")?;
         config.cluster_secret_file = Some(file);
