@@ -133,6 +133,11 @@ pub struct Connection {
     /// environment variable: a flag shows in the process list).
     #[arg(long, env = "LEASEHOLD_TOKEN", hide_env_values = true, global = true)]
     pub token: Option<String>,
+    /// Send the token without TLS to an address beyond loopback: only for a
+    /// node run with --insecure (refused otherwise, as the token would
+    /// cross the network unencrypted).
+    #[arg(long, env = "LEASEHOLD_INSECURE", global = true)]
+    pub insecure: bool,
 }
 
 impl Connection {
@@ -148,6 +153,9 @@ impl Connection {
         }
         if let Some(token) = &self.token {
             builder = builder.token(token.clone());
+        }
+        if self.insecure {
+            builder = builder.allow_plaintext_token();
         }
         Ok(builder.build()?)
     }

@@ -212,6 +212,7 @@ pub struct ClientBuilder {
     addrs: String,
     tls: Option<ClientTls>,
     metadata: Vec<(String, String)>,
+    plaintext_token: bool,
 }
 
 impl ClientBuilder {
@@ -226,6 +227,14 @@ impl ClientBuilder {
     /// tokens file asks for it).
     pub fn token(mut self, token: impl Into<String>) -> ClientBuilder {
         self.metadata.push(("authorization".into(), format!("Bearer {}", token.into().trim())));
+        self
+    }
+
+    /// Lets a token travel without TLS to an address beyond loopback:
+    /// only for a node run with `--insecure`, on a network the token may
+    /// cross in the clear. Without it such a client is refused when built.
+    pub fn allow_plaintext_token(mut self) -> ClientBuilder {
+        self.plaintext_token = true;
         self
     }
 
@@ -259,26 +268,43 @@ impl ClientBuilder {
         }
         let credentials = Credentials { metadata: Arc::new(metadata) };
         let tls = self.tls.as_ref().map(ClientTls::config);
+        let sends_token =
+            self.metadata.iter().any(|(name, _)| name.eq_ignore_ascii_case("authorization"));
         let mut nodes = Vec::new();
         let mut plain = Vec::new();
         for addr in self.addrs.split(',').map(str::trim).filter(|a| !a.is_empty()) {
             plain.push(host_port(addr).to_string());
-            let uri = match (addr.split_once("://"), &tls) {
+            if tls.is_none() && sends_token && !self.plaintext_token && !is_loopback(addr) {
+                return Err(ClientError::Credential(format!(
+                    "address {addr}: the token would cross the network unencrypted; talk TLS \
+                     (--tls-ca, --tls-cert, --tls-key), or for a node run with --insecure \
+                     allow it with --insecure (LEASEHOLD_INSECURE=1)"
+                )));
+            }
+            // Schemes are case-insensitive: `HTTPS://` is https, and
+            // anything else but http and https is refused rather than
+            // dialled without the TLS that was asked for.
+            let scheme = addr.split_once("://").map(|(scheme, _)| scheme.to_ascii_lowercase());
+            let uri = match (scheme.as_deref(), &tls) {
                 (None, Some(_)) => format!("https://{addr}"),
                 (None, None) => format!("http://{addr}"),
-                (Some(("https", _)), Some(_)) | (Some(("http", _)), None) => addr.to_string(),
-                (Some(("http", _)), Some(_)) => {
+                (Some("https"), Some(_)) | (Some("http"), None) => addr.to_string(),
+                (Some("http"), Some(_)) => {
                     return Err(ClientError::Credential(format!(
                         "address {addr}: TLS is configured, so the address must be https:// (or host:port)"
                     )));
                 }
-                (Some(("https", _)), None) => {
+                (Some("https"), None) => {
                     return Err(ClientError::Credential(format!(
                         "address {addr}: https needs --tls-ca, --tls-cert and --tls-key \
                          (LEASEHOLD_TLS_CA, LEASEHOLD_TLS_CERT, LEASEHOLD_TLS_KEY)"
                     )));
                 }
-                (Some(_), _) => addr.to_string(),
+                (Some(other), _) => {
+                    return Err(ClientError::Credential(format!(
+                        "address {addr}: scheme {other:?} is neither http nor https"
+                    )));
+                }
             };
             let mut endpoint = Endpoint::from_shared(uri)
                 .map_err(|source| ClientError::Address { addr: addr.to_string(), source })?
@@ -355,7 +381,12 @@ impl Client {
 
     /// A builder for `addrs`, to add TLS and a token.
     pub fn builder(addrs: &str) -> ClientBuilder {
-        ClientBuilder { addrs: addrs.to_string(), tls: None, metadata: Vec::new() }
+        ClientBuilder {
+            addrs: addrs.to_string(),
+            tls: None,
+            metadata: Vec::new(),
+            plaintext_token: false,
+        }
     }
 
     fn stubs(&self) -> &Stubs {
@@ -850,6 +881,18 @@ pub(crate) fn new_request_id() -> String {
 }
 
 /// `host:port` of an address given as `host:port` or `scheme://host:port/`.
+/// Whether `addr`'s host is a loopback name or address (`localhost`,
+/// `127.0.0.0/8`, `::1`), where a plaintext token stays on the machine.
+fn is_loopback(addr: &str) -> bool {
+    let host_port = host_port(addr);
+    let host = match host_port.strip_prefix('[') {
+        Some(rest) => rest.split_once(']').map_or(rest, |(host, _)| host),
+        None => host_port.rsplit_once(':').map_or(host_port, |(host, _)| host),
+    };
+    host.eq_ignore_ascii_case("localhost")
+        || host.parse::<std::net::IpAddr>().is_ok_and(|ip| ip.is_loopback())
+}
+
 fn host_port(addr: &str) -> &str {
     let addr = addr.trim();
     let addr = addr.split_once("://").map_or(addr, |(_, rest)| rest);
@@ -859,6 +902,34 @@ fn host_port(addr: &str) -> &str {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test]
+    async fn a_token_does_not_cross_the_network_unencrypted() {
+        let build = |addr: &str| Client::builder(addr).token("lh_secret").build();
+        let refused = build("10.0.0.11:7070").err().map(|e| e.to_string()).unwrap_or_default();
+        assert!(refused.contains("unencrypted") && refused.contains("10.0.0.11"), "{refused}");
+        assert!(build("http://node-2.example:7070").is_err(), "a name beyond loopback");
+        for local in ["127.0.0.1:7070", "127.0.0.2:7070", "localhost:7070", "[::1]:7070"] {
+            assert!(build(local).is_ok(), "{local} is loopback");
+        }
+        let allowed =
+            Client::builder("10.0.0.11:7070").token("lh_secret").allow_plaintext_token().build();
+        assert!(allowed.is_ok(), "allowed for a node run with --insecure");
+        assert!(Client::builder("10.0.0.11:7070").build().is_ok(), "no token, nothing to leak");
+    }
+
+    #[tokio::test]
+    async fn schemes_are_read_without_regard_to_case_and_unknown_ones_refused() {
+        // Upper-case HTTPS is https: without TLS files it is refused, not
+        // dialled in plaintext.
+        let https = Client::builder("HTTPS://127.0.0.1:7070").build();
+        let https = https.err().map(|e| e.to_string()).unwrap_or_default();
+        assert!(https.contains("https needs --tls-ca"), "{https}");
+        let other = Client::builder("grpc://127.0.0.1:7070").build();
+        let other = other.err().map(|e| e.to_string()).unwrap_or_default();
+        assert!(other.contains("neither http nor https"), "{other}");
+        assert!(Client::builder("HTTP://127.0.0.1:7070").build().is_ok());
+    }
 
     #[tokio::test]
     async fn a_leader_hint_moves_the_client_only_to_an_address_it_has() {
