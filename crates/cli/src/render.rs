@@ -145,14 +145,38 @@ pub fn print_json(value: &Value) {
     print_text(&format!("{text}\n"));
 }
 
-/// Prints `text` on stdout as it is. A reader that went away (`| head`)
-/// ends the output quietly instead of with a panic.
+/// Prints `text` on stdout, its control characters shown escaped
+/// ([`terminal_safe`]). A reader that went away (`| head`) ends the output
+/// quietly instead of with a panic.
 pub fn print_text(text: &str) {
     use std::io::Write;
+    let text = terminal_safe(text);
     let mut stdout = std::io::stdout().lock();
     if stdout.write_all(text.as_bytes()).and_then(|()| stdout.flush()).is_err() {
         std::process::exit(0);
     }
+}
+
+/// `text` with every control character but line feed and tab written as
+/// `\u{..}`. What the CLI prints comes partly from producers and workers
+/// (a job's tags, key, result and last error, a schedule's command), and a
+/// terminal acts on the escape sequences in it: one could clear the
+/// operator's screen, retitle the window or draw a fake prompt. JSON
+/// output is escaped by its encoder; `--output json` gives the exact text.
+pub fn terminal_safe(text: &str) -> std::borrow::Cow<'_, str> {
+    let unsafe_char = |c: char| c.is_control() && c != '\n' && c != '\t';
+    if !text.chars().any(unsafe_char) {
+        return std::borrow::Cow::Borrowed(text);
+    }
+    let mut shown = String::with_capacity(text.len() + 16);
+    for c in text.chars() {
+        if unsafe_char(c) {
+            shown.push_str(&format!("\\u{{{:x}}}", u32::from(c)));
+        } else {
+            shown.push(c);
+        }
+    }
+    std::borrow::Cow::Owned(shown)
 }
 
 /// A borderless table with `header`: columns left-aligned and three

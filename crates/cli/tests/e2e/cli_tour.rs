@@ -12,7 +12,7 @@ use std::time::Duration;
 use anyhow::{Context, Result, ensure};
 use serde_json::Value;
 
-use super::support::{Node, Sandbox, phase, run_cli};
+use super::support::{self, Node, Sandbox, phase, run_cli};
 
 const QUEUE: &str = "tour";
 
@@ -134,5 +134,27 @@ async fn story(sandbox: &Sandbox) -> Result<()> {
         .success()?
         .json()?;
     ensure!(unchanged == got, "the refused ack changed the job: {unchanged}");
+
+    phase("job get shows a producer's escape sequences, never sends them to the terminal");
+    // A tag that would retitle the window and clear the screen.
+    let hostile = "ops\u{1b}]0;pwned\u{7}\u{1b}[2J";
+    let mut stub = node.stub()?;
+    let spec = leasehold_proto::v1::JobSpec {
+        tags: vec![hostile.to_string()],
+        ..support::job(QUEUE, b"x")
+    };
+    let enqueued = stub.enqueue(leasehold_proto::v1::EnqueueRequest { jobs: vec![spec] }).await?;
+    let id = enqueued.into_inner().results.first().map(|r| r.job_id).context("no job id")?;
+    let shown = run_cli(sandbox, &["job", "get", &id.to_string()], &env).await?.success()?;
+    ensure!(
+        !shown.stdout.contains('\u{1b}') && !shown.stdout.contains('\u{7}'),
+        "{:?}",
+        shown.stdout
+    );
+    ensure!(
+        shown.stdout.contains("ops\\u{1b}]0;pwned\\u{7}"),
+        "the tag is not shown: {:?}",
+        shown.stdout
+    );
     Ok(())
 }
