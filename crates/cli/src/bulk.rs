@@ -240,7 +240,7 @@ pub async fn enqueue_file(
     let jobs = read_file(path, default_queue)?;
     let lines = jobs.len();
     let bar = progress(lines as u64);
-    let (mut enqueued, mut duplicates, mut failed) = (0usize, 0usize, 0usize);
+    let (mut enqueued, mut duplicates, mut failed, mut unknown) = (0usize, 0usize, 0usize, 0usize);
     let mut failures = Vec::new();
     let all = batches(jobs, batch_jobs);
     let batch_count = all.len();
@@ -252,9 +252,15 @@ pub async fn enqueue_file(
                 enqueued += results.iter().filter(|r| !r.duplicate).count();
             }
             Err(error) => {
-                // An unanswered call may still have committed; the summary
-                // says so rather than guess.
-                failed += batch.len();
+                // A refused batch changed nothing; an unanswered one (the
+                // node's UNAVAILABLE, a timeout, a broken connection) may
+                // still have committed, and is counted apart rather than
+                // guessed at.
+                if outcome_unknown(&error) {
+                    unknown += batch.len();
+                } else {
+                    failed += batch.len();
+                }
                 let lines = failed_lines(&batch, &error.to_string());
                 bar.suspend(|| eprintln!("error: {lines}: {error}"));
                 failures.push(json!({"lines": lines, "error": error.to_string()}));
@@ -277,19 +283,55 @@ pub async fn enqueue_file(
             "enqueued": enqueued,
             "duplicates": duplicates,
             "failed": failed,
+            "unknown": unknown,
             "failures": failures,
         })),
         Output::Text => println!(
-            "{enqueued} enqueued, {duplicates} duplicates, {failed} failed \
+            "{enqueued} enqueued, {duplicates} duplicates, {failed} failed, {unknown} unknown \
              ({lines} jobs in {batch_count} batches)"
         ),
     }
-    Ok(if failed == 0 { std::process::ExitCode::SUCCESS } else { std::process::ExitCode::FAILURE })
+    Ok(if failed + unknown == 0 {
+        std::process::ExitCode::SUCCESS
+    } else {
+        std::process::ExitCode::FAILURE
+    })
+}
+
+/// Whether a failed Enqueue may still have committed: the call was not
+/// refused but went unanswered (UNAVAILABLE from the node, a deadline, a
+/// broken connection, an internal error), or the client says so.
+fn outcome_unknown(error: &leasehold_client::ClientError) -> bool {
+    match error {
+        leasehold_client::ClientError::Status(status) => matches!(
+            status.code(),
+            tonic::Code::Unavailable
+                | tonic::Code::DeadlineExceeded
+                | tonic::Code::Cancelled
+                | tonic::Code::Unknown
+                | tonic::Code::Internal
+        ),
+        leasehold_client::ClientError::OutcomeUnknown { .. } => true,
+        _ => false,
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_unanswered_batch_is_unknown_and_a_refused_one_failed() {
+        let status = |code| leasehold_client::ClientError::Status(tonic::Status::new(code, "x"));
+        for code in
+            [tonic::Code::Unavailable, tonic::Code::DeadlineExceeded, tonic::Code::Cancelled]
+        {
+            assert!(outcome_unknown(&status(code)), "{code:?} may have committed");
+        }
+        for code in [tonic::Code::InvalidArgument, tonic::Code::PermissionDenied] {
+            assert!(!outcome_unknown(&status(code)), "{code:?} changed nothing");
+        }
+    }
 
     #[test]
     fn a_line_with_every_field_becomes_its_spec() {

@@ -204,11 +204,44 @@ fn unreachable_message(error: &anyhow::Error, client: &ClientError, addr: Option
     } else {
         format!("{error}; ")
     };
+    // Refused or unroutable: the call never left. Anything else (a
+    // timeout, a connection that broke) may have come after a node took a
+    // write, so the user is told to look before repeating it.
+    let never_sent = chain_has_io(client, |kind| {
+        matches!(
+            kind,
+            std::io::ErrorKind::ConnectionRefused
+                | std::io::ErrorKind::AddrNotAvailable
+                | std::io::ErrorKind::NetworkUnreachable
+                | std::io::ErrorKind::HostUnreachable
+        )
+    });
+    let maybe_applied = if never_sent {
+        ""
+    } else {
+        "; a write may have been applied before the answer was lost: look before \
+         repeating it (an enqueue with --key is never applied twice)"
+    };
     format!(
         "{done}no node answered at {tried} ({cause}): check that a node is running there, \
          that --addr or LEASEHOLD_ADDR names its gRPC address, and that a node with TLS \
-         is dialled as https:// with --tls-ca, --tls-cert and --tls-key"
+         is dialled as https:// with --tls-ca, --tls-cert and --tls-key{maybe_applied}"
     )
+}
+
+/// Whether an I/O error of a kind `wanted` accepts is among `error`'s causes.
+fn chain_has_io(error: &ClientError, wanted: impl Fn(std::io::ErrorKind) -> bool) -> bool {
+    let mut cause: Option<&dyn std::error::Error> = match error {
+        ClientError::Status(status) => Some(status),
+        other => Some(other),
+    };
+    while let Some(error) = cause {
+        if error.downcast_ref::<std::io::Error>().is_some_and(|io| wanted(io.kind())) {
+            return true;
+        }
+        cause = error.source();
+    }
+    false
 }
 
 /// Transparent huge pages off for a node, before its threads start:
@@ -310,6 +343,27 @@ fn main() -> std::process::ExitCode {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_unanswered_call_may_have_been_applied_a_refused_connection_not() {
+        let failed = |kind| {
+            let source = std::io::Error::new(kind, "the system's words");
+            ClientError::Status(tonic::Status::from_error(Box::new(source)))
+        };
+        let message = |kind| {
+            let error = anyhow::Error::new(failed(kind));
+            let client = error.downcast_ref::<ClientError>().map(|client| {
+                assert!(no_node_answered(client));
+                unreachable_message(&error, client, Some("127.0.0.1:7070"))
+            });
+            client.unwrap_or_default()
+        };
+        let refused = message(std::io::ErrorKind::ConnectionRefused);
+        assert!(refused.contains("no node answered"), "{refused}");
+        assert!(!refused.contains("may have been applied"), "{refused}");
+        let lost = message(std::io::ErrorKind::ConnectionReset);
+        assert!(lost.contains("may have been applied"), "{lost}");
+    }
 
     /// Every subcommand, at any depth, with its path (`job enqueue`).
     fn walk(command: &clap::Command, path: &str, out: &mut Vec<(String, clap::Command)>) {

@@ -215,7 +215,7 @@ async fn bulk_story(sandbox: &Sandbox) -> Result<()> {
     eprintln!("bulk enqueue took {:?}", started.elapsed());
     let summary = done.stdout.trim();
     let expected = format!(
-        "{BULK_JOBS} enqueued, {REPEATED_KEYS} duplicates, 0 failed ({} jobs in 11 batches)",
+        "{BULK_JOBS} enqueued, {REPEATED_KEYS} duplicates, 0 failed, 0 unknown ({} jobs in 11 batches)",
         BULK_JOBS + REPEATED_KEYS
     );
     ensure!(summary == expected, "summary {summary:?}, expected {expected:?}");
