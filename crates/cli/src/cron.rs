@@ -5,8 +5,6 @@ use std::process::ExitCode;
 use leasehold_proto::v1;
 use serde_json::{Value, json};
 
-use leasehold_client::ClientError;
-
 use crate::{Connection, Output, render};
 
 /// `leasehold cron` arguments.
@@ -254,7 +252,6 @@ impl CronArgs {
 /// Runs a cron subcommand.
 pub async fn run(args: CronArgs) -> anyhow::Result<ExitCode> {
     let client = args.connection.client()?;
-    let mut stub = client.schedules_stub();
     match args.command {
         CronCommand::Put {
             name,
@@ -304,51 +301,35 @@ pub async fn run(args: CronArgs) -> anyhow::Result<ExitCode> {
                 } as i32,
                 paused,
             };
-            stub.put(v1::PutScheduleRequest { spec: Some(spec) })
-                .await
-                .map_err(ClientError::from)?;
+            client.put_schedule(spec).await?;
             println!("schedule {name} put");
         }
         CronCommand::Delete { name } => {
-            stub.delete(v1::DeleteScheduleRequest { name: name.clone() })
-                .await
-                .map_err(ClientError::from)?;
+            client.delete_schedule(&name).await?;
             println!("schedule {name} deleted");
         }
         CronCommand::Get { name, output } => {
-            let schedule = stub
-                .get(v1::GetScheduleRequest { name, stale: false })
-                .await
-                .map_err(ClientError::from)?
-                .into_inner();
+            let schedule = client.get_schedule(&name, false).await?;
             match output {
                 Output::Json => render::print_json(&schedule_json(&schedule)),
                 Output::Text => render::print_text(&schedule_text(&schedule)),
             }
         }
         CronCommand::List { output } => {
-            let list = stub
-                .list(v1::ListSchedulesRequest { stale: false })
-                .await
-                .map_err(ClientError::from)?
-                .into_inner();
+            let schedules = client.list_schedules(false).await?;
             match output {
                 Output::Json => render::print_json(&json!(
-                    list.schedules.iter().map(schedule_json).collect::<Vec<_>>()
+                    schedules.iter().map(schedule_json).collect::<Vec<_>>()
                 )),
-                Output::Text => render::print_text(&render::schedules_text(&list.schedules)),
+                Output::Text => render::print_text(&render::schedules_text(&schedules)),
             }
         }
         CronCommand::Pause { name } => {
-            stub.pause(v1::PauseScheduleRequest { name: name.clone() })
-                .await
-                .map_err(ClientError::from)?;
+            client.pause_schedule(&name).await?;
             println!("schedule {name} paused");
         }
         CronCommand::Resume { name } => {
-            stub.resume(v1::ResumeScheduleRequest { name: name.clone() })
-                .await
-                .map_err(ClientError::from)?;
+            client.resume_schedule(&name).await?;
             println!("schedule {name} resumed");
         }
         CronCommand::Trigger { name, force } => {
@@ -362,11 +343,7 @@ pub async fn run(args: CronArgs) -> anyhow::Result<ExitCode> {
             println!("schedule {name} triggered: jobs {:?}", reply.job_ids);
         }
         CronCommand::History { name, output } => {
-            let schedule = stub
-                .get(v1::GetScheduleRequest { name, stale: false })
-                .await
-                .map_err(ClientError::from)?
-                .into_inner();
+            let schedule = client.get_schedule(&name, false).await?;
             match output {
                 Output::Json => render::print_json(&json!(
                     schedule.history.iter().map(tick_json).collect::<Vec<_>>()

@@ -320,8 +320,15 @@ impl ClientBuilder {
                 queue: QueueClient::new(channel.clone())
                     .max_decoding_message_size(MAX_MESSAGE_BYTES)
                     .max_encoding_message_size(MAX_MESSAGE_BYTES),
-                cluster: ClusterClient::new(channel.clone()),
-                schedules: SchedulesClient::new(channel),
+                // Status and schedule lists grow with the members and the
+                // schedules: the same bound as the queue's, not tonic's
+                // default of 4 MiB, past which every list would fail.
+                cluster: ClusterClient::new(channel.clone())
+                    .max_decoding_message_size(MAX_MESSAGE_BYTES)
+                    .max_encoding_message_size(MAX_MESSAGE_BYTES),
+                schedules: SchedulesClient::new(channel)
+                    .max_decoding_message_size(MAX_MESSAGE_BYTES)
+                    .max_encoding_message_size(MAX_MESSAGE_BYTES),
             });
         }
         if nodes.is_empty() {

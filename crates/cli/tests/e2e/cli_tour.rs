@@ -135,6 +135,16 @@ async fn story(sandbox: &Sandbox) -> Result<()> {
         .json()?;
     ensure!(unchanged == got, "the refused ack changed the job: {unchanged}");
 
+    phase("cron commands move past an address that does not answer, as job commands do");
+    let past_dead = format!("127.0.0.1:1,{addr}");
+    let put = ["cron", "put", "tour", "--cron", "@daily", "--queue", QUEUE, "--addr", &past_dead];
+    run_cli(sandbox, &put, &[]).await?.success()?;
+    let listed = run_cli(sandbox, &["cron", "list", "--addr", &past_dead, "--output", "json"], &[])
+        .await?
+        .success()?
+        .json()?;
+    ensure!(str_at(&listed, "/0/name")? == "tour", "cron list: {listed}");
+
     phase("job get shows a producer's escape sequences, never sends them to the terminal");
     // A tag that would retitle the window and clear the screen.
     let hostile = "ops\u{1b}]0;pwned\u{7}\u{1b}[2J";
