@@ -114,7 +114,7 @@ impl Top {
 }
 
 /// How a client subcommand reaches a node and proves who it is.
-#[derive(clap::Args, Clone, Debug)]
+#[derive(clap::Args, Clone)]
 pub struct Connection {
     /// Any node's gRPC address (several, comma-separated, are tried in turn).
     #[arg(long, env = "LEASEHOLD_ADDR", default_value = "http://127.0.0.1:7070", global = true)]
@@ -138,6 +138,20 @@ pub struct Connection {
     /// cross the network unencrypted).
     #[arg(long, env = "LEASEHOLD_INSECURE", global = true)]
     pub insecure: bool,
+}
+
+/// Everything but the token's value.
+impl std::fmt::Debug for Connection {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Connection")
+            .field("addr", &self.addr)
+            .field("tls_ca", &self.tls_ca)
+            .field("tls_cert", &self.tls_cert)
+            .field("tls_key", &self.tls_key)
+            .field("token", &self.token.as_ref().map(|_| "(set)"))
+            .field("insecure", &self.insecure)
+            .finish()
+    }
 }
 
 impl Connection {

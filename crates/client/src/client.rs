@@ -207,12 +207,26 @@ impl ClientTls {
 }
 
 /// How to reach and authenticate to the cluster; [`Client::builder`].
-#[derive(Clone, Debug)]
+#[derive(Clone)]
 pub struct ClientBuilder {
     addrs: String,
     tls: Option<ClientTls>,
     metadata: Vec<(String, String)>,
     plaintext_token: bool,
+}
+
+/// The header names only: their values are credentials (a token, a node
+/// proof).
+impl std::fmt::Debug for ClientBuilder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let headers: Vec<&str> = self.metadata.iter().map(|(name, _)| name.as_str()).collect();
+        f.debug_struct("ClientBuilder")
+            .field("addrs", &self.addrs)
+            .field("tls", &self.tls)
+            .field("headers", &headers)
+            .field("plaintext_token", &self.plaintext_token)
+            .finish()
+    }
 }
 
 impl ClientBuilder {
@@ -923,6 +937,14 @@ mod tests {
             Client::builder("10.0.0.11:7070").token("lh_secret").allow_plaintext_token().build();
         assert!(allowed.is_ok(), "allowed for a node run with --insecure");
         assert!(Client::builder("10.0.0.11:7070").build().is_ok(), "no token, nothing to leak");
+    }
+
+    #[test]
+    fn a_builder_shows_no_credential() {
+        let builder = Client::builder("127.0.0.1:7070").token("lh_secret").header("x-proof", "p1");
+        let shown = format!("{builder:?}");
+        assert!(!shown.contains("lh_secret") && !shown.contains("p1"), "{shown}");
+        assert!(shown.contains("authorization") && shown.contains("x-proof"), "{shown}");
     }
 
     #[tokio::test]

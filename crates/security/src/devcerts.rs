@@ -73,6 +73,13 @@ fn cert_error(what: impl Into<String>) -> impl FnOnce(rcgen::Error) -> DevCertsE
 
 fn write_file(path: &Path, contents: &[u8], secret: bool) -> Result<(), DevCertsError> {
     let io = |source| DevCertsError::Io { path: path.to_path_buf(), source };
+    // Not through a link someone else planted (a shared directory): the
+    // keys and tokens would go where that link points.
+    if std::fs::symlink_metadata(path).is_ok_and(|meta| meta.file_type().is_symlink()) {
+        return Err(io(std::io::Error::other(
+            "is a symbolic link; dev-certs writes keys and tokens only to plain files",
+        )));
+    }
     let mut options = std::fs::OpenOptions::new();
     options.create(true).write(true).truncate(true).mode(if secret { 0o600 } else { 0o644 });
     let mut file = options.open(path).map_err(io)?;
@@ -274,6 +281,20 @@ mod tests {
             key: out.join("node-3.key"),
         };
         assert_eq!(third.load()?.identity(), &Identity::Node(3));
+        Ok(())
+    }
+
+    #[test]
+    fn a_key_is_not_written_through_a_planted_link() -> Result<(), Box<dyn std::error::Error>> {
+        let dir = tempfile::tempdir()?;
+        let out = dir.path().join("certs");
+        std::fs::create_dir_all(&out)?;
+        let elsewhere = dir.path().join("attacker-reads-this");
+        std::os::unix::fs::symlink(&elsewhere, out.join("node-1.key"))?;
+        let refused = DevCerts { dir: out.clone(), nodes: 1, hosts: Vec::new() }.write();
+        let message = refused.err().map(|e| e.to_string()).unwrap_or_default();
+        assert!(message.contains("node-1.key") && message.contains("symbolic link"), "{message}");
+        assert!(!elsewhere.exists(), "the key went through the link");
         Ok(())
     }
 
