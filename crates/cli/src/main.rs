@@ -136,7 +136,12 @@ pub struct Connection {
     /// Send the token without TLS to an address beyond loopback: only for a
     /// node run with --insecure (refused otherwise, as the token would
     /// cross the network unencrypted).
-    #[arg(long, env = "LEASEHOLD_INSECURE", global = true)]
+    #[arg(
+        long,
+        env = "LEASEHOLD_INSECURE",
+        global = true,
+        value_parser = clap::builder::BoolishValueParser::new()
+    )]
     pub insecure: bool,
 }
 

@@ -139,18 +139,39 @@ pub fn status(status: &v1::StatusResponse) -> Value {
     })
 }
 
-/// Prints a JSON document on stdout.
+/// Prints a JSON document on stdout. The encoder escapes the C0 controls
+/// but writes DEL and the C1 controls as they are; they can only stand in
+/// strings, so they are written as `\u00XX` escapes too, and the document
+/// stays exact and valid.
 pub fn print_json(value: &Value) {
+    write_stdout(&json_text(value));
+}
+
+/// The document [`print_json`] prints, with its final newline.
+fn json_text(value: &Value) -> String {
     let text = serde_json::to_string_pretty(value).unwrap_or_else(|_| value.to_string());
-    print_text(&format!("{text}\n"));
+    let mut escaped = String::with_capacity(text.len() + 1);
+    for c in text.chars() {
+        if c.is_control() && !c.is_ascii_whitespace() {
+            escaped.push_str(&format!("\\u{:04x}", u32::from(c)));
+        } else {
+            escaped.push(c);
+        }
+    }
+    escaped.push('\n');
+    escaped
 }
 
 /// Prints `text` on stdout, its control characters shown escaped
-/// ([`terminal_safe`]). A reader that went away (`| head`) ends the output
-/// quietly instead of with a panic.
+/// ([`terminal_safe`]).
 pub fn print_text(text: &str) {
+    write_stdout(&terminal_safe(text));
+}
+
+/// Writes `text` on stdout. A reader that went away (`| head`) ends the
+/// output quietly instead of with a panic.
+fn write_stdout(text: &str) {
     use std::io::Write;
-    let text = terminal_safe(text);
     let mut stdout = std::io::stdout().lock();
     if stdout.write_all(text.as_bytes()).and_then(|()| stdout.flush()).is_err() {
         std::process::exit(0);
@@ -469,4 +490,21 @@ pub fn job_text(job: &v1::Job) -> String {
         text.push_str(&format!("result:\n{}\n", String::from_utf8_lossy(&job.result).trim_end()));
     }
     text
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn json_output_is_exact_valid_and_free_of_raw_controls() {
+        let tag = "a\u{1b}[2J\u{7f}\u{9b}31m\u{7}z";
+        let value = serde_json::json!({ "tags": [tag], "n": 1 });
+        let text = json_text(&value);
+        assert!(!text.chars().any(|c| c.is_control() && c != '\n' && c != ' '), "{text:?}");
+        let read: Value = serde_json::from_str(&text).unwrap_or_default();
+        assert_eq!(read, value, "the document reads back exactly");
+        let shown = terminal_safe(tag);
+        assert_eq!(shown, "a\\u{1b}[2J\\u{7f}\\u{9b}31m\\u{7}z");
+    }
 }

@@ -68,7 +68,7 @@ pub struct ServeArgs {
     tokens_file: Option<PathBuf>,
     /// Listen beyond loopback without TLS and tokens. Anyone who reaches
     /// the port can then run commands on the fleet; never for a real fleet.
-    #[arg(long, env = "LEASEHOLD_INSECURE")]
+    #[arg(long, env = "LEASEHOLD_INSECURE", value_parser = clap::builder::BoolishValueParser::new())]
     insecure: bool,
     /// Worker threads of the node's async runtime (default: one per core);
     /// lower it where several nodes share a machine's cores.

@@ -292,7 +292,15 @@ impl ClientBuilder {
                 return Err(ClientError::Credential(format!(
                     "address {addr}: the token would cross the network unencrypted; talk TLS \
                      (--tls-ca, --tls-cert, --tls-key), or for a node run with --insecure \
-                     allow it with --insecure (LEASEHOLD_INSECURE=1)"
+                     allow it (the CLI's --insecure or LEASEHOLD_INSECURE=1, the SDK's \
+                     allow_plaintext_token)"
+                )));
+            }
+            if host_port(addr).contains('@') {
+                // `user@host`: the part before `@` is not where the call
+                // goes, and would fool the loopback test above.
+                return Err(ClientError::Credential(format!(
+                    "address {addr}: an address names no user (`@`)"
                 )));
             }
             // Schemes are case-insensitive: `HTTPS://` is https, and
@@ -937,6 +945,10 @@ mod tests {
             Client::builder("10.0.0.11:7070").token("lh_secret").allow_plaintext_token().build();
         assert!(allowed.is_ok(), "allowed for a node run with --insecure");
         assert!(Client::builder("10.0.0.11:7070").build().is_ok(), "no token, nothing to leak");
+        // A user part before `@` is not where the call goes.
+        for fooled in ["[::1]@10.0.0.11:7070", "http://127.0.0.1@10.0.0.11:7070"] {
+            assert!(build(fooled).is_err(), "{fooled} dials 10.0.0.11");
+        }
     }
 
     #[test]

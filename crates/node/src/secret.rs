@@ -40,10 +40,23 @@ pub fn resolve_secret(config: &Config) -> Result<ResolvedSecret, ConfigError> {
         return Ok(ResolvedSecret { secret, generated: false, fresh: false });
     }
     let kept = dev_secret_path(&config.data);
-    if let Ok(text) = std::fs::read_to_string(&kept)
-        && let Ok(secret) = ClusterSecret::from_text(&text)
-    {
-        return Ok(ResolvedSecret { secret, generated: true, fresh: false });
+    match std::fs::read_to_string(&kept) {
+        Ok(text) => {
+            if let Ok(secret) = ClusterSecret::from_text(&text) {
+                return Ok(ResolvedSecret { secret, generated: true, fresh: false });
+            }
+        }
+        Err(error) if error.kind() == std::io::ErrorKind::NotFound => {}
+        // A kept secret this process cannot read (another user's file, a
+        // start as the wrong user) is the cluster's, and is not replaced.
+        Err(error) => {
+            let problem = format!(
+                "{}: the kept cluster secret cannot be read ({error}); start the node as the \
+                 user that owns it",
+                kept.display()
+            );
+            return Err(invalid("data", problem));
+        }
     }
     Ok(ResolvedSecret { secret: ClusterSecret::generate(), generated: true, fresh: true })
 }
@@ -123,6 +136,14 @@ mod tests {
         let mode = std::fs::metadata(&kept_path)?.permissions().mode() & 0o777;
         assert_eq!(mode, 0o600, "the kept secret is owner-only");
         assert_eq!(std::fs::read(&kept_path)?, again.secret.as_bytes());
+
+        // A kept secret that cannot be read is not replaced (a directory in
+        // its place stands for one the node's user may not read).
+        std::fs::remove_file(&kept_path)?;
+        std::fs::create_dir(&kept_path)?;
+        let unreadable = resolve_secret(&config).err().map(|e| e.to_string()).unwrap_or_default();
+        assert!(unreadable.contains("cannot be read"), "{unreadable}");
+        std::fs::remove_dir(&kept_path)?;
 
         std::fs::write(&file, "short")?;
         config.cluster_secret_file = Some(file);
