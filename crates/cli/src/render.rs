@@ -182,8 +182,8 @@ fn write_stdout(text: &str) {
 /// `\u{..}`. What the CLI prints comes partly from producers and workers
 /// (a job's tags, key, result and last error, a schedule's command), and a
 /// terminal acts on the escape sequences in it: one could clear the
-/// operator's screen, retitle the window or draw a fake prompt. JSON
-/// output is escaped by its encoder; `--output json` gives the exact text.
+/// operator's screen, retitle the window or draw a fake prompt.
+/// `--output json` gives the exact text, escaped ([`print_json`]).
 pub fn terminal_safe(text: &str) -> std::borrow::Cow<'_, str> {
     let unsafe_char = |c: char| c.is_control() && c != '\n' && c != '\t';
     if !text.chars().any(unsafe_char) {
