@@ -135,6 +135,10 @@ async fn story(sandbox: &Sandbox) -> Result<()> {
         .json()?;
     ensure!(unchanged == got, "the refused ack changed the job: {unchanged}");
 
+    phase("LEASEHOLD_INSECURE takes 1, as the docs write it");
+    let insecure = [("LEASEHOLD_ADDR", addr.as_str()), ("LEASEHOLD_INSECURE", "1")];
+    run_cli(sandbox, &["job", "stats"], &insecure).await?.success()?;
+
     phase("cron commands move past an address that does not answer, as job commands do");
     let past_dead = format!("127.0.0.1:1,{addr}");
     let put = ["cron", "put", "tour", "--cron", "@daily", "--queue", QUEUE, "--addr", &past_dead];
