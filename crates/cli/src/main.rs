@@ -204,10 +204,7 @@ pub fn no_node_answered(error: &ClientError) -> bool {
 /// tried, the cause as the system said it, and what to check.
 fn unreachable_message(error: &anyhow::Error, client: &ClientError, addr: Option<&str>) -> String {
     // The deepest cause is what the system said ("Connection refused").
-    let mut cause: &dyn std::error::Error = match client {
-        ClientError::Status(status) => status,
-        other => other,
-    };
+    let mut cause = first_cause(client);
     while let Some(next) = cause.source() {
         cause = next;
     }
@@ -248,12 +245,18 @@ fn unreachable_message(error: &anyhow::Error, client: &ClientError, addr: Option
     )
 }
 
+/// Where `client`'s chain of causes starts: a status's own, which the
+/// client error's display does not name as its source.
+fn first_cause(client: &ClientError) -> &(dyn std::error::Error + 'static) {
+    match client {
+        ClientError::Status(status) => status,
+        other => other,
+    }
+}
+
 /// Whether an I/O error of a kind `wanted` accepts is among `error`'s causes.
 fn chain_has_io(error: &ClientError, wanted: impl Fn(std::io::ErrorKind) -> bool) -> bool {
-    let mut cause: Option<&dyn std::error::Error> = match error {
-        ClientError::Status(status) => Some(status),
-        other => Some(other),
-    };
+    let mut cause = Some(first_cause(error));
     while let Some(error) = cause {
         if error.downcast_ref::<std::io::Error>().is_some_and(|io| wanted(io.kind())) {
             return true;

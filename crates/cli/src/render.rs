@@ -150,16 +150,8 @@ pub fn print_json(value: &Value) {
 /// The document [`print_json`] prints, with its final newline.
 fn json_text(value: &Value) -> String {
     let text = serde_json::to_string_pretty(value).unwrap_or_else(|_| value.to_string());
-    let mut escaped = String::with_capacity(text.len() + 1);
-    for c in text.chars() {
-        if c.is_control() && !c.is_ascii_whitespace() {
-            escaped.push_str(&format!("\\u{:04x}", u32::from(c)));
-        } else {
-            escaped.push(c);
-        }
-    }
-    escaped.push('\n');
-    escaped
+    let escaped = escape_controls(&text, |c| c.is_ascii_whitespace(), |c| format!("\\u{c:04x}"));
+    format!("{escaped}\n")
 }
 
 /// Prints `text` on stdout, its control characters shown escaped
@@ -185,14 +177,24 @@ fn write_stdout(text: &str) {
 /// operator's screen, retitle the window or draw a fake prompt.
 /// `--output json` gives the exact text, escaped ([`print_json`]).
 pub fn terminal_safe(text: &str) -> std::borrow::Cow<'_, str> {
-    let unsafe_char = |c: char| c.is_control() && c != '\n' && c != '\t';
-    if !text.chars().any(unsafe_char) {
+    escape_controls(text, |c| c == '\n' || c == '\t', |c| format!("\\u{{{c:x}}}"))
+}
+
+/// `text` with each control character but those `kept` accepts written as
+/// `escape` writes its code point.
+fn escape_controls(
+    text: &str,
+    kept: impl Fn(char) -> bool,
+    escape: impl Fn(u32) -> String,
+) -> std::borrow::Cow<'_, str> {
+    let escaped = |c: char| c.is_control() && !kept(c);
+    if !text.chars().any(escaped) {
         return std::borrow::Cow::Borrowed(text);
     }
     let mut shown = String::with_capacity(text.len() + 16);
     for c in text.chars() {
-        if unsafe_char(c) {
-            shown.push_str(&format!("\\u{{{:x}}}", u32::from(c)));
+        if escaped(c) {
+            shown.push_str(&escape(u32::from(c)));
         } else {
             shown.push(c);
         }

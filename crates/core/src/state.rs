@@ -483,11 +483,11 @@ impl State {
         let queues = &self.indexes.queues;
         // The kept queues, the least of them on top: fewest jobs, then the
         // last by name.
+        if limit == 0 {
+            return (BTreeMap::new(), queues.len());
+        }
         let mut kept: BinaryHeap<Reverse<(usize, Reverse<&str>)>> = BinaryHeap::new();
         for (queue, index) in queues {
-            if limit == 0 {
-                break;
-            }
             let jobs =
                 index.due_order.len() + index.claimed.len() + index.acked.len() + index.dead.len();
             let rank = Reverse((jobs, Reverse(queue.as_ref())));

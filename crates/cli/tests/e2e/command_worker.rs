@@ -47,6 +47,25 @@ struct Run {
     payload: String,
 }
 
+/// `leasehold worker FLAGS -- sh -c SCRIPT` against `node`, with the
+/// story's file named in `file`'s variable.
+fn worker_command(
+    node: &Node,
+    flags: &[&str],
+    script: &str,
+    file: (&str, &std::path::Path),
+) -> Command {
+    let mut command = Command::new(binary());
+    command
+        .arg("worker")
+        .args(flags)
+        .args(["--", "sh", "-c", script])
+        .env("LEASEHOLD_ADDR", node.addr())
+        .env(file.0, file.1)
+        .env("NO_COLOR", "1");
+    command
+}
+
 fn parse_runs(text: &str) -> Result<BTreeMap<u64, Run>> {
     let mut runs = BTreeMap::new();
     for line in text.lines() {
@@ -70,13 +89,8 @@ async fn story(sandbox: &Sandbox) -> Result<()> {
     let runs_file = sandbox.path().join("runs.txt");
 
     phase("start `leasehold worker --queue q --concurrency 2 -- sh -c SCRIPT`");
-    let mut command = Command::new(binary());
-    command
-        .args(["worker", "--queue", QUEUE, "--concurrency", "2", "--worker-id", WORKER_ID])
-        .args(["--", "sh", "-c", SCRIPT])
-        .env("LEASEHOLD_ADDR", node.addr())
-        .env("E2E_RUNS_FILE", &runs_file)
-        .env("NO_COLOR", "1");
+    let flags = ["--queue", QUEUE, "--concurrency", "2", "--worker-id", WORKER_ID];
+    let command = worker_command(&node, &flags, SCRIPT, ("E2E_RUNS_FILE", &runs_file));
     let mut worker = Process::spawn("worker", command, &sandbox.log_file("worker"))?;
 
     phase("enqueue three good jobs and one that fails, max_attempts 1");
@@ -262,13 +276,8 @@ async fn sleeping_worker(
     grace_s: &str,
 ) -> Result<(Process, i32)> {
     let pid_file = sandbox.path().join(format!("{queue}.pid"));
-    let mut command = Command::new(binary());
-    command
-        .args(["worker", "--queue", queue, "--lease-ttl-ms", "60000", "--grace-s", grace_s])
-        .args(["--", "sh", "-c", SLEEPER])
-        .env("LEASEHOLD_ADDR", node.addr())
-        .env("E2E_PID_FILE", &pid_file)
-        .env("NO_COLOR", "1");
+    let flags = ["--queue", queue, "--lease-ttl-ms", "60000", "--grace-s", grace_s];
+    let command = worker_command(node, &flags, SLEEPER, ("E2E_PID_FILE", &pid_file));
     let worker = Process::spawn(queue, command, &sandbox.log_file(queue))?;
     let mut stub = node.stub()?;
     stub.enqueue(v1::EnqueueRequest { jobs: vec![job(queue, b"sleep")] }).await?;
