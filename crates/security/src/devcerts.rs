@@ -74,21 +74,36 @@ fn cert_error(what: impl Into<String>) -> impl FnOnce(rcgen::Error) -> DevCertsE
 fn write_file(path: &Path, contents: &[u8], secret: bool) -> Result<(), DevCertsError> {
     let io = |source| DevCertsError::Io { path: path.to_path_buf(), source };
     // Not through a link someone else planted (a shared directory): the
-    // keys and tokens would go where that link points.
+    // keys and tokens would go where that link points. This check names
+    // the file; what makes it safe is below.
     if std::fs::symlink_metadata(path).is_ok_and(|meta| meta.file_type().is_symlink()) {
         return Err(io(std::io::Error::other(
             "is a symbolic link; dev-certs writes keys and tokens only to plain files",
         )));
     }
+    replace_file(path, contents, if secret { 0o600 } else { 0o644 }).map_err(io)
+}
+
+/// Writes `contents` to a fresh file under a random name (`create_new`
+/// opens no existing file or link, so a link planted there is refused, not
+/// followed), then renames it over `path`: a rename replaces a link itself,
+/// never what it points to. The file has its mode from birth.
+fn replace_file(path: &Path, contents: &[u8], mode: u32) -> std::io::Result<()> {
+    let dir = path.parent().unwrap_or(Path::new("."));
+    let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    let temp = dir.join(format!(".{name}.{:016x}.tmp", rand::random::<u64>()));
     let mut options = std::fs::OpenOptions::new();
-    options.create(true).write(true).truncate(true).mode(if secret { 0o600 } else { 0o644 });
-    let mut file = options.open(path).map_err(io)?;
-    // An existing file keeps its old mode through `open`; set it as meant.
-    use std::os::unix::fs::PermissionsExt;
-    let mode = if secret { 0o600 } else { 0o644 };
-    file.set_permissions(std::fs::Permissions::from_mode(mode)).map_err(io)?;
-    file.write_all(contents).map_err(io)?;
-    file.sync_all().map_err(io)
+    options.create_new(true).write(true).mode(mode);
+    let written = options.open(&temp).and_then(|mut file| {
+        file.write_all(contents)?;
+        file.sync_all()?;
+        std::fs::rename(&temp, path)
+    });
+    if written.is_err() {
+        let _ = std::fs::remove_file(&temp);
+    }
+    written?;
+    std::fs::File::open(dir)?.sync_all()
 }
 
 /// The validity window: from the start of last year to the start of the
@@ -295,6 +310,24 @@ mod tests {
         let message = refused.err().map(|e| e.to_string()).unwrap_or_default();
         assert!(message.contains("node-1.key") && message.contains("symbolic link"), "{message}");
         assert!(!elsewhere.exists(), "the key went through the link");
+        Ok(())
+    }
+
+    #[test]
+    fn a_link_planted_after_the_check_is_replaced_not_followed()
+    -> Result<(), Box<dyn std::error::Error>> {
+        let dir = tempfile::tempdir()?;
+        let elsewhere = dir.path().join("attacker-reads-this");
+        std::fs::write(&elsewhere, b"")?;
+        let key = dir.path().join("node-1.key");
+        std::os::unix::fs::symlink(&elsewhere, &key)?;
+        super::replace_file(&key, b"secret key", 0o600)?;
+        assert_eq!(std::fs::read(&elsewhere)?, b"", "the key went through the link");
+        assert!(!std::fs::symlink_metadata(&key)?.file_type().is_symlink());
+        assert_eq!(std::fs::read(&key)?, b"secret key");
+        assert_eq!(mode(&key), 0o600);
+        let left: Vec<_> = std::fs::read_dir(dir.path())?.collect();
+        assert_eq!(left.len(), 2, "no temporary file is left behind");
         Ok(())
     }
 
