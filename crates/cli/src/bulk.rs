@@ -300,8 +300,12 @@ pub async fn enqueue_file(
 
 /// Whether a failed Enqueue may still have committed: the call was not
 /// refused but went unanswered (UNAVAILABLE from the node, a deadline, a
-/// broken connection, an internal error), or the client says so.
+/// broken connection, an internal error), or the client says so. A call
+/// that never connected did not.
 fn outcome_unknown(error: &leasehold_client::ClientError) -> bool {
+    if error.never_sent() {
+        return false;
+    }
     match error {
         leasehold_client::ClientError::Status(status) => matches!(
             status.code(),
@@ -331,6 +335,12 @@ mod tests {
         for code in [tonic::Code::InvalidArgument, tonic::Code::PermissionDenied] {
             assert!(!outcome_unknown(&status(code)), "{code:?} changed nothing");
         }
+        let refused = tonic::Status::from_error(Box::new(tonic::ConnectError(Box::new(
+            std::io::Error::from(std::io::ErrorKind::ConnectionRefused),
+        ))));
+        assert_eq!(refused.code(), tonic::Code::Unavailable);
+        let refused = leasehold_client::ClientError::Status(refused);
+        assert!(!outcome_unknown(&refused), "a refused connection sent nothing");
     }
 
     #[test]

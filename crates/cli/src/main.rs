@@ -220,18 +220,12 @@ fn unreachable_message(error: &anyhow::Error, client: &ClientError, addr: Option
     } else {
         format!("{error}; ")
     };
-    // Refused or unroutable: the call never left. Anything else (a
-    // timeout, a connection that broke) may have come after a node took a
-    // write, so the user is told to look before repeating it.
-    let never_sent = chain_has_io(client, |kind| {
-        matches!(
-            kind,
-            std::io::ErrorKind::ConnectionRefused
-                | std::io::ErrorKind::AddrNotAvailable
-                | std::io::ErrorKind::NetworkUnreachable
-                | std::io::ErrorKind::HostUnreachable
-        )
-    });
+    // Failed while connecting (refused, unroutable, a name that did not
+    // resolve, a connect timeout, a TLS handshake): the call never left.
+    // Anything else (a timeout, a connection that broke) may have come
+    // after a node took a write, so the user is told to look before
+    // repeating it.
+    let never_sent = client.never_sent();
     let maybe_applied = if never_sent {
         ""
     } else {
@@ -252,18 +246,6 @@ fn first_cause(client: &ClientError) -> &(dyn std::error::Error + 'static) {
         ClientError::Status(status) => status,
         other => other,
     }
-}
-
-/// Whether an I/O error of a kind `wanted` accepts is among `error`'s causes.
-fn chain_has_io(error: &ClientError, wanted: impl Fn(std::io::ErrorKind) -> bool) -> bool {
-    let mut cause = Some(first_cause(error));
-    while let Some(error) = cause {
-        if error.downcast_ref::<std::io::Error>().is_some_and(|io| wanted(io.kind())) {
-            return true;
-        }
-        cause = error.source();
-    }
-    false
 }
 
 /// Transparent huge pages off for a node, before its threads start:
@@ -370,7 +352,13 @@ mod tests {
     fn an_unanswered_call_may_have_been_applied_a_refused_connection_not() {
         let failed = |kind| {
             let source = std::io::Error::new(kind, "the system's words");
-            ClientError::Status(tonic::Status::from_error(Box::new(source)))
+            let source: Box<dyn std::error::Error + Send + Sync> =
+                if kind == std::io::ErrorKind::ConnectionRefused {
+                    Box::new(tonic::ConnectError(Box::new(source)))
+                } else {
+                    Box::new(source)
+                };
+            ClientError::Status(tonic::Status::from_error(source))
         };
         let message = |kind| {
             let error = anyhow::Error::new(failed(kind));

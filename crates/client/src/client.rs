@@ -73,6 +73,36 @@ impl ClientError {
             ClientError::OutcomeUnknown { .. } => tonic::Code::Unknown,
         }
     }
+
+    /// Whether the call surely reached no node, so a write it carried was
+    /// not applied: the client refused it before dialling, or every try
+    /// failed while connecting (refused, unroutable, a name that did not
+    /// resolve, a connect timeout, a TLS handshake that failed). A call
+    /// that broke or timed out after connecting may have been applied.
+    pub fn never_sent(&self) -> bool {
+        match self {
+            ClientError::Address { .. }
+            | ClientError::NoAddress
+            | ClientError::Tls(_)
+            | ClientError::Credential(_) => true,
+            ClientError::Status(status) => connect_failure(status),
+            ClientError::OutcomeUnknown { .. } => false,
+        }
+    }
+}
+
+/// Whether `status` is this side's failure to connect (TCP, name lookup or
+/// TLS handshake): tonic marks those with [`tonic::ConnectError`] in the
+/// status's chain of causes, and no request went out on them.
+fn connect_failure(status: &tonic::Status) -> bool {
+    let mut cause = std::error::Error::source(status);
+    while let Some(error) = cause {
+        if error.downcast_ref::<tonic::ConnectError>().is_some() {
+            return true;
+        }
+        cause = error.source();
+    }
+    false
 }
 
 /// Bounded retries with exponential delay.
@@ -520,7 +550,10 @@ impl Client {
                 }
                 Err(status) if is_retryable(&status) && tried < attempts => {
                     tracing::debug!(%status, tried, "retrying after a transient failure");
-                    in_transit.get_or_insert(status);
+                    // A try that never connected cannot have applied.
+                    if !connect_failure(&status) {
+                        in_transit.get_or_insert(status);
+                    }
                     self.rotate();
                     tokio::time::sleep(delay).await;
                     delay = (delay * 2).min(self.retry.max_delay);
@@ -881,9 +914,12 @@ enum Repeat {
     Differs,
 }
 
-/// The error a call ends with: the refusal itself, unless an earlier try of
-/// a [`Repeat::Differs`] call went unanswered and the last was refused by
-/// the server (a failure in transit stays what it is).
+/// The error a call ends with: the last failure, unless an earlier try
+/// went unanswered after connecting. Then, if the last was refused by the
+/// server and the call is [`Repeat::Differs`], the outcome is unknown; and
+/// if the last never connected, the earlier failure is the one that says
+/// what may have happened (a refused connection to the next node does not
+/// make the first try unsent).
 fn final_error(
     repeat: Repeat,
     in_transit: Option<tonic::Status>,
@@ -893,6 +929,7 @@ fn final_error(
         Some(first) if repeat == Repeat::Differs && !is_retryable(&last) => {
             ClientError::OutcomeUnknown { first, last }
         }
+        Some(first) if connect_failure(&last) => ClientError::Status(first),
         _ => ClientError::Status(last),
     }
 }
@@ -1109,6 +1146,43 @@ mod tests {
         }
     }
 
+    /// A port of 127.0.0.1 nothing listens on: bound, then let go.
+    fn closed_port() -> std::io::Result<u16> {
+        Ok(std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
+    }
+
+    #[tokio::test]
+    async fn a_refused_connection_sent_nothing_but_a_try_cut_after_connecting_may_have()
+    -> Result<(), Box<dyn std::error::Error>> {
+        let policy = RetryPolicy {
+            attempts: 2,
+            first_delay: Duration::from_millis(10),
+            max_delay: Duration::from_millis(10),
+        };
+        let refused = format!("127.0.0.1:{}", closed_port()?);
+        let client = Client::connect(&refused)?.with_retry(policy);
+        let error = client.status().await.err().ok_or("a closed port answered")?;
+        assert!(error.never_sent(), "refused twice: {error:?}");
+
+        // A node that takes the connection, reads the call and dies.
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+        let dies = listener.local_addr()?;
+        let server = tokio::spawn(async move {
+            while let Ok((mut socket, _)) = listener.accept().await {
+                use tokio::io::AsyncReadExt;
+                let mut buffer = [0u8; 4096];
+                let _ = tokio::time::timeout(Duration::from_millis(200), socket.read(&mut buffer))
+                    .await;
+            }
+        });
+        // Its try first, then the refused one: the first may have applied.
+        let client = Client::connect(&format!("{dies},{refused}"))?.with_retry(policy);
+        let error = client.status().await.err().ok_or("a dying node answered")?;
+        server.abort();
+        assert!(!error.never_sent(), "the first try reached a node: {error:?}");
+        Ok(())
+    }
+
     #[test]
     fn a_refused_retry_of_a_call_that_changes_its_own_answer_is_an_unknown_outcome() {
         let lost = || tonic::Status::unavailable("not committed within 5000 ms");
@@ -1126,5 +1200,13 @@ mod tests {
         // Out of tries while still in transit: still unavailable.
         let gone = final_error(Repeat::Differs, Some(lost()), lost());
         assert_eq!(gone.code(), tonic::Code::Unavailable);
+        // The last try refused a connection: the first's failure stands.
+        let refused = tonic::Status::from_error(Box::new(tonic::ConnectError(Box::new(
+            std::io::Error::from(std::io::ErrorKind::ConnectionRefused),
+        ))));
+        assert!(connect_failure(&refused));
+        let first = final_error(Repeat::Same, Some(lost()), refused);
+        assert!(!first.never_sent(), "{first:?}");
+        assert!(first.to_string().contains("not committed"), "{first}");
     }
 }

@@ -123,6 +123,8 @@ async fn unreachable_story(sandbox: &Sandbox) -> Result<()> {
         for hint in ["no node answered", "LEASEHOLD_ADDR", "--addr", "https://", "refused"] {
             ensure!(stderr.contains(hint), "{stderr:?} does not say {hint:?}");
         }
+        // Refused: nothing was sent, so nothing may have been applied.
+        ensure!(!stderr.contains("may have been applied"), "{stderr:?} doubts a refused call");
         for noise in ["panicked", "backtrace", "Status {", "tcp connect error"] {
             ensure!(!stderr.contains(noise), "{stderr:?} carries {noise:?}");
         }
