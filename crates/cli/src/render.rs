@@ -76,6 +76,7 @@ pub fn stats(stats: &v1::StatsResponse) -> Value {
         "cluster_time_ms": stats.cluster_time_ms,
         "last_token": stats.last_token,
         "last_job_id": stats.last_job_id,
+        "queue_count": stats.queue_count,
         "queues": stats.queues.iter().map(|q| json!({
             "queue": q.queue,
             "ready": q.ready,
@@ -354,7 +355,15 @@ pub fn stats_text(stats: &v1::StatsResponse) -> String {
             q.dead.to_string(),
         ]);
     }
-    finish(&queues)
+    let listed = u64::try_from(stats.queues.len()).unwrap_or(u64::MAX);
+    let mut text = finish(&queues);
+    if stats.queue_count > listed {
+        text.push_str(&format!(
+            "the {listed} queues holding the most jobs, of {}; name one with --queue\n",
+            stats.queue_count
+        ));
+    }
+    text
 }
 
 /// `job list` as text: one row per job, then how to get the next page.
@@ -508,5 +517,20 @@ mod tests {
         assert_eq!(read, value, "the document reads back exactly");
         let shown = terminal_safe(tag);
         assert_eq!(shown, "a\\u{1b}[2J\\u{7f}\\u{9b}31m\\u{7}z");
+    }
+
+    #[test]
+    fn stats_say_when_they_list_only_the_largest_queues() {
+        let queue =
+            |name: &str| v1::QueueStats { queue: name.into(), ready: 1, ..Default::default() };
+        let mut stats = v1::StatsResponse {
+            queues: vec![queue("a"), queue("b")],
+            queue_count: 2,
+            ..Default::default()
+        };
+        assert!(!stats_text(&stats).contains("of 2"), "{}", stats_text(&stats));
+        stats.queue_count = 1_500;
+        let text = stats_text(&stats);
+        assert!(text.contains("the 2 queues holding the most jobs, of 1500"), "{text}");
     }
 }

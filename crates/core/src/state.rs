@@ -466,6 +466,12 @@ impl State {
             .collect()
     }
 
+    /// [`State::stats`] of one queue, `None` when it holds no job.
+    pub fn stats_of(&self, queue: &str, now_ms: u64) -> Option<QueueStats> {
+        let at_ms = self.cluster_time_ms.max(now_ms);
+        self.indexes.queues.get(queue).map(|index| queue_stats(index, at_ms))
+    }
+
     /// [`State::stats`] of the `limit` queues holding the most jobs (of
     /// equal counts, the first by name), and how many queues hold a job.
     /// What a metrics scrape publishes: producers name queues, so their

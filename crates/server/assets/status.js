@@ -84,6 +84,9 @@ function render(status) {
     return tr;
   });
 
+  const shown = $("queues-shown");
+  shown.hidden = !(status.queue_count > status.queues.length);
+  shown.textContent = "the " + status.queues.length + " queues holding the most jobs, of " + status.queue_count;
   fill("queues", status.queues, 7, (queue) => {
     const tr = el("tr");
     tr.dataset.queue = queue.queue;

@@ -1,7 +1,7 @@
 //! The public `leasehold.v1.Queue` service: validates input, proposes journal
 //! commands, and turns responses and refusals into replies and statuses.
 
-use std::collections::HashSet;
+use std::collections::{BTreeMap, HashSet};
 use std::time::Duration;
 
 use leasehold_core::schedule::is_command_queue;
@@ -30,6 +30,10 @@ use leasehold_replica::Unavailable;
 pub const MAX_CLAIM_WAIT: Duration = Duration::from_secs(30);
 /// Page size when a list request names none.
 const DEFAULT_PAGE_SIZE: u32 = 100;
+
+/// Most queues a `Stats` reply lists when no queue is named: the ones
+/// holding the most jobs (`queue_count` counts them all).
+pub const MAX_LISTED_QUEUES: usize = 1_000;
 /// How often a long-poll re-checks when nothing wakes it (a job may become
 /// due on its own clock, which no apply announces).
 const CLAIM_RECHECK: Duration = Duration::from_millis(250);
@@ -527,21 +531,36 @@ impl QueueService {
             .read(request.stale, |state| {
                 let asked = |queue: &str| request.queue.as_deref().is_none_or(|q| q == queue);
                 let at_ms = state.cluster_time_ms().max(now_ms);
+                // One queue is looked up; all of them are ranked by size and
+                // the largest listed, since producers name queues and a
+                // reply must not grow with their number.
+                let (listed, queue_count) = match request.queue.as_deref() {
+                    Some(queue) => {
+                        let one: BTreeMap<_, _> = state
+                            .stats_of(queue, now_ms)
+                            .map(|stats| (queue.to_string(), stats))
+                            .into_iter()
+                            .collect();
+                        let count = one.len();
+                        (one, count)
+                    }
+                    None => state.largest_queue_stats(now_ms, MAX_LISTED_QUEUES),
+                };
                 v1::StatsResponse {
-                    queues: state
-                        .stats(now_ms)
+                    queues: listed
                         .iter()
-                        .filter(|(queue, _)| asked(queue))
                         .map(|(queue, stats)| convert::queue_stats_to_wire(queue, stats))
                         .collect(),
+                    queue_count: u64::try_from(queue_count).unwrap_or(u64::MAX),
                     cluster_time_ms: state.cluster_time_ms(),
                     last_token: state.last_token(),
                     last_job_id: state.last_job_id(),
-                    oldest_ready: state
-                        .oldest_ready(now_ms)
-                        .iter()
-                        .filter(|(queue, _)| asked(queue))
-                        .map(|(queue, due)| convert::oldest_ready_to_wire(queue, *due, at_ms))
+                    oldest_ready: listed
+                        .keys()
+                        .filter_map(|queue| {
+                            let due = state.oldest_ready_in(queue, now_ms)?;
+                            Some(convert::oldest_ready_to_wire(queue, due, at_ms))
+                        })
                         .collect(),
                     recent_expiries: state
                         .recent_expiries()

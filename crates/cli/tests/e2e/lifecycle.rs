@@ -838,6 +838,26 @@ async fn metrics_story(sandbox: &Sandbox) -> Result<()> {
         with_series.contains("many-0000") && !with_series.contains("many-1099"),
         "ties are not broken by name"
     );
+
+    phase("Stats lists the largest queues and counts them all; a named one is looked up");
+    let all = stub
+        .stats(v1::StatsRequest { queue: None, stale: false })
+        .await
+        .context("Stats of every queue")?
+        .into_inner();
+    ensure!(all.queue_count == (MANY + 1) as u64, "queue_count {}", all.queue_count);
+    let listed: BTreeSet<&str> = all.queues.iter().map(|q| q.queue.as_str()).collect();
+    ensure!(listed == with_series, "Stats lists other queues than the scrape has series of");
+    let ready: BTreeSet<&str> = all.oldest_ready.iter().map(|o| o.queue.as_str()).collect();
+    ensure!(ready.is_subset(&listed), "oldest_ready names queues Stats does not list");
+    let one = stub
+        .stats(v1::StatsRequest { queue: Some("many-1099".into()), stale: false })
+        .await
+        .context("Stats of one queue")?
+        .into_inner();
+    let names: Vec<&str> = one.queues.iter().map(|q| q.queue.as_str()).collect();
+    ensure!(names == ["many-1099"] && one.queue_count == 1, "{names:?}, {}", one.queue_count);
+    ensure!(one.queues[0].ready == 1, "many-1099: {:?}", one.queues[0]);
     Ok(())
 }
 

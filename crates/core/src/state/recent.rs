@@ -49,18 +49,12 @@ pub struct Redelivery {
 }
 
 impl State {
-    /// Per queue with a ready job due at `max(cluster time, now_ms)`: the
-    /// time its longest-waiting one became due. In queue order.
-    pub fn oldest_ready(&self, now_ms: u64) -> Vec<(String, u64)> {
+    /// When `queue`'s longest-waiting ready job became due, if it has one
+    /// due at `max(cluster time, now_ms)`.
+    pub fn oldest_ready_in(&self, queue: &str, now_ms: u64) -> Option<u64> {
         let at_ms = self.cluster_time_ms.max(now_ms);
-        self.indexes
-            .queues
-            .iter()
-            .filter_map(|(queue, index)| {
-                let &(due_ms, _) = index.due_order.first()?;
-                (due_ms <= at_ms).then(|| (queue.to_string(), due_ms))
-            })
-            .collect()
+        let &(due_ms, _) = self.indexes.queues.get(queue)?.due_order.first()?;
+        (due_ms <= at_ms).then_some(due_ms)
     }
 
     /// The newest jobs (by id, at most [`RECENT_LIMIT`] among the newest
@@ -135,7 +129,8 @@ mod tests {
         let mut state = State::new();
         let spec = JobSpec { queue: "q".into(), ..JobSpec::default() };
         apply(&mut state, 1_000, Command::Enqueue { jobs: vec![spec] });
-        assert_eq!(state.oldest_ready(1_500), vec![("q".to_string(), 1_000)]);
+        assert_eq!(state.oldest_ready_in("q", 1_500), Some(1_000));
+        assert_eq!(state.oldest_ready_in("other", 1_500), None);
         claim(&mut state, 2_000, "w1");
         assert!(state.recent_expiries().is_empty(), "nothing lapsed yet");
         assert!(state.recent_redeliveries().is_empty(), "a first delivery is no redelivery");
@@ -156,7 +151,7 @@ mod tests {
         assert_eq!((again[0].job_id, again[0].delivery), (1, 2));
         assert_eq!((again[0].holder.as_str(), again[0].granted_at_ms), ("w2", 61_000));
         assert_eq!(again[0].last_error, "lease expired");
-        assert!(state.oldest_ready(61_000).is_empty(), "nothing waits: the job is held");
+        assert_eq!(state.oldest_ready_in("q", 61_000), None, "nothing waits: the job is held");
     }
 
     #[test]
@@ -164,7 +159,7 @@ mod tests {
         let mut state = State::new();
         let spec = JobSpec { queue: "q".into(), not_before_ms: Some(9_000), ..JobSpec::default() };
         apply(&mut state, 1_000, Command::Enqueue { jobs: vec![spec] });
-        assert!(state.oldest_ready(5_000).is_empty());
-        assert_eq!(state.oldest_ready(9_500), vec![("q".to_string(), 9_000)]);
+        assert_eq!(state.oldest_ready_in("q", 5_000), None);
+        assert_eq!(state.oldest_ready_in("q", 9_500), Some(9_000));
     }
 }

@@ -1233,6 +1233,13 @@ mod queries {
         );
         assert_eq!(stats.get("b").map(|s| s.ready), Some(1));
         assert_eq!(state.stats(60_000).get("a").map(|s| (s.ready, s.delayed)), Some((2, 0)));
+        for now_ms in [0, 60_000] {
+            for queue in ["a", "b"] {
+                let all = state.stats(now_ms);
+                assert_eq!(state.stats_of(queue, now_ms).as_ref(), all.get(queue), "{queue}");
+            }
+        }
+        assert_eq!(state.stats_of("none", 0), None);
     }
 
     #[test]

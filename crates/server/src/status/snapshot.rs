@@ -47,13 +47,9 @@ pub(super) fn render(
             })
         })
         .collect();
-    let oldest = |queue: &str| {
-        stats
-            .oldest_ready
-            .iter()
-            .find(|oldest| oldest.queue == queue)
-            .map_or(Value::Null, |oldest| json!(oldest.age_ms))
-    };
+    let oldest_ready: std::collections::HashMap<&str, u64> =
+        stats.oldest_ready.iter().map(|oldest| (oldest.queue.as_str(), oldest.age_ms)).collect();
+    let oldest = |queue: &str| oldest_ready.get(queue).map_or(Value::Null, |age| json!(age));
     let queues: Vec<Value> = stats
         .queues
         .iter()
@@ -76,6 +72,7 @@ pub(super) fn render(
         "cluster_time_ms": stats.cluster_time_ms,
         "nodes": nodes,
         "queues": queues,
+        "queue_count": stats.queue_count,
         "schedules": schedules,
         "recent_expiries": stats.recent_expiries.iter().map(|expired| json!({
             "job_id": expired.job_id,
