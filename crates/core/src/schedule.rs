@@ -429,6 +429,14 @@ pub fn may_run_on_bus(
     }
 }
 
+/// Whether a tick planned from `planned` may still run, judged by the
+/// schedule as the journal holds it `now` (read after the tick's record
+/// committed): not deleted, not paused, and not put anew (a schedule
+/// deleted and put again under the same name starts over).
+pub fn still_runs(planned: &Schedule, now: Option<&Schedule>) -> bool {
+    now.is_some_and(|now| !now.spec.paused && now.created_at_ms == planned.created_at_ms)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -647,5 +655,18 @@ mod tests {
         // Any other answer (a refusal of another kind) is not a bus record.
         let paused = TickOutcome::Skipped { reason: SkipReason::Paused, ticks: 1 };
         assert!(!may_run_on_bus(Target::Any, Some(&paused), None, 100));
+    }
+
+    #[test]
+    fn a_tick_claimed_before_a_pause_or_a_delete_does_not_run() {
+        let (planned, _) = every_minute(Catchup::Skip);
+        assert!(still_runs(&planned, Some(&planned)));
+        let mut paused = planned.clone();
+        paused.spec.paused = true;
+        assert!(!still_runs(&planned, Some(&paused)), "paused after the plan");
+        assert!(!still_runs(&planned, None), "deleted after the plan");
+        let mut anew = planned.clone();
+        anew.created_at_ms += MINUTE_MS;
+        assert!(!still_runs(&planned, Some(&anew)), "deleted and put again");
     }
 }

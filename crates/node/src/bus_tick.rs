@@ -23,7 +23,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use leasehold_client::exec::CommandLine;
-use leasehold_core::schedule::{Schedule, SkipReason, TickOutcome, TickRecord, may_run_on_bus};
+use leasehold_core::schedule::{
+    Schedule, SkipReason, TickOutcome, TickRecord, may_run_on_bus, still_runs,
+};
 use leasehold_core::{Command, Response};
 use leasehold_replica::bus::Outcome;
 use leasehold_replica::{Gate, Journal};
@@ -57,22 +59,33 @@ async fn journal_admits(journal: &Journal, schedule: &Schedule, bucket: u64, tic
             return false;
         }
     };
-    let recorded: Option<TickRecord> = if answer.is_none() {
-        let read = journal
-            .read(false, |state| {
-                state
-                    .schedules()
-                    .get(&name)
-                    .and_then(|s| s.history.iter().find(|r| r.bucket == bucket).cloned())
-            })
-            .await;
-        read.unwrap_or_else(|error| {
-            tracing::warn!(schedule = %name, bucket, %error, "tick record unreadable");
-            None
+    // Read after the record committed, behind a read barrier: whatever
+    // committed before it (a pause, a delete) is in the state read, so a
+    // schedule paused while this node claimed its tick does not run it.
+    let read = journal
+        .read(false, |state| {
+            let now = state.schedules().get(&name);
+            let record = now
+                .and_then(|s| s.history.iter().find(|r| r.bucket == bucket).cloned())
+                .filter(|_| answer.is_none());
+            (still_runs(schedule, now), record)
         })
-    } else {
-        None
-    };
+        .await;
+    let (running, recorded): (bool, Option<TickRecord>) = read.unwrap_or_else(|error| {
+        tracing::warn!(schedule = %name, bucket, %error, "schedule unreadable after the bus record");
+        (false, None)
+    });
+    if !running {
+        tracing::info!(
+            event = "cron.skip",
+            path = "bus",
+            schedule = %name,
+            bucket,
+            reason = "paused",
+            "the schedule was paused, deleted or put anew while its tick was claimed; not run"
+        );
+        return false;
+    }
     may_run_on_bus(schedule.spec.target, answer.as_ref(), recorded.as_ref(), bucket)
 }
 

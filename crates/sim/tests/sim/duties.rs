@@ -94,6 +94,9 @@ struct Run {
     crashes: Vec<(NodeId, u64)>,
     /// The runs the node cut off (it lost the lease) and when.
     cuts: Vec<RunCut>,
+    /// When the schedule was paused (the pause acknowledged) until it was
+    /// resumed (the resume proposed), simulated ns.
+    paused: Vec<(u64, u64)>,
 }
 
 /// What the driver does after the journal has run the schedule a while.
@@ -106,6 +109,10 @@ enum Story {
     /// The leader crashes and comes back; later the whole cluster loses
     /// power and comes back; the duties go on.
     Crashes,
+    /// The split, then the schedule paused and resumed again and again,
+    /// each pause at another point of a second: a bus claim under way
+    /// when a pause commits must not run its tick.
+    PausedOnBus,
 }
 
 /// The schedule as the checkers' plan names it: every second, overlap
@@ -118,7 +125,7 @@ fn plan(story: Story) -> CronSchedulePlan {
         overlap: "allow".to_string(),
         run_ms: u64::try_from(RUN_FOR.as_millis()).unwrap_or(u64::MAX),
         lease_ttl_ms: match story {
-            Story::Split => LEASE_TTL_MS,
+            Story::Split | Story::PausedOnBus => LEASE_TTL_MS,
             Story::Crashes => CRASH_LEASE_TTL_MS,
         },
     }
@@ -162,11 +169,17 @@ async fn drive(
     tokio::time::sleep(Duration::from_secs(4)).await;
 
     // The bucket from which both paths contend (the split), or 0.
+    let mut paused = Vec::new();
     let contended_from = match story {
         Story::Split => split(&hosts, leader_id, &mut history).await?,
         Story::Crashes => {
             crashes(&hosts, &faults, leader_id, &mut history).await?;
             0
+        }
+        Story::PausedOnBus => {
+            let from = split(&hosts, leader_id, &mut history).await?;
+            paused = pauses(&leader, &mut history).await?;
+            from
         }
     };
     let (_, leader) = stamping_leader(&hosts).await?;
@@ -207,8 +220,33 @@ async fn drive(
         not_run,
         crashes: Vec::new(),
         cuts: runs.cuts(),
+        paused,
     };
     Ok(())
+}
+
+/// Pauses and resumes the schedule eight times, 1,125 ms a round, so the
+/// pauses fall at eight points of a second (a bus claim takes 200 ms of
+/// it); answers each pause's span, from its acknowledgement to the resume.
+async fn pauses(
+    leader: &crate::journal_hosts::Host,
+    history: &mut Vec<String>,
+) -> anyhow::Result<Vec<(u64, u64)>> {
+    let mut spans = Vec::new();
+    for _ in 0..8 {
+        let pause = Command::SetPaused { name: SCHEDULE.to_string(), paused: true };
+        let answer = propose(leader, pause).await??;
+        let paused_ns = crate::node_duties::sim_ns();
+        history.push(format!("{} paused -> {answer:?}", real_ms()));
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let resumed_ns = crate::node_duties::sim_ns();
+        let resume = Command::SetPaused { name: SCHEDULE.to_string(), paused: false };
+        let answer = propose(leader, resume).await??;
+        history.push(format!("{} resumed -> {answer:?}", real_ms()));
+        spans.push((paused_ns, resumed_ns));
+        tokio::time::sleep(Duration::from_millis(625)).await;
+    }
+    Ok(spans)
 }
 
 /// The split: one follower cut off from the leader turns its flag off;
@@ -387,6 +425,32 @@ fn both_paths_contend_for_ticks_and_each_runs_once() -> anyhow::Result<()> {
     // point the journal holds fires and bus records alike.
     anyhow::ensure!(bus_runs > 0, "no tick ran on the bus in {SEEDS:?}");
     anyhow::ensure!(fired > 0 && bus_records > 0, "fired {fired}, bus records {bus_records}");
+    Ok(())
+}
+
+#[test]
+fn a_bus_claim_under_way_when_its_schedule_is_paused_does_not_run() -> anyhow::Result<()> {
+    let mut bus_runs = 0;
+    for seed in SEEDS {
+        let run = run(seed, Skews::FirstBehind, Story::PausedOnBus, false)?;
+        let text = run.history.join("\n");
+        let violations = violations(&run, Story::PausedOnBus);
+        anyhow::ensure!(violations.is_empty(), "seed {seed}: {violations:#?}\n{text}");
+        anyhow::ensure!(run.paused.len() == 8, "seed {seed}: pauses {:?}\n{text}", run.paused);
+        let bus = || run.runs.iter().filter(|e| e.phase == RunPhase::Start && e.path == "bus");
+        bus_runs += bus().count();
+        for event in bus() {
+            let in_pause =
+                run.paused.iter().find(|(from, to)| (*from..*to).contains(&event.wall_ns));
+            anyhow::ensure!(
+                in_pause.is_none(),
+                "seed {seed}: bucket {} ran on the bus at {} ns, paused {in_pause:?}\n{text}",
+                event.bucket,
+                event.wall_ns
+            );
+        }
+    }
+    anyhow::ensure!(bus_runs > 0, "no tick ran on the bus in {SEEDS:?}");
     Ok(())
 }
 
