@@ -43,7 +43,7 @@ use tonic::service::Interceptor;
 use tonic::service::interceptor::InterceptedService;
 use tonic::transport::{Channel, ClientTlsConfig, Endpoint, Uri};
 
-use leasehold_security::secret::NODE_PROOF_HEADER;
+use leasehold_security::secret::{NODE_PROOF_HEADER, TARGET_NODE_HEADER};
 
 use crate::envelope;
 use crate::stream::Links;
@@ -481,12 +481,12 @@ impl PeerClient {
                     }
                     let data = envelope::encode_as(wire, request)
                         .map_err(|e| RPCError::Network(NetworkError::new(&e)))?;
-                    unary(channel, method, data, left).await
+                    unary(channel, self.target, method, data, left).await
                 }
                 reply => reply,
             }
         } else {
-            unary(channel, method, data, deadline).await
+            unary(channel, self.target, method, data, deadline).await
         };
         let reply = reply.map_err(|status| match status.code() {
             tonic::Code::Unavailable | tonic::Code::DeadlineExceeded | tonic::Code::Cancelled => {
@@ -551,16 +551,10 @@ impl PeerClient {
         };
         let answer: RpcResult<AppendEntriesResponse<NodeId>, RaftError<NodeId>> =
             self.call(Method::Append, &commit, option).await;
-        match answer {
-            Ok(AppendEntriesResponse::HigherVote(vote)) => {
-                Ok(AppendEntriesResponse::HigherVote(vote))
-            }
-            Ok(AppendEntriesResponse::Success) => {
-                self.ahead.committed(self.target, rpc.vote, rpc.leader_commit);
-                Ok(AppendEntriesResponse::Success)
-            }
-            _ => Ok(AppendEntriesResponse::Success),
+        if matches!(answer, Ok(AppendEntriesResponse::Success)) {
+            self.ahead.committed(self.target, rpc.vote, rpc.leader_commit);
         }
+        Ok(commit_answer(answer))
     }
 
     /// Sends an AppendEntries that openraft's replication stream did not
@@ -575,15 +569,37 @@ impl PeerClient {
     }
 }
 
-/// One message as its own gRPC call, with `deadline`.
+/// What openraft is told of an append whose entries the follower took
+/// when they were sent ahead, from the answer to the message that then
+/// brought it the commit index. A newer vote is passed on, and so is a
+/// follower that no longer holds the entries after all (a conflict: told
+/// `Success`, openraft would count entries the follower lacks). A failed
+/// message loses only the commit index, which openraft's next brings.
+fn commit_answer(
+    answer: RpcResult<AppendEntriesResponse<NodeId>, RaftError<NodeId>>,
+) -> AppendEntriesResponse<NodeId> {
+    match answer {
+        Ok(refused @ (AppendEntriesResponse::HigherVote(_) | AppendEntriesResponse::Conflict)) => {
+            refused
+        }
+        Ok(AppendEntriesResponse::PartialSuccess(matching)) => {
+            AppendEntriesResponse::PartialSuccess(matching)
+        }
+        Ok(AppendEntriesResponse::Success) | Err(_) => AppendEntriesResponse::Success,
+    }
+}
+
+/// One message to `target` as its own gRPC call, with `deadline`.
 async fn unary(
     channel: PeerChannel,
+    target: NodeId,
     method: Method,
     data: Vec<u8>,
     deadline: Duration,
 ) -> Result<Vec<u8>, tonic::Status> {
     let mut grpc = tonic::Request::new(RaftEnvelope { data });
     grpc.set_timeout(deadline);
+    addressed_to(&mut grpc, target);
     let mut client = RaftClient::new(channel)
         .max_decoding_message_size(envelope::MAX_ENVELOPE_BYTES)
         .max_encoding_message_size(envelope::MAX_ENVELOPE_BYTES);
@@ -593,6 +609,12 @@ async fn unary(
         Method::Snapshot => client.install_snapshot(grpc).await,
     };
     reply.map(|reply| reply.into_inner().data)
+}
+
+/// Names `target` as the node `request` is meant for
+/// ([`TARGET_NODE_HEADER`]), which refuses it if it is another.
+pub(crate) fn addressed_to<T>(request: &mut tonic::Request<T>, target: NodeId) {
+    request.metadata_mut().insert(TARGET_NODE_HEADER, AsciiMetadataValue::from(target));
 }
 
 #[derive(Clone, Copy)]
@@ -663,6 +685,23 @@ mod tests {
             asked.lock().expect("the test's lock is never poisoned").push(dialled);
             Box::pin(async { Err(std::io::Error::other("refused by the test's connector")) })
         })
+    }
+
+    #[test]
+    fn a_conflict_after_entries_sent_ahead_is_not_reported_as_success() {
+        let vote = Vote::new_committed(3, 1);
+        let answer = |reply| commit_answer(Ok(reply));
+        assert_eq!(answer(AppendEntriesResponse::Conflict), AppendEntriesResponse::Conflict);
+        assert_eq!(
+            answer(AppendEntriesResponse::HigherVote(vote)),
+            AppendEntriesResponse::HigherVote(vote)
+        );
+        assert_eq!(answer(AppendEntriesResponse::Success), AppendEntriesResponse::Success);
+        // A failed commit message: the entries were taken, only the
+        // commit index waits for openraft's next message.
+        let lost = std::io::Error::other("the stream closed");
+        let failed = commit_answer(Err(RPCError::Unreachable(Unreachable::new(&lost))));
+        assert_eq!(failed, AppendEntriesResponse::Success);
     }
 
     fn append(vote: Vote<NodeId>, prev: u64, indexes: &[u64]) -> AppendEntriesRequest<TypeConfig> {

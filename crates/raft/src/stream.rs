@@ -171,7 +171,7 @@ impl Links {
         let Some(channel) = channel() else {
             return Err(Status::unavailable(format!("bad address {addr} for node {target}")));
         };
-        let link = Link::open(addr, channel);
+        let link = Link::open(target, addr, channel);
         self.opened.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         // A new link is open until its reader runs, which it has not yet.
         if let Err((_, answered)) = link.push(envelope, answered) {
@@ -226,9 +226,9 @@ impl Drop for Links {
 }
 
 impl Link {
-    /// A stream to the peer behind `channel` (at `addr`), read by a task
+    /// A stream to `target` behind `channel` (at `addr`), read by a task
     /// of its own.
-    fn open(addr: &str, channel: PeerChannel) -> Arc<Link> {
+    fn open(target: NodeId, addr: &str, channel: PeerChannel) -> Arc<Link> {
         let (requests, outgoing) = mpsc::unbounded_channel();
         let link = Arc::new(Link {
             addr: addr.to_string(),
@@ -238,7 +238,7 @@ impl Link {
         let client = RaftClient::new(channel)
             .max_decoding_message_size(MAX_ENVELOPE_BYTES)
             .max_encoding_message_size(MAX_ENVELOPE_BYTES);
-        let reader = tokio::spawn(read(link.clone(), client, outgoing));
+        let reader = tokio::spawn(read(link.clone(), client, target, outgoing));
         *lock(&link.reader) = Some(reader.abort_handle());
         link
     }
@@ -297,9 +297,12 @@ impl Link {
 async fn read(
     link: Arc<Link>,
     mut client: RaftClient<PeerChannel>,
+    target: NodeId,
     outgoing: mpsc::UnboundedReceiver<RaftEnvelope>,
 ) {
-    let ended = match client.append_stream(UnboundedReceiverStream::new(outgoing)).await {
+    let mut request = tonic::Request::new(UnboundedReceiverStream::new(outgoing));
+    crate::network::addressed_to(&mut request, target);
+    let ended = match client.append_stream(request).await {
         Ok(response) => {
             let mut answers = response.into_inner();
             loop {
@@ -336,6 +339,8 @@ mod tests {
     use tokio_stream::Stream;
     use tonic::{Request, Response, Streaming};
 
+    use leasehold_security::secret::TARGET_NODE_HEADER;
+
     use super::*;
     use crate::envelope::{self, Wire};
     use crate::network::NetworkFactory;
@@ -365,12 +370,24 @@ mod tests {
         Ok(RaftEnvelope { data: data.into_iter().rev().collect() })
     }
 
+    /// The test's peer is node 2: a call meant for another is refused, as
+    /// a node does (every test here sends to node 2, so each checks that
+    /// its calls name their recipient).
+    fn meant_for_node_2<T>(request: &Request<T>) -> Result<(), Status> {
+        let named = request.metadata().get(TARGET_NODE_HEADER).and_then(|v| v.to_str().ok());
+        match named {
+            Some("2") => Ok(()),
+            other => Err(Status::failed_precondition(format!("meant for node {other:?}"))),
+        }
+    }
+
     #[tonic::async_trait]
     impl RaftRpc for Peer {
         async fn append_entries(
             &self,
-            _: Request<RaftEnvelope>,
+            request: Request<RaftEnvelope>,
         ) -> Result<Response<RaftEnvelope>, Status> {
+            meant_for_node_2(&request)?;
             let answer: Result<AppendEntriesResponse<NodeId>, RaftError<NodeId>> =
                 Ok(AppendEntriesResponse::Success);
             let data = envelope::encode_as(Wire::Binary, &answer)
@@ -387,6 +404,7 @@ mod tests {
             if !self.streams {
                 return Err(Status::unimplemented("an earlier build"));
             }
+            meant_for_node_2(&request)?;
             let answers = answer_each(request.into_inner(), self.stalls);
             Ok(Response::new(answers))
         }

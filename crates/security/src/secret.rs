@@ -30,6 +30,12 @@ pub const BUS_DOMAIN: &[u8] = b"leasehold.bus.v1";
 pub const NODE_PROOF_DOMAIN: &[u8] = b"leasehold.node-proof.v1";
 /// The gRPC metadata key of a node proof (`ID.HEX-MAC`).
 pub const NODE_PROOF_HEADER: &str = "leasehold-node-proof";
+/// The gRPC metadata key naming the node a Raft call is meant for (its
+/// id). A node refuses a call meant for another: openraft's messages do
+/// not name their recipient, so a member's address that reaches another
+/// node (a reused address, a stale name, a certificate every node shares)
+/// would otherwise count that node's answer as the member's.
+pub const TARGET_NODE_HEADER: &str = "leasehold-to";
 /// Shortest secret accepted, in bytes.
 pub const MIN_SECRET_BYTES: usize = 16;
 /// Length of a generated secret, in bytes (printed as hex, twice as long).

@@ -18,6 +18,8 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 use tonic::{Request, Response, Status, Streaming};
 
+use leasehold_security::secret::TARGET_NODE_HEADER;
+
 use crate::auth::Caller;
 use crate::error::Error;
 use crate::limits::too_large;
@@ -111,6 +113,23 @@ pub fn check_forwarded(command: &Command) -> Result<(), ValidationError> {
     Ok(())
 }
 
+/// FAILED_PRECONDITION when the call names another node than `own` as the
+/// one it is meant for ([`TARGET_NODE_HEADER`]). A call naming none (an
+/// earlier build's) is taken: its sender judges by the address alone.
+fn meant_for<T>(own: u64, request: &Request<T>) -> Result<(), Status> {
+    let Some(value) = request.metadata().get(TARGET_NODE_HEADER) else {
+        return Ok(());
+    };
+    match value.to_str().ok().and_then(|text| text.parse::<u64>().ok()) {
+        Some(target) if target == own => Ok(()),
+        Some(target) => Err(Status::failed_precondition(format!(
+            "{TARGET_NODE_HEADER}: this is node {own}, not node {target}: the member's \
+             address reaches another node"
+        ))),
+        None => Err(Status::invalid_argument(format!("{TARGET_NODE_HEADER}: not a node id"))),
+    }
+}
+
 /// PERMISSION_DENIED unless the message's vote names `caller`.
 fn from_its_sender(caller: u64, vote: &openraft::Vote<u64>, what: &str) -> Result<(), Status> {
     match vote.leader_id().voted_for() {
@@ -197,6 +216,7 @@ impl RaftRpc for RaftService {
         request: Request<RaftEnvelope>,
     ) -> Result<Response<RaftEnvelope>, Status> {
         let (caller, _) = Caller::node_of(&request)?;
+        meant_for(self.journal.node_id(), &request)?;
         let answer = self.append(caller, &request.into_inner().data, UNARY).await?;
         Ok(Response::new(answer))
     }
@@ -207,8 +227,10 @@ impl RaftRpc for RaftService {
         &self,
         request: Request<Streaming<RaftEnvelope>>,
     ) -> Result<Response<AppendAnswers>, Status> {
-        // Checked once: every message of the stream is this caller's.
+        // Checked once: every message of the stream is this caller's, and
+        // meant for this node.
         let (caller, _) = Caller::node_of(&request)?;
+        meant_for(self.journal.node_id(), &request)?;
         let messages = request.into_inner();
         let answers =
             futures::stream::unfold(Some((messages, self.clone())), move |state| async move {
@@ -232,6 +254,7 @@ impl RaftRpc for RaftService {
 
     async fn vote(&self, request: Request<RaftEnvelope>) -> Result<Response<RaftEnvelope>, Status> {
         let (caller, _) = Caller::node_of(&request)?;
+        meant_for(self.journal.node_id(), &request)?;
         let (rpc, wire): (openraft::raft::VoteRequest<u64>, _) = self.open(request)?;
         from_its_sender(caller, &rpc.vote, "a vote request")?;
         seal(wire, &self.journal.raft().vote(rpc).await)
@@ -242,6 +265,7 @@ impl RaftRpc for RaftService {
         request: Request<RaftEnvelope>,
     ) -> Result<Response<RaftEnvelope>, Status> {
         let (caller, _) = Caller::node_of(&request)?;
+        meant_for(self.journal.node_id(), &request)?;
         let (rpc, wire): (openraft::raft::InstallSnapshotRequest<leasehold_raft::TypeConfig>, _) =
             self.open(request)?;
         from_its_sender(caller, &rpc.vote, "a snapshot")?;
@@ -260,6 +284,17 @@ impl RaftRpc for RaftService {
             return Err(Status::permission_denied(format!(
                 "data.leader: node {caller} sent a hand-over for node {leader}"
             )));
+        }
+        // The bare request comes only from an earlier build's leader as it
+        // drains; from anyone else it would depose a healthy leader.
+        if let ForwardRequest::Campaign = &forwarded {
+            let leader = self.journal.raft().metrics().borrow().current_leader;
+            if leader != Some(caller) {
+                return Err(Status::permission_denied(format!(
+                    "data: node {caller} asked for an election, but it does not lead (node {})",
+                    leader.map_or("none".to_string(), |id| id.to_string())
+                )));
+            }
         }
         if let ForwardRequest::Write(proposal) = &forwarded {
             check_forwarded(&proposal.command).map_err(|error| {

@@ -28,7 +28,7 @@ use leasehold_proto::v1;
 use leasehold_proto::v1::cluster_client::ClusterClient;
 use leasehold_proto::v1::queue_client::QueueClient;
 use leasehold_proto::v1::raft_client::RaftClient;
-use leasehold_security::secret::NODE_PROOF_HEADER;
+use leasehold_security::secret::{NODE_PROOF_HEADER, TARGET_NODE_HEADER};
 use leasehold_security::tokens::{Role, toml_entry};
 use nix::sys::signal::Signal;
 use tonic::service::interceptor::InterceptedService;
@@ -360,6 +360,41 @@ async fn proof_story(sandbox: &Sandbox) -> Result<()> {
         matches!(&answer, Err(s) if s.code() == tonic::Code::PermissionDenied
             && s.message().starts_with("data.vote")),
         "an append in another node's name on a stream was answered {answer:?}"
+    );
+
+    phase("a Raft call meant for another node is refused, before its body is read");
+    // This node is node 1: the header names whom the sender meant.
+    let proof = secret(CLUSTER_SECRET)?.node_proof(2);
+    let misrouted =
+        wire(&addr, None, &[(NODE_PROOF_HEADER, proof.clone()), (TARGET_NODE_HEADER, "5".into())])?;
+    let garbage = v1::RaftEnvelope { data: b"not an envelope".to_vec() };
+    fn is_misrouted<T>(answer: &Result<T, tonic::Status>) -> bool {
+        matches!(answer, Err(s) if s.code() == tonic::Code::FailedPrecondition
+            && s.message().contains(TARGET_NODE_HEADER) && s.message().contains("node 5"))
+    }
+    let answer = RaftClient::new(misrouted.clone()).append_entries(garbage.clone()).await;
+    ensure!(is_misrouted(&answer), "an append meant for node 5 was answered {answer:?}");
+    let answer = RaftClient::new(misrouted.clone()).vote(garbage.clone()).await;
+    ensure!(is_misrouted(&answer), "a vote request meant for node 5 was answered {answer:?}");
+    let answer = RaftClient::new(misrouted.clone()).install_snapshot(garbage.clone()).await;
+    ensure!(is_misrouted(&answer), "a snapshot meant for node 5 was answered {answer:?}");
+    let answer = first_streamed_answer(misrouted, garbage.clone()).await;
+    ensure!(is_misrouted(&answer), "an append stream meant for node 5 was answered {answer:?}");
+    let meant =
+        wire(&addr, None, &[(NODE_PROOF_HEADER, proof.clone()), (TARGET_NODE_HEADER, "1".into())])?;
+    let answer = RaftClient::new(meant.clone()).append_entries(garbage).await;
+    ensure!(
+        matches!(&answer, Err(s) if s.code() == tonic::Code::InvalidArgument),
+        "an append meant for this node was not judged by its body: {answer:?}"
+    );
+
+    phase("only the leader may ask for an election without naming itself and its term");
+    let campaign = v1::RaftEnvelope { data: b"\"Campaign\"".to_vec() };
+    let answer = RaftClient::new(meant).forward(campaign).await;
+    ensure!(
+        matches!(&answer, Err(s) if s.code() == tonic::Code::PermissionDenied
+            && s.message().contains("does not lead")),
+        "node 2 (no leader) asking node 1 to campaign was answered {answer:?}"
     );
 
     phase("a node joining without TLS and without the cluster's secret refuses to start");
