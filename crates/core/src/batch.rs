@@ -38,33 +38,64 @@ pub fn merge_weight(command: &Command) -> Option<usize> {
 /// from a peer, whatever fields the commands fill.
 pub const MAX_BATCH_BYTES: usize = 4 * 1024 * 1024;
 
-/// What a batch being formed holds: commands and bytes.
+/// Most bytes (by [`Command::answer_bound`]) the answers of one merged
+/// batch may take. A follower forwards its batch to the leader as one
+/// message and gets the answers back as one, which a node takes up to
+/// 64 MiB of; in the text layout an earlier build's leader answers in, a
+/// payload's byte takes up to four. A claim's leases are granted before
+/// the answer is sent, so an answer too large to send would leave them
+/// held by no one until they lapse, each charging its job an attempt.
+pub const MAX_BATCH_ANSWER_BYTES: usize = 16 * 1024 * 1024;
+
+/// Most leases a claim forwarded to the leader may ask for, when one
+/// lease takes at most `grant_bytes`: its answer must fit in
+/// [`MAX_BATCH_ANSWER_BYTES`]. At least one.
+pub fn max_forwarded_leases(grant_bytes: usize) -> u32 {
+    let leases = (MAX_BATCH_ANSWER_BYTES - 64) / grant_bytes.max(1);
+    u32::try_from(leases).unwrap_or(u32::MAX).max(1)
+}
+
+/// What a batch being formed holds: commands, bytes, and the bytes its
+/// answers may take when a lease takes at most `grant_bytes`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Fill {
     commands: usize,
     bytes: usize,
+    answers: usize,
+    grant_bytes: usize,
 }
 
 impl Fill {
-    /// A batch begun with `first`; `None` when `first` must be proposed
-    /// alone (see [`merge_weight`]).
-    pub fn start(first: &Command) -> Option<Fill> {
-        Some(Fill { commands: merge_weight(first)?, bytes: first.size_hint() })
+    /// A batch begun with `first`, its leases taking at most `grant_bytes`
+    /// each ([`crate::Limits::grant_bytes_bound`]); `None` when `first`
+    /// must be proposed alone (see [`merge_weight`]).
+    pub fn start(first: &Command, grant_bytes: usize) -> Option<Fill> {
+        Some(Fill {
+            commands: merge_weight(first)?,
+            bytes: first.size_hint(),
+            answers: first.answer_bound(grant_bytes),
+            grant_bytes,
+        })
     }
 
     /// Whether nothing more may join.
     pub fn is_full(&self) -> bool {
-        self.commands >= MAX_BATCH_COMMANDS || self.bytes >= MAX_BATCH_BYTES
+        self.commands >= MAX_BATCH_COMMANDS
+            || self.bytes >= MAX_BATCH_BYTES
+            || self.answers >= MAX_BATCH_ANSWER_BYTES
     }
 
     /// The batch with `next` in it, or `None` when `next` must begin the
-    /// next batch: it would take the batch past its commands or its bytes,
-    /// or it is a malformed batch.
+    /// next batch: it would take the batch past its commands, its bytes or
+    /// its answers' bytes, or it is a malformed batch.
     pub fn admit(self, next: &Command) -> Option<Fill> {
         let commands = self.commands + merge_weight(next)?;
         let bytes = self.bytes + next.size_hint();
-        (commands <= MAX_BATCH_COMMANDS && bytes <= MAX_BATCH_BYTES)
-            .then_some(Fill { commands, bytes })
+        let answers = self.answers.saturating_add(next.answer_bound(self.grant_bytes));
+        (commands <= MAX_BATCH_COMMANDS
+            && bytes <= MAX_BATCH_BYTES
+            && answers <= MAX_BATCH_ANSWER_BYTES)
+            .then_some(Fill { commands, bytes, answers, ..self })
     }
 }
 
@@ -131,6 +162,69 @@ mod tests {
         Command::Sweep
     }
 
+    /// A lease's bound under the default limits.
+    const GRANT: usize = 275_000;
+
+    #[test]
+    fn the_default_bound_of_a_lease_is_what_the_tests_use() {
+        let bound = crate::Limits::default().grant_bytes_bound();
+        assert!(bound > 256 * 1024 && bound.abs_diff(GRANT) < 10_000, "{bound}");
+    }
+
+    #[test]
+    fn claims_merge_only_while_their_answers_would_fit_in_one_message() {
+        let claim = |max| Command::Claim {
+            worker: "w".into(),
+            queue: "q".into(),
+            max,
+            lease_ttl_ms: None,
+            selector: Vec::new(),
+        };
+        // One-lease claims of 256 KiB jobs: far fewer than 256 per batch.
+        let mut fill = Fill::start(&claim(1), GRANT).expect("a command");
+        let mut merged = 1;
+        while let Some(more) = fill.admit(&claim(1)) {
+            fill = more;
+            merged += 1;
+        }
+        assert_eq!(merged, MAX_BATCH_ANSWER_BYTES / (GRANT + 64), "{merged}");
+        assert!(merged * GRANT <= MAX_BATCH_ANSWER_BYTES);
+        assert!(merged > 32, "32 one-lease claims still share a batch: {merged}");
+        // A claim whose leases alone could fill the answer begins its own.
+        let fill = Fill::start(&Command::Sweep, GRANT).expect("a command");
+        assert_eq!(fill.admit(&claim(1_000)), None);
+        // The most a forwarded claim may ask for fits, one more does not.
+        let most = max_forwarded_leases(GRANT);
+        assert!(claim(most).answer_bound(GRANT) <= MAX_BATCH_ANSWER_BYTES);
+        assert!(claim(most + 1).answer_bound(GRANT) > MAX_BATCH_ANSWER_BYTES);
+        assert_eq!(max_forwarded_leases(usize::MAX), 1, "at least one lease");
+    }
+
+    #[test]
+    fn a_forwarded_batch_caps_every_claim_in_it_and_nothing_else() {
+        let claim = |max| Command::Claim {
+            worker: "w".into(),
+            queue: "q".into(),
+            max,
+            lease_ttl_ms: None,
+            selector: Vec::new(),
+        };
+        let once = |max| Command::ClaimOnce {
+            request_id: "r".into(),
+            worker: "w".into(),
+            queue: "q".into(),
+            max,
+            lease_ttl_ms: None,
+            selector: Vec::new(),
+        };
+        let batch = Command::Batch { commands: vec![claim(1_000), once(7), sweep(), once(500)] };
+        let ruled = Command::Ruled { limits: crate::Limits::default(), command: Box::new(batch) };
+        let capped = ruled.with_claims_capped(60);
+        let Command::Ruled { command, .. } = capped else { panic!("still ruled") };
+        let expected = Command::Batch { commands: vec![claim(60), once(7), sweep(), once(60)] };
+        assert_eq!(*command, expected);
+    }
+
     /// An enqueue of `jobs` jobs whose bytes are all in tags, not payloads.
     fn tagged_enqueue(jobs: usize) -> Command {
         let job = crate::job::JobSpec {
@@ -145,9 +239,9 @@ mod tests {
     fn a_batch_is_bounded_by_every_byte_not_only_payloads() {
         // About 8.4 MiB of tags and no payload: an entry of its own.
         let heavy = tagged_enqueue(1_000);
-        let fill = Fill::start(&Command::Sweep).expect("a command");
+        let fill = Fill::start(&Command::Sweep, GRANT).expect("a command");
         assert_eq!(fill.admit(&heavy), None, "joins no batch");
-        let alone = Fill::start(&heavy).expect("begins one");
+        let alone = Fill::start(&heavy, GRANT).expect("begins one");
         assert!(alone.is_full());
         // Long nack errors weigh as much.
         let nack = |len: usize| Command::Nack {
@@ -156,7 +250,7 @@ mod tests {
             error: "e".repeat(len),
             retry_after_ms: None,
         };
-        let mut fill = Fill::start(&nack(1 << 20)).expect("a command");
+        let mut fill = Fill::start(&nack(1 << 20), GRANT).expect("a command");
         let mut merged = 1;
         while let Some(more) = fill.admit(&nack(1 << 20)) {
             fill = more;
@@ -167,7 +261,7 @@ mod tests {
             "three 1 MiB nacks and their framing fit in 4 MiB, a fourth does not"
         );
         // Small commands still fill a batch to its count.
-        let mut fill = Fill::start(&tagged_enqueue(1)).expect("a command");
+        let mut fill = Fill::start(&tagged_enqueue(1), GRANT).expect("a command");
         let mut merged = 1;
         while let Some(more) = fill.admit(&tagged_enqueue(1)) {
             fill = more;

@@ -403,6 +403,52 @@ impl Command {
         FIXED + variable
     }
 
+    /// The most bytes this command's answer can take, when a lease it
+    /// grants takes at most `grant_bytes` ([`Limits::grant_bytes_bound`]):
+    /// a follower's merged batch goes to the leader as one message and its
+    /// answers come back as one, so what a claim could hand out counts.
+    pub fn answer_bound(&self, grant_bytes: usize) -> usize {
+        const FIXED: usize = 64;
+        let leases = |max: u32| usize::try_from(max).unwrap_or(usize::MAX);
+        match self {
+            Command::Claim { max, .. } | Command::ClaimOnce { max, .. } => {
+                FIXED.saturating_add(leases(*max).saturating_mul(grant_bytes))
+            }
+            Command::Enqueue { jobs } => FIXED + jobs.len() * FIXED,
+            Command::Refresh { leases, .. } => FIXED + leases.len() * FIXED,
+            Command::Batch { commands } => commands
+                .iter()
+                .fold(FIXED, |sum, c| sum.saturating_add(c.answer_bound(grant_bytes))),
+            Command::Ruled { command, .. } => {
+                FIXED.saturating_add(command.answer_bound(grant_bytes))
+            }
+            _ => FIXED,
+        }
+    }
+
+    /// The command with every claim in it asking for at most `most`
+    /// leases (a claim grants up to its `max`, so fewer is an answer it
+    /// may give): what a follower forwards, so the answer it gets back
+    /// fits in one message.
+    pub fn with_claims_capped(self, most: u32) -> Command {
+        match self {
+            Command::Claim { worker, queue, max, lease_ttl_ms, selector } => {
+                Command::Claim { worker, queue, max: max.min(most), lease_ttl_ms, selector }
+            }
+            Command::ClaimOnce { request_id, worker, queue, max, lease_ttl_ms, selector } => {
+                let max = max.min(most);
+                Command::ClaimOnce { request_id, worker, queue, max, lease_ttl_ms, selector }
+            }
+            Command::Batch { commands } => Command::Batch {
+                commands: commands.into_iter().map(|c| c.with_claims_capped(most)).collect(),
+            },
+            Command::Ruled { limits, command } => {
+                Command::Ruled { limits, command: Box::new(command.with_claims_capped(most)) }
+            }
+            other => other,
+        }
+    }
+
     /// The command with a nack's error cut to `limits.max_error_bytes`, as
     /// `apply` would cut it: the cut is made before the command enters the
     /// log, so a long error costs the log, the wire and every replica

@@ -34,6 +34,16 @@ pub struct Limits {
     pub max_result_bytes: usize,
 }
 
+impl Limits {
+    /// The most bytes one lease of a claim's answer can take: the job it
+    /// hands out, with the largest payload, error, tags and texts these
+    /// limits let a job carry.
+    pub fn grant_bytes_bound(&self) -> usize {
+        let text = 8 + self.max_text_bytes;
+        self.max_payload_bytes + self.max_error_bytes + self.max_tags * text + 4 * text + 256
+    }
+}
+
 impl Default for Limits {
     fn default() -> Self {
         Limits {

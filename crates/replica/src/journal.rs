@@ -62,6 +62,15 @@ struct Inner {
     queue_walk: tokio::sync::Mutex<Option<(std::time::Instant, Duration)>>,
 }
 
+impl Inner {
+    /// The most bytes one lease of a claim's answer can take: by this
+    /// node's limits or the defaults, whichever allow more (jobs were
+    /// checked by the limits of the leader that took them).
+    fn grant_bytes_bound(&self) -> usize {
+        self.config.limits.grant_bytes_bound().max(Limits::default().grant_bytes_bound())
+    }
+}
+
 /// A metrics scrape walks the queues again only after twenty times the
 /// last walk's time ([`Journal::refresh_gauges`]).
 const QUEUE_WALK_SHARE: u32 = 20;
@@ -751,6 +760,16 @@ impl Journal {
                 self.inner.config.quorum_timeout
             }
         };
+        // The answer comes back as one message, with every lease in it
+        // granted already: claims ask for no more than it can carry.
+        let request = match request {
+            ForwardRequest::Write(mut proposal) => {
+                let most = batch::max_forwarded_leases(self.inner.grant_bytes_bound());
+                proposal.command = proposal.command.with_claims_capped(most);
+                ForwardRequest::Write(proposal)
+            }
+            other => other,
+        };
         let started = std::time::Instant::now();
         let data =
             envelope::encode_as(wire, &request).map_err(|e| Error::Internal(e.to_string()))?;
@@ -917,7 +936,14 @@ async fn batch_proposals(
         // the pipeline is full joins this batch.
         let Ok(permit) = in_flight.clone().acquire_owned().await else { return };
         let mut batch = vec![first];
-        if let Some(mut fill) = batch::Fill::start(&batch[0].proposal.command) {
+        // A batch a follower forms goes to the leader as one message, and
+        // its answers come back as one: its claims count by what they could
+        // hand out. A leader answers each proposer apart.
+        let Some(inner) = journal.upgrade() else { return };
+        let leads = inner.raft.metrics().borrow().state == openraft::ServerState::Leader;
+        let grant_bytes = if leads { 0 } else { inner.grant_bytes_bound() };
+        drop(inner);
+        if let Some(mut fill) = batch::Fill::start(&batch[0].proposal.command, grant_bytes) {
             while !fill.is_full() {
                 let Ok(next) = queue.try_recv() else { break };
                 match fill.admit(&next.proposal.command) {

@@ -15,10 +15,23 @@
 //! Mutation check (run once against a deliberately broken build): with a
 //! batch weighed by payload bytes only, the enqueues time out without
 //! committing and the story fails.
+//!
+//! A second story: answers, not only entries, are bounded. A follower
+//! forwards a claim and gets its answer back as one message, after every
+//! lease in it was granted; a claim of 300 jobs of 250 KB through a
+//! follower made an answer past the 64 MiB envelope, so the client was
+//! told INTERNAL while 300 leases sat held by no one until they lapsed,
+//! each charging its job an attempt. A follower now forwards a claim
+//! asking for no more leases than one answer could carry with jobs of the
+//! largest size (about 60 by default): the story claims 100 small jobs
+//! through a follower and gets that many, every one held by the client,
+//! and the leader, which answers its client directly, grants the rest.
+//! Without the cap the follower's claim gets all 100 and the story fails.
 
 use std::time::Duration;
 
 use anyhow::{Context, Result, ensure};
+use leasehold_core::{Limits, batch};
 use leasehold_proto::v1;
 
 use super::super::support::{CLUSTER_CONVERGE_TIMEOUT, Cluster, Sandbox, job, phase};
@@ -39,6 +52,61 @@ async fn concurrent_tag_heavy_enqueues_commit_and_do_not_freeze_the_cluster() ->
     let _slot = cluster_slot().await?;
     let sandbox = Sandbox::new("cluster-big-entries")?;
     sandbox.run(Duration::from_secs(240), story(&sandbox)).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_through_a_follower_is_answered_whole_or_asks_for_fewer() -> Result<()> {
+    let _slot = cluster_slot().await?;
+    let sandbox = Sandbox::new("cluster-big-claims")?;
+    sandbox.run(Duration::from_secs(240), claim_story(&sandbox)).await
+}
+
+async fn claim_story(sandbox: &Sandbox) -> Result<()> {
+    const BIG: &str = "big-claims";
+    const JOBS: u32 = 100;
+    let cap = batch::max_forwarded_leases(Limits::default().grant_bytes_bound());
+    ensure!((1..JOBS).contains(&cap), "the cap of a forwarded claim is {cap}");
+    phase("a three-node cluster holding 100 jobs");
+    let mut cluster = Cluster::start(sandbox, 3).await?;
+    let converged = cluster.wait_converged(CLUSTER_CONVERGE_TIMEOUT).await?;
+    let mut at_leader = cluster.node(converged.leader)?.stub()?;
+    let jobs = (0..JOBS).map(|_| job(BIG, b"small")).collect();
+    at_leader.enqueue(v1::EnqueueRequest { jobs }).await.context("enqueue")?;
+    let follower_id =
+        cluster.ids().into_iter().find(|id| *id != converged.leader).context("no follower")?;
+    let mut through_follower = cluster.node(follower_id)?.stub()?;
+    let claim = v1::ClaimRequest {
+        worker: "big-claimer".to_string(),
+        queue: BIG.to_string(),
+        max: JOBS,
+        wait_ms: 0,
+        ..Default::default()
+    };
+
+    phase("a claim of all of them through a follower asks for what one answer carries");
+    let through =
+        through_follower.claim(claim.clone()).await.context("claim through a follower")?;
+    let through = through.into_inner().grants.len();
+    ensure!(through == cap as usize, "{through} grants through a follower, cap {cap}");
+
+    phase("the leader answers its own client whole: the rest");
+    let direct = at_leader.claim(claim).await.context("claim at the leader")?.into_inner().grants;
+    ensure!(direct.len() == (JOBS - cap) as usize, "{} grants at the leader", direct.len());
+
+    phase("the leader holds exactly the leases the clients were given");
+    let stats = at_leader
+        .stats(v1::StatsRequest { queue: Some(BIG.to_string()), stale: false })
+        .await
+        .context("stats")?
+        .into_inner();
+    let counts = stats.queues.first().context("no stats for the queue")?;
+    ensure!(
+        counts.claimed == u64::from(JOBS) && counts.ready == 0,
+        "claimed {} and ready {}",
+        counts.claimed,
+        counts.ready
+    );
+    Ok(())
 }
 
 fn tagged_jobs(call: usize) -> Vec<v1::JobSpec> {
