@@ -46,6 +46,7 @@ mod jobs;
 pub mod lease;
 pub mod limits;
 mod live_table;
+pub mod nesting;
 pub mod node_info;
 pub mod response;
 pub mod schedule;
