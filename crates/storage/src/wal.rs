@@ -53,7 +53,7 @@ impl<T: Serialize> Encode for Stored<T> {
 
 impl<T: DeserializeOwned> Decode for Stored<T> {
     fn decode<R: io::Read>(r: R) -> Result<Self, io::Error> {
-        let bytes = Vec::<u8>::decode(r)?;
+        let bytes = decode_bytes(r)?;
         from_bytes(&bytes).map(Stored)
     }
 }
@@ -92,7 +92,7 @@ impl Encode for StoredEntry {
 
 impl Decode for StoredEntry {
     fn decode<R: io::Read>(r: R) -> Result<Self, io::Error> {
-        let bytes = Vec::<u8>::decode(r)?;
+        let bytes = decode_bytes(r)?;
         let entry: Entry<TypeConfig> = from_bytes(&bytes)?;
         Ok(StoredEntry { entry: Arc::new(entry), encoded_bytes: bytes.len() as u64 })
     }
@@ -130,6 +130,35 @@ fn from_bytes<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, io::Error> {
 
 /// Writes `bytes` as raft-log's length-prefixed byte string (a `u32`
 /// length): a value of 4 GiB or more is refused rather than truncated.
+/// The longest value a record can hold: an entry came in one Raft envelope
+/// (or was proposed within the request limits, which are smaller), and a
+/// vote or a log id is a few dozen bytes.
+const MAX_RECORD_VALUE_BYTES: u32 = 64 * 1024 * 1024;
+
+/// Reads what [`encode_bytes`] wrote. A length past any value a record can
+/// hold is damage (`InvalidData`), not a record cut short by a crash: the
+/// log treats a short read at the end of its newest file as a torn tail
+/// and cuts the file there, so a damaged length read as "the rest of the
+/// file" would silently drop every synced record after it, a vote
+/// included. Only a length that fits and runs past the end is a torn tail.
+fn decode_bytes<R: io::Read>(mut r: R) -> Result<Vec<u8>, io::Error> {
+    let mut length = [0u8; 4];
+    r.read_exact(&mut length)?;
+    let length = u32::from_be_bytes(length);
+    if length > MAX_RECORD_VALUE_BYTES {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!("a record's length reads {length} bytes, more than any record holds"),
+        ));
+    }
+    let mut bytes = Vec::new();
+    io::Read::read_to_end(&mut r.take(u64::from(length)), &mut bytes)?;
+    if bytes.len() < length as usize {
+        return Err(io::Error::new(io::ErrorKind::UnexpectedEof, "a record cut short"));
+    }
+    Ok(bytes)
+}
+
 fn encode_bytes<W: io::Write>(bytes: &[u8], mut w: W) -> Result<usize, io::Error> {
     let length = u32::try_from(bytes.len()).map_err(|_| {
         io::Error::new(io::ErrorKind::InvalidInput, "raft log record of 4 GiB or more")

@@ -50,6 +50,43 @@ async fn a_damaged_log_record_stops_the_open_with_an_error() -> anyhow::Result<(
     Ok(())
 }
 
+#[tokio::test]
+async fn a_damaged_record_length_in_the_newest_file_stops_the_open() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    {
+        let (mut log_store, _state_machine) = leasehold_storage::open(dir.path())?;
+        log_store
+            .blocking_append([blank(1, 0), enqueue(1, 1, 1), enqueue(1, 2, 1), enqueue(1, 3, 1)])
+            .await?;
+    }
+
+    // --- entry 2's value starts with its log id (term, leader, index as
+    // fixed-width little-endian numbers) after its 4-byte length: set the
+    // length's high byte, as one flipped bit of the disk would
+    let chunks = chunk_files(dir.path())?;
+    let [chunk] = chunks.as_slice() else { anyhow::bail!("one chunk expected: {chunks:?}") };
+    let mut bytes = std::fs::read(chunk)?;
+    let log_id: Vec<u8> =
+        [1u64, crate::support::LEADER, 2].iter().flat_map(|n| n.to_le_bytes()).collect();
+    let at = bytes
+        .windows(log_id.len())
+        .position(|window| window == log_id)
+        .ok_or_else(|| anyhow::anyhow!("entry 2 not found in the chunk"))?;
+    let length = at.checked_sub(4).ok_or_else(|| anyhow::anyhow!("no length before entry 2"))?;
+    bytes[length] ^= 0x80;
+    std::fs::write(chunk, &bytes)?;
+
+    // --- the newest file is not cut at the damage: the open fails
+    match reopen_once(dir.path()) {
+        Ok(_) => anyhow::bail!("a damaged length opened as a torn tail, dropping entries 2 and 3"),
+        Err(error) => {
+            let text = format!("{:#}", anyhow::Error::new(error));
+            assert!(text.contains("raft log in") && text.contains("cannot open"), "{text}");
+        }
+    }
+    Ok(())
+}
+
 /// The error an open ends with once sled has let go of an earlier handle's
 /// file lock (it does so from a background thread, so on a loaded machine
 /// the first opens can meet it still held): only errors without
