@@ -326,16 +326,22 @@ impl QueueService {
         // though the queue may hold nothing claimable now (its first try
         // took the job): it is proposed at once, and answered as is. The
         // lease predates this call, so no hold is counted (`waited_ms` 0).
-        if let Command::ClaimOnce { request_id, worker, .. } = &command
-            && self.journal.read_stale(|state| state.remembers_claim(worker, request_id))
-        {
-            let grants = self.claim_once(&command).await?;
-            return Ok(Reply::new(v1::ClaimResponse { grants, waited_ms: 0 }));
-        }
+        // Checked on every pass: on a follower the first try's claim may
+        // apply while this one waits.
+        let remembered = || match &command {
+            Command::ClaimOnce { request_id, worker, .. } => {
+                self.journal.read_stale(|state| state.remembers_claim(worker, request_id))
+            }
+            _ => false,
+        };
         let (queue, selector) = (&queue, &selector);
         let deadline = tokio::time::Instant::now() + wait;
         let mut applied = self.journal.state_machine().subscribe();
         loop {
+            if remembered() {
+                let grants = self.claim_once(&command).await?;
+                return Ok(Reply::new(v1::ClaimResponse { grants, waited_ms: 0 }));
+            }
             // Propose only when the local state shows something claimable. On
             // the leader that state is current; on a follower it trails by a
             // replication round, which the wait below absorbs (it wakes on
