@@ -308,8 +308,11 @@ pub fn plan_ticks(
     now_ms: u64,
     tolerance_ms: u64,
 ) -> Vec<TickPlan> {
+    // Never before the schedule was put: a mark below that (a bus record
+    // of a tick of an earlier schedule of the same name) plans nothing
+    // from before this one existed.
     let after_ms = if schedule.last_fired_bucket > 0 {
-        cron::tick_ms(schedule.last_fired_bucket)
+        cron::tick_ms(schedule.last_fired_bucket).max(schedule.created_at_ms)
     } else {
         schedule.created_at_ms
     };
@@ -655,6 +658,25 @@ mod tests {
         // Any other answer (a refusal of another kind) is not a bus record.
         let paused = TickOutcome::Skipped { reason: SkipReason::Paused, ticks: 1 };
         assert!(!may_run_on_bus(Target::Any, Some(&paused), None, 100));
+    }
+
+    #[test]
+    fn a_mark_from_before_the_schedule_was_put_plans_nothing_before_it() {
+        // Put at minute 30; a bus record of minute 5 (a tick of an earlier
+        // schedule of the same name) moved its mark there.
+        let (mut schedule, cron) = every_minute(Catchup::All);
+        schedule.created_at_ms = T0_MS + 30 * MINUTE_MS;
+        schedule.last_fired_bucket = bucket(5);
+        let plan = plan_ticks(&schedule, &cron, T0_MS + 31 * MINUTE_MS + 100, 2_000);
+        let before = |b: u64| b * 1_000 < schedule.created_at_ms;
+        for step in &plan {
+            let planned = match step {
+                TickPlan::Fire(b) => *b,
+                TickPlan::Skip { bucket, .. } => *bucket,
+            };
+            assert!(!before(planned), "planned bucket {planned} before the schedule: {plan:?}");
+        }
+        assert_eq!(plan, vec![TickPlan::Fire(bucket(31))], "only minute 31 is due");
     }
 
     #[test]

@@ -399,7 +399,11 @@ async fn skip_bus_ran(
     cron: &CronSchedule,
     planned: u64,
 ) -> bool {
-    let high = match gate.bus().high_water(&schedule.spec.name, |bucket| bucket < planned) {
+    // Claims of this schedule's ticks only: a schedule deleted and put
+    // again under the same name left claims of ticks from before this one
+    // was put, which it never had.
+    let own = |bucket: u64| bucket < planned && cron::tick_ms(bucket) >= schedule.created_at_ms;
+    let high = match gate.bus().high_water(&schedule.spec.name, own) {
         Ok(Some(high)) if high > schedule.last_fired_bucket => high,
         Ok(_) => return true,
         Err(error) => {
