@@ -494,6 +494,28 @@ pub fn enqueue_key(field: &(impl Display + ?Sized), key: &str) -> Result<(), Val
     Ok(())
 }
 
+/// The scope of a schedule's triggers in the request log: a worker id
+/// beginning with it would share the log's entries with that schedule's
+/// triggers (see [`claim_worker`]).
+pub const TRIGGER_SCOPE_PREFIX: &str = "schedule ";
+
+/// Refuses a claiming worker id that begins [`TRIGGER_SCOPE_PREFIX`]: the
+/// request log keys a claim by its worker and a forced trigger by
+/// `schedule NAME`, so a worker named `schedule nightly` retrying a claim
+/// under a trigger's request id would take that trigger's entry, and the
+/// trigger's own retry would run the schedule again. Checked by the
+/// proposer only, never at apply, so replicas of earlier builds apply the
+/// same log alike.
+pub fn claim_worker(field: &(impl Display + ?Sized), worker: &str) -> Result<(), ValidationError> {
+    if worker.starts_with(TRIGGER_SCOPE_PREFIX) {
+        return Err(ValidationError::invalid(
+            format!("{field}"),
+            format!("worker ids beginning {TRIGGER_SCOPE_PREFIX:?} are reserved for schedules"),
+        ));
+    }
+    Ok(())
+}
+
 /// Checks a backoff: a zero base would retry in a hot loop, and a cap below
 /// the base would make the "exponential" delay shrink.
 fn backoff(field: &(impl Display + ?Sized), backoff: &Backoff) -> Result<(), ValidationError> {
@@ -814,6 +836,14 @@ mod tests {
         );
         job.tags = vec!["t".to_owned(); 32];
         assert_eq!(check(&enqueue(vec![job])), Ok(()));
+    }
+
+    #[test]
+    fn a_worker_named_like_a_schedules_triggers_is_refused_at_the_edge() {
+        let refused = claim_worker("worker", "schedule nightly").err();
+        assert!(refused.is_some_and(|e| e.field == "worker" && e.problem.contains("reserved")));
+        assert_eq!(claim_worker("worker", "scheduler-1"), Ok(()));
+        assert_eq!(claim_worker("worker", "nightly schedule"), Ok(()));
     }
 
     #[test]

@@ -322,6 +322,9 @@ impl QueueService {
             }
         };
         validate_command(&command, self.journal.limits()).map_err(Error::from)?;
+        if let Command::ClaimOnce { worker, .. } = &command {
+            validate::claim_worker("worker", worker).map_err(Error::from)?;
+        }
         // A retry of a claim that granted is answered from the request log,
         // though the queue may hold nothing claimable now (its first try
         // took the job): it is proposed at once, and answered as is. The

@@ -148,7 +148,7 @@ impl State {
     ) -> Response {
         let now_ms = self.cluster_time_ms;
         self.requests.forget_old(now_ms);
-        let key = key(&format!("schedule {schedule}"), request_id);
+        let key = key(&format!("{}{schedule}", crate::validate::TRIGGER_SCOPE_PREFIX), request_id);
         if let Some((_, Outcome::Triggered(response))) = self.requests.by_key.get(&key) {
             return (**response).clone();
         }

@@ -160,6 +160,15 @@ pub fn cases(held: v1::LeaseRef) -> Vec<Case> {
         big("claim: max 1,001", claim(|r| r.max = 1_001), TooLarge, "max"),
         big("claim: wait_ms 30,001", claim(|r| r.wait_ms = 30_001), Invalid, "wait_ms"),
         bad("claim: empty worker", claim(|r| r.worker.clear()), Invalid, "worker"),
+        bad(
+            "claim: a worker id reserved for a schedule's triggers, with a request id",
+            claim(|r| {
+                r.worker = "schedule nightly".into();
+                r.request_id = "r-1".into();
+            }),
+            Invalid,
+            "worker",
+        ),
         big("claim: 257-byte worker", claim(|r| r.worker = long_text.clone()), TooLarge, "worker"),
         bad("claim: empty queue", claim(|r| r.queue.clear()), Invalid, "queue"),
         bad("claim: queue with capitals", claim(|r| r.queue = "Bad Name".into()), Invalid, "queue"),
