@@ -217,8 +217,9 @@ pub async fn tick_schedules(
                         })
                         .ok()
                 });
+                // Never before the schedule was put (see `plan_ticks`).
                 let mut after_ms = if schedule.last_fired_bucket > 0 {
-                    cron::tick_ms(schedule.last_fired_bucket)
+                    cron::tick_ms(schedule.last_fired_bucket).max(schedule.created_at_ms)
                 } else {
                     schedule.created_at_ms
                 };

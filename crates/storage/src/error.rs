@@ -93,7 +93,10 @@ pub enum StorageError {
     },
     /// A snapshot build lost its view of the state half way (a snapshot
     /// was installed meanwhile, or another build started); nothing was
-    /// replaced, and openraft builds again later.
+    /// replaced. openraft 0.9 treats any build error as fatal and stops
+    /// Raft, so this must not happen: a build holds the snapshot write lock
+    /// for its whole write, and an install and a digest wait for it. It is
+    /// an error, not a panic, so that a bug here stops the node cleanly.
     #[error("snapshot build interrupted")]
     SnapshotInterrupted(#[from] leasehold_core::state::FrozenViewLost),
     /// sled reported an IO or internal error.
