@@ -196,6 +196,27 @@ mod tests {
 
     use super::*;
 
+    #[test]
+    fn a_million_nested_batches_are_refused_not_a_stack_overflow() -> std::io::Result<()> {
+        use leasehold_core::Command;
+        let one = Command::Batch { commands: vec![Command::Sweep] };
+        let bytes = encode_as(Wire::Binary, &one).map_err(std::io::Error::other)?;
+        // The version byte, the batch's variant and its list's length, then
+        // the sweep: the opening repeated, made without any stack.
+        let (opening, sweep) = bytes[1..].split_at(12);
+        let mut nested = vec![BINARY_V1];
+        nested.extend(opening.repeat(1_000_000));
+        nested.extend_from_slice(sweep);
+        // On a small stack: without the bound, following the nesting
+        // overflows it and aborts the test process.
+        let reader = std::thread::Builder::new()
+            .stack_size(256 * 1024)
+            .spawn(move || decode::<Command>(&nested).map_err(|error| error.to_string()))?;
+        let read = reader.join().map_err(|_| std::io::Error::other("the reader panicked"))?;
+        assert!(read.as_ref().is_err_and(|e| e.contains("nested more than")), "{read:?}");
+        Ok(())
+    }
+
     #[derive(Debug, Deserialize, Serialize, PartialEq)]
     struct Leader {
         term: u64,
