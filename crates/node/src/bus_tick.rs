@@ -89,6 +89,52 @@ async fn journal_admits(journal: &Journal, schedule: &Schedule, bucket: u64, tic
     may_run_on_bus(schedule.spec.target, answer.as_ref(), recorded.as_ref(), bucket)
 }
 
+/// Runs `schedule`'s command here for the bus tick `bucket`.
+async fn run_here(runner: &BusRunner, schedule: &Schedule, bucket: u64, node_id: u64) {
+    let name = &schedule.spec.name;
+    let Some(script) = schedule.spec.template.command.clone() else {
+        return;
+    };
+    let env = vec![
+        ("LEASEHOLD_SCHEDULE".to_string(), name.clone()),
+        ("LEASEHOLD_BUCKET".to_string(), bucket.to_string()),
+        ("LEASEHOLD_CLAIM_PATH".to_string(), "bus".to_string()),
+        ("LEASEHOLD_NODE_ID".to_string(), node_id.to_string()),
+    ];
+    let command = CommandLine {
+        argv: vec!["sh".to_string(), "-c".to_string(), script],
+        env,
+        timeout: Some(runner.command_timeout),
+    };
+    let run = runner.commands.run(&command).await;
+    tracing::info!(
+        event = "cron.fire",
+        path = "bus",
+        schedule = %name,
+        bucket,
+        outcome = run.outcome.name(),
+        stdout = ?run.stdout.trim_end(),
+        stderr = ?run.stderr.trim_end(),
+        "bus tick ran"
+    );
+}
+
+/// Runs this node's share of `schedule`'s `bucket`, a `target = each` tick
+/// its copy of the journal holds as the bus's (see
+/// [`crate::driver::tick_schedules`]): the node that recorded it took the
+/// tick on the bus, and each member runs its share where it hears so.
+pub async fn run_each_share(runner: BusRunner, schedule: Schedule, bucket: u64, node_id: u64) {
+    tracing::info!(
+        event = "lease.acquire",
+        path = "bus",
+        node = node_id,
+        schedule = %schedule.spec.name,
+        bucket,
+        "the journal holds this tick as the bus's; running this node's share"
+    );
+    run_here(&runner, &schedule, bucket, node_id).await;
+}
+
 /// Claims `key` (a tick of `schedule` at `bucket`) on the bus and, if this
 /// node wins and the journal admits the tick to the bus (`ticks` ticks
 /// since the journal's last record end at it), runs the schedule's command
@@ -125,31 +171,7 @@ pub async fn run_bus_tick(
                 key = %key,
                 "won the bus claim; running the command here"
             );
-            let Some(script) = schedule.spec.template.command.clone() else {
-                return;
-            };
-            let env = vec![
-                ("LEASEHOLD_SCHEDULE".to_string(), name.clone()),
-                ("LEASEHOLD_BUCKET".to_string(), bucket.to_string()),
-                ("LEASEHOLD_CLAIM_PATH".to_string(), "bus".to_string()),
-                ("LEASEHOLD_NODE_ID".to_string(), gate.node_id().to_string()),
-            ];
-            let command = CommandLine {
-                argv: vec!["sh".to_string(), "-c".to_string(), script],
-                env,
-                timeout: Some(runner.command_timeout),
-            };
-            let run = runner.commands.run(&command).await;
-            tracing::info!(
-                event = "cron.fire",
-                path = "bus",
-                schedule = %name,
-                bucket,
-                outcome = run.outcome.name(),
-                stdout = ?run.stdout.trim_end(),
-                stderr = ?run.stderr.trim_end(),
-                "bus tick ran"
-            );
+            run_here(&runner, &schedule, bucket, gate.node_id()).await;
         }
         Ok(Outcome::Lost { winner }) => {
             tracing::info!(

@@ -33,7 +33,7 @@ use leasehold_replica::{Gate, Journal};
 use tokio::sync::watch;
 use tokio::task::JoinSet;
 
-use crate::bus_tick::{BusRunner, run_bus_tick};
+use crate::bus_tick::{BusRunner, run_bus_tick, run_each_share};
 use crate::commands::RunCommand;
 
 /// How often the leader looks for due ticks (the fire lag of a healthy
@@ -75,7 +75,29 @@ pub struct Ticker {
     /// Newest bucket of each schedule a follower decided for the journal
     /// (nothing to do there; remembered so it is decided once).
     journal_seen: HashMap<String, u64>,
+    /// Newest bucket of each `target = each` schedule whose share this
+    /// node took on: by its own bus claim, or by watching for the leader's
+    /// bus record. One or the other, once, so a share runs at most once here.
+    each_shares: HashMap<String, u64>,
+    /// This node's clock when the driver first ran: shares of ticks before
+    /// it are not taken from the journal's records.
+    started_ms: Option<u64>,
     running: JoinSet<()>,
+}
+
+impl Ticker {
+    /// Takes on this node's share of `schedule`'s `bucket`, if it has not.
+    fn take_each_share(&mut self, schedule: &Schedule, bucket: u64) -> bool {
+        if schedule.spec.target != Target::Each {
+            return true;
+        }
+        let taken = self.each_shares.entry(schedule.spec.name.clone()).or_insert(0);
+        if bucket <= *taken {
+            return false;
+        }
+        *taken = bucket;
+        true
+    }
 }
 
 /// Runs until `shutdown` turns true; running bus commands then get the
@@ -300,6 +322,9 @@ pub async fn tick_schedules(
                         cron.ticks_between(after_ms, newest_ms + 1, MAX_TICKS_READ).len().max(1)
                             as u64
                     });
+                if !ticker.take_each_share(&schedule, bucket) {
+                    continue;
+                }
                 ticker.running.spawn(run_bus_tick(
                     gate.clone(),
                     journal.clone(),
@@ -311,7 +336,63 @@ pub async fn tick_schedules(
             }
         }
     }
+    run_each_shares(journal, gate, config, ticker, now_ms);
     while journal_fires.join_next().await.is_some() {}
+}
+
+/// This node's shares of `target = each` ticks its copy of the journal
+/// holds as the bus's. Nodes decide a tick's path from their own views of
+/// the pool, so the node that took a tick on the bus (the leader, say,
+/// when it stopped hearing one member) may differ from this one, which
+/// then waited for a journal fire that the bus record rules out, or saw
+/// the record before its own clock reached the tick: each member runs its
+/// share where it hears the bus took the tick. A share is taken once, by
+/// this node's own bus claim or from the record, never both; ticks from
+/// before the driver started are not taken (a restart must not run a
+/// share again), nor stale ones, nor any this node would not claim.
+fn run_each_shares(
+    journal: &Journal,
+    gate: &Gate,
+    config: &DriverConfig,
+    ticker: &mut Ticker,
+    now_ms: u64,
+) {
+    let started_ms = *ticker.started_ms.get_or_insert(now_ms);
+    let taken = &ticker.each_shares;
+    let recorded = journal.read_stale(|state| {
+        state
+            .schedules()
+            .values()
+            .filter(|s| s.spec.target == Target::Each && s.spec.template.command.is_some())
+            .filter_map(|schedule| {
+                let last = schedule.history.back()?;
+                let on_bus =
+                    matches!(last.outcome, TickOutcome::Skipped { reason: SkipReason::Bus, .. });
+                let new = last.bucket > taken.get(&schedule.spec.name).copied().unwrap_or(0)
+                    && cron::tick_ms(last.bucket) >= started_ms;
+                (on_bus && new).then(|| (schedule.clone(), last.bucket))
+            })
+            .collect::<Vec<_>>()
+    });
+    for (schedule, bucket) in recorded {
+        let facts = BusFacts {
+            warmed_up: gate.warmed_up(),
+            clock: journal.clock_verdict(),
+            run_commands: config.run_commands,
+            tags: &config.tags,
+        };
+        if bus_refusal(&facts, &schedule.spec, cron::tick_ms(bucket), now_ms).is_some() {
+            continue;
+        }
+        if !ticker.take_each_share(&schedule, bucket) {
+            continue;
+        }
+        let runner = BusRunner {
+            command_timeout: config.command_timeout,
+            commands: config.commands.clone(),
+        };
+        ticker.running.spawn(run_each_share(runner, schedule, bucket, gate.node_id()));
+    }
 }
 
 fn cron_key(schedule: &Schedule) -> (String, String) {

@@ -49,7 +49,7 @@ use leasehold_cluster_tests::checkers::{self, Checker, RunRecord, Severity};
 use leasehold_cluster_tests::execlog::{ExecEvent, RunPhase};
 use leasehold_cluster_tests::plan::CronSchedulePlan;
 use leasehold_core::claim_path::ClaimPath;
-use leasehold_core::schedule::{Catchup, JobTemplate, Overlap, ScheduleSpec, TickOutcome};
+use leasehold_core::schedule::{Catchup, JobTemplate, Overlap, ScheduleSpec, Target, TickOutcome};
 use leasehold_core::{Command, Response};
 use leasehold_raft::NodeId;
 use leasehold_sim::net::host_name;
@@ -109,6 +109,11 @@ enum Story {
     /// The leader crashes and comes back; later the whole cluster loses
     /// power and comes back; the duties go on.
     Crashes,
+    /// A `target = each` schedule, and the leader cut off from one
+    /// follower until that follower's advert is stale to it: the leader
+    /// takes the ticks on the bus while the other follower, which hears
+    /// everyone, decides the journal; every node runs commands.
+    LeaderOnBus,
     /// The split, then the schedule paused and resumed again and again,
     /// each pause at another point of a second: a bus claim under way
     /// when a pause commits must not run its tick.
@@ -125,7 +130,7 @@ fn plan(story: Story) -> CronSchedulePlan {
         overlap: "allow".to_string(),
         run_ms: u64::try_from(RUN_FOR.as_millis()).unwrap_or(u64::MAX),
         lease_ttl_ms: match story {
-            Story::Split | Story::PausedOnBus => LEASE_TTL_MS,
+            Story::Split | Story::PausedOnBus | Story::LeaderOnBus => LEASE_TTL_MS,
             Story::Crashes => CRASH_LEASE_TTL_MS,
         },
     }
@@ -143,6 +148,7 @@ fn put_schedule(story: Story) -> Command {
         },
         overlap: Overlap::Allow,
         catchup: Catchup::Coalesce,
+        target: if story == Story::LeaderOnBus { Target::Each } else { Target::Any },
         ..ScheduleSpec::default()
     };
     Command::PutSchedule { spec }
@@ -180,6 +186,16 @@ async fn drive(
             let from = split(&hosts, leader_id, &mut history).await?;
             paused = pauses(&leader, &mut history).await?;
             from
+        }
+        Story::LeaderOnBus => {
+            let followers: Vec<NodeId> = (1..=NODES).filter(|id| *id != leader_id).collect();
+            let [_, cut] = followers.as_slice() else { anyhow::bail!("followers {followers:?}") };
+            turmoil::partition(host_name(*cut), host_name(leader_id));
+            history.push(format!("{} node {cut} cut off from node {leader_id}", real_ms()));
+            // Past the 30 s after which the leader's copy of its advert is
+            // stale (the leader then decides the bus), and 8 s of ticks.
+            tokio::time::sleep(Duration::from_secs(38)).await;
+            0
         }
     };
     let (_, leader) = stamping_leader(&hosts).await?;
@@ -425,6 +441,68 @@ fn both_paths_contend_for_ticks_and_each_runs_once() -> anyhow::Result<()> {
     // point the journal holds fires and bus records alike.
     anyhow::ensure!(bus_runs > 0, "no tick ran on the bus in {SEEDS:?}");
     anyhow::ensure!(fired > 0 && bus_records > 0, "fired {fired}, bus records {bus_records}");
+    Ok(())
+}
+
+#[test]
+fn each_member_runs_its_share_of_a_tick_the_leader_took_on_the_bus() -> anyhow::Result<()> {
+    for seed in 0..2 {
+        let runs = RunLog::default();
+        let duties = Duties {
+            runs: runs.clone(),
+            executors: (1..=NODES).collect(),
+            run_for: RUN_FOR,
+            release_both_paths: false,
+        };
+        let mut simulation = start_with_duties(seed, Skews::Either, duties)?;
+        let recorded = Arc::new(Mutex::new(Run::default()));
+        let (hosts, faults, run) =
+            (simulation.hosts.clone(), simulation.faults.clone(), recorded.clone());
+        simulation.sim.client("driver", async move {
+            drive(hosts, runs, faults, Story::LeaderOnBus, run).await.map_err(|e| e.into())
+        });
+        simulation.run().map_err(|error| anyhow::anyhow!("seed {seed}: {error}"))?;
+        let run = std::mem::take(&mut *recorded.lock().unwrap_or_else(PoisonError::into_inner));
+        let text = run.history.join("\n");
+        // Each node runs its share of a bucket at most once.
+        let mut starts: BTreeMap<(u64, u64), usize> = BTreeMap::new();
+        for event in run.runs.iter().filter(|e| e.phase == RunPhase::Start) {
+            *starts.entry((event.bucket, event.node)).or_default() += 1;
+        }
+        let twice: Vec<_> = starts.iter().filter(|(_, n)| **n > 1).collect();
+        anyhow::ensure!(twice.is_empty(), "seed {seed}: shares run twice {twice:?}\n{text}");
+        // Every bucket the leader recorded for the bus (up to the newest
+        // two, which may still be under way) was run by the leader and by
+        // the follower that hears everyone.
+        let bus: Vec<u64> = run
+            .history
+            .iter()
+            .filter_map(|line| {
+                let rest = line.strip_prefix("record ")?;
+                let (bucket, outcome) = rest.split_once(':')?;
+                outcome.contains("Bus").then(|| bucket.parse().ok())?
+            })
+            .collect();
+        anyhow::ensure!(bus.len() >= 3, "seed {seed}: bus records {bus:?}\n{text}");
+        let judged = &bus[..bus.len() - 2];
+        let ran_by = |bucket: u64| {
+            let mut nodes: Vec<u64> = run
+                .runs
+                .iter()
+                .filter(|e| e.phase == RunPhase::Start && e.bucket == bucket && e.path == "bus")
+                .map(|e| e.node)
+                .collect();
+            nodes.sort_unstable();
+            nodes
+        };
+        for bucket in judged {
+            let nodes = ran_by(*bucket);
+            anyhow::ensure!(
+                nodes.len() >= 2,
+                "seed {seed}: bus bucket {bucket} ran only on {nodes:?}\n{text}"
+            );
+        }
+    }
     Ok(())
 }
 
