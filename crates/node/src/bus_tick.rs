@@ -24,7 +24,7 @@ use std::time::Duration;
 
 use leasehold_client::exec::CommandLine;
 use leasehold_core::schedule::{
-    Schedule, SkipReason, TickOutcome, TickRecord, may_run_on_bus, still_runs,
+    Schedule, SkipReason, Target, TickOutcome, TickRecord, may_run_on_bus, still_runs,
 };
 use leasehold_core::{Command, Response};
 use leasehold_replica::bus::Outcome;
@@ -71,10 +71,15 @@ async fn journal_admits(journal: &Journal, schedule: &Schedule, bucket: u64, tic
             (still_runs(schedule, now), record)
         })
         .await;
-    let (running, recorded): (bool, Option<TickRecord>) = read.unwrap_or_else(|error| {
-        tracing::warn!(schedule = %name, bucket, %error, "schedule unreadable after the bus record");
-        (false, None)
-    });
+    let (running, recorded): (bool, Option<TickRecord>) = match read {
+        Ok(read) => read,
+        Err(error) => {
+            // At most once: a tick whose record went in but whose schedule
+            // cannot be read again is not run.
+            tracing::warn!(event = "cron.skip", path = "bus", schedule = %name, bucket, reason = "unreadable", %error, "schedule unreadable after the bus record; not run");
+            return false;
+        }
+    };
     if !running {
         tracing::info!(
             event = "cron.skip",
@@ -122,13 +127,40 @@ async fn run_here(runner: &BusRunner, schedule: &Schedule, bucket: u64, node_id:
 /// Runs this node's share of `schedule`'s `bucket`, a `target = each` tick
 /// its copy of the journal holds as the bus's (see
 /// [`crate::driver::tick_schedules`]): the node that recorded it took the
-/// tick on the bus, and each member runs its share where it hears so.
-pub async fn run_each_share(runner: BusRunner, schedule: Schedule, bucket: u64, node_id: u64) {
+/// tick on the bus, and each member runs its share where it hears so. It
+/// reads the journal again behind a read barrier first, as a bus winner
+/// does: a pause or a delete acknowledged since is in that read.
+pub async fn run_each_share(
+    journal: Journal,
+    runner: BusRunner,
+    schedule: Schedule,
+    bucket: u64,
+    node_id: u64,
+) {
+    let name = schedule.spec.name.clone();
+    let read = journal
+        .read(false, |state| {
+            let now = state.schedules().get(&name);
+            let record = now.and_then(|s| s.history.iter().find(|r| r.bucket == bucket).cloned());
+            (still_runs(&schedule, now), record)
+        })
+        .await;
+    let (running, recorded) = match read {
+        Ok(read) => read,
+        Err(error) => {
+            tracing::info!(event = "cron.skip", path = "bus", schedule = %name, bucket, reason = "unreadable", %error, "the journal could not be read behind a barrier; this node's share is not run");
+            return;
+        }
+    };
+    if !running || !may_run_on_bus(Target::Each, None, recorded.as_ref(), bucket) {
+        tracing::info!(event = "cron.skip", path = "bus", schedule = %name, bucket, reason = "paused", "the schedule was paused, deleted or put anew since the bus took the tick; this node's share is not run");
+        return;
+    }
     tracing::info!(
         event = "lease.acquire",
         path = "bus",
         node = node_id,
-        schedule = %schedule.spec.name,
+        schedule = %name,
         bucket,
         "the journal holds this tick as the bus's; running this node's share"
     );

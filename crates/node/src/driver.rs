@@ -315,7 +315,7 @@ pub async fn tick_schedules(
                     .and_then(Option::as_ref)
                     .map_or(1, |cron| {
                         let after_ms = if schedule.last_fired_bucket > 0 {
-                            cron::tick_ms(schedule.last_fired_bucket)
+                            cron::tick_ms(schedule.last_fired_bucket).max(schedule.created_at_ms)
                         } else {
                             schedule.created_at_ms
                         };
@@ -363,14 +363,10 @@ fn run_each_shares(
         state
             .schedules()
             .values()
-            .filter(|s| s.spec.target == Target::Each && s.spec.template.command.is_some())
             .filter_map(|schedule| {
-                let last = schedule.history.back()?;
-                let on_bus =
-                    matches!(last.outcome, TickOutcome::Skipped { reason: SkipReason::Bus, .. });
-                let new = last.bucket > taken.get(&schedule.spec.name).copied().unwrap_or(0)
-                    && cron::tick_ms(last.bucket) >= started_ms;
-                (on_bus && new).then(|| (schedule.clone(), last.bucket))
+                let taken = taken.get(&schedule.spec.name).copied().unwrap_or(0);
+                let bucket = share_from_record(schedule, taken, started_ms, now_ms)?;
+                Some((schedule.clone(), bucket))
             })
             .collect::<Vec<_>>()
     });
@@ -391,8 +387,36 @@ fn run_each_shares(
             command_timeout: config.command_timeout,
             commands: config.commands.clone(),
         };
-        ticker.running.spawn(run_each_share(runner, schedule, bucket, gate.node_id()));
+        ticker.running.spawn(run_each_share(
+            journal.clone(),
+            runner,
+            schedule,
+            bucket,
+            gate.node_id(),
+        ));
     }
+}
+
+/// The bucket of `schedule` whose share this node may take from the
+/// journal's record of it: a `target = each` schedule with a command whose
+/// newest record is the bus's, newer than `taken` (the newest share this
+/// node took), of a tick at or after this driver's start (`started_ms`: a
+/// restart must not run a share again), at or before this node's clock
+/// (`now_ms`: seen early, it waits, so the start guard holds), and at or
+/// after the schedule was put (a record an earlier schedule of the name
+/// left is not this one's).
+fn share_from_record(schedule: &Schedule, taken: u64, started_ms: u64, now_ms: u64) -> Option<u64> {
+    if schedule.spec.target != Target::Each || schedule.spec.template.command.is_none() {
+        return None;
+    }
+    let last = schedule.history.back()?;
+    let on_bus = matches!(last.outcome, TickOutcome::Skipped { reason: SkipReason::Bus, .. });
+    let tick_ms = cron::tick_ms(last.bucket);
+    let new = last.bucket > taken
+        && tick_ms >= started_ms
+        && tick_ms <= now_ms
+        && tick_ms >= schedule.created_at_ms;
+    (on_bus && new).then_some(last.bucket)
 }
 
 fn cron_key(schedule: &Schedule) -> (String, String) {
@@ -494,7 +518,7 @@ async fn skip_bus_ran(
         }
     };
     let after_ms = if schedule.last_fired_bucket > 0 {
-        cron::tick_ms(schedule.last_fired_bucket)
+        cron::tick_ms(schedule.last_fired_bucket).max(schedule.created_at_ms)
     } else {
         schedule.created_at_ms
     };
@@ -625,6 +649,44 @@ mod tests {
             template: JobTemplate { command: Some("true".into()), ..JobTemplate::default() },
             ..ScheduleSpec::default()
         }
+    }
+
+    #[test]
+    fn a_share_is_taken_from_a_bus_record_once_in_time_and_for_this_schedule_only() {
+        use leasehold_core::schedule::TickRecord;
+        const T_MS: u64 = 1_767_225_600_000;
+        let bucket = T_MS / 1_000;
+        let record = |outcome| TickRecord { bucket, outcome, late: false };
+        let bus = TickOutcome::Skipped { reason: SkipReason::Bus, ticks: 1 };
+        let mut each = Schedule::new(
+            ScheduleSpec { target: Target::Each, ..command_schedule() },
+            T_MS - 60_000,
+        );
+        each.history.push_back(record(bus.clone()));
+        let started = T_MS - 10_000;
+        // The record of a current tick, not taken yet: this node's share.
+        assert_eq!(share_from_record(&each, 0, started, T_MS + 100), Some(bucket));
+        // Taken already (by this node's own claim, or a round before).
+        assert_eq!(share_from_record(&each, bucket, started, T_MS + 100), None);
+        // Seen before this node's clock reaches the tick: it waits.
+        assert_eq!(share_from_record(&each, 0, started, T_MS - 300), None);
+        // A tick from before this driver started (a restart): not again.
+        assert_eq!(share_from_record(&each, 0, T_MS + 50, T_MS + 100), None);
+        // A record an earlier schedule of the same name left.
+        let mut anew = each.clone();
+        anew.created_at_ms = T_MS + 1;
+        assert_eq!(share_from_record(&anew, 0, started, T_MS + 100), None);
+        // A fired tick is the journal's (its jobs), and `any` has no shares.
+        let mut fired = each.clone();
+        fired.history.push_back(TickRecord {
+            bucket: bucket + 1,
+            outcome: TickOutcome::Fired { job_ids: vec![1], lag_ms: 0 },
+            late: false,
+        });
+        assert_eq!(share_from_record(&fired, 0, started, T_MS + 1_100), None);
+        let mut any = each.clone();
+        any.spec.target = Target::Any;
+        assert_eq!(share_from_record(&any, 0, started, T_MS + 100), None);
     }
 
     #[test]
