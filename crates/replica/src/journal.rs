@@ -195,6 +195,12 @@ impl Journal {
         self.inner.config.node_id
     }
 
+    /// The most leases a claim this node forwards may be answered with
+    /// ([`batch::max_forwarded_leases`]).
+    pub fn forwarded_lease_cap(&self) -> u32 {
+        batch::max_forwarded_leases(self.inner.grant_bytes_bound())
+    }
+
     /// The input limits in force on this node.
     pub fn limits(&self) -> &Limits {
         &self.inner.config.limits
@@ -764,8 +770,15 @@ impl Journal {
         // granted already: claims ask for no more than it can carry.
         let request = match request {
             ForwardRequest::Write(mut proposal) => {
-                let most = batch::max_forwarded_leases(self.inner.grant_bytes_bound());
+                let grant_bytes = self.inner.grant_bytes_bound();
+                let most = batch::max_forwarded_leases(grant_bytes);
                 proposal.command = proposal.command.with_claims_capped(most);
+                // A batch formed while this node led was not bounded by its
+                // answers; if leadership moved before it was written, it is
+                // not sent: nothing was written, and its proposers repeat.
+                if proposal.command.answer_bound(grant_bytes) > batch::MAX_BATCH_ANSWER_BYTES {
+                    return Err(Unavailable::LeadershipChanging.into());
+                }
                 ForwardRequest::Write(proposal)
             }
             other => other,

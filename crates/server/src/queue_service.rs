@@ -342,6 +342,24 @@ impl QueueService {
         let mut applied = self.journal.state_machine().subscribe();
         loop {
             if remembered() {
+                // Answered with every lease the first try granted, whatever
+                // this try's `max`: a follower forwarding it must be able to
+                // carry them back, or the client asks the leader.
+                if let Command::ClaimOnce { request_id, worker, .. } = &command
+                    && !self.journal.is_leader()
+                {
+                    let leases = self
+                        .journal
+                        .read_stale(|state| state.remembered_claim_leases(worker, request_id));
+                    let cap = self.journal.forwarded_lease_cap();
+                    if leases > cap as usize {
+                        return Err(Error::Unavailable(Unavailable::Peer(format!(
+                            "the first try of request {request_id} holds {leases} leases, more \
+                             than a follower carries back ({cap}): retry it at the leader"
+                        )))
+                        .into());
+                    }
+                }
                 let grants = self.claim_once(&command).await?;
                 return Ok(Reply::new(v1::ClaimResponse { grants, waited_ms: 0 }));
             }

@@ -71,10 +71,10 @@ impl StoredEntry {
     /// Wraps `entry`, measuring its encoding.
     pub(crate) fn new(entry: Entry<TypeConfig>) -> Result<Self, crate::StorageError> {
         let encoded_bytes = crate::codec::encoded_len("log entry", &entry)?;
-        // raft-log frames a value with a u32 length; checked here so that
-        // encoding inside raft-log, which would leave half a record in its
-        // buffer, cannot fail.
-        if u32::try_from(encoded_bytes).is_err() {
+        // A record's value is at most MAX_RECORD_VALUE_BYTES (what reading
+        // takes back); checked here so that encoding inside raft-log, which
+        // would leave half a record in its buffer, cannot fail.
+        if encoded_bytes > u64::from(MAX_RECORD_VALUE_BYTES) {
             return Err(crate::StorageError::Encode {
                 what: "log entry",
                 source: Box::new(bincode::ErrorKind::SizeLimit),
@@ -128,8 +128,6 @@ fn from_bytes<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, io::Error> {
         .map_err(|error| io::Error::new(io::ErrorKind::InvalidData, error_chain(&error)))
 }
 
-/// Writes `bytes` as raft-log's length-prefixed byte string (a `u32`
-/// length): a value of 4 GiB or more is refused rather than truncated.
 /// The longest value a record can hold: an entry came in one Raft envelope
 /// (or was proposed within the request limits, which are smaller), and a
 /// vote or a log id is a few dozen bytes.
@@ -159,10 +157,19 @@ fn decode_bytes<R: io::Read>(mut r: R) -> Result<Vec<u8>, io::Error> {
     Ok(bytes)
 }
 
+/// Writes `bytes` as raft-log's length-prefixed byte string (a `u32`
+/// length): a value longer than [`MAX_RECORD_VALUE_BYTES`] is refused, as
+/// reading it back would be.
 fn encode_bytes<W: io::Write>(bytes: &[u8], mut w: W) -> Result<usize, io::Error> {
-    let length = u32::try_from(bytes.len()).map_err(|_| {
-        io::Error::new(io::ErrorKind::InvalidInput, "raft log record of 4 GiB or more")
-    })?;
+    let length = u32::try_from(bytes.len())
+        .ok()
+        .filter(|length| *length <= MAX_RECORD_VALUE_BYTES)
+        .ok_or_else(|| {
+            io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("raft log record of {} bytes, limit {MAX_RECORD_VALUE_BYTES}", bytes.len()),
+            )
+        })?;
     w.write_all(&length.to_be_bytes())?;
     w.write_all(bytes)?;
     Ok(4 + bytes.len())

@@ -165,6 +165,16 @@ impl State {
         matches!(self.requests.by_key.get(&key(worker, request_id)), Some((_, Outcome::Claimed(_))))
     }
 
+    /// How many leases the remembered claim `request_id` of `worker`
+    /// granted (a retry is answered with those still held), 0 when none
+    /// is remembered.
+    pub fn remembered_claim_leases(&self, worker: &str, request_id: &str) -> usize {
+        match self.requests.by_key.get(&key(worker, request_id)) {
+            Some((_, Outcome::Claimed(granted))) => granted.len(),
+            _ => 0,
+        }
+    }
+
     /// How many claims and triggers are remembered for retries.
     pub fn remembered_requests(&self) -> usize {
         self.requests.len()
@@ -213,6 +223,8 @@ mod tests {
         enqueue(&mut state, 2);
         let first = apply(&mut state, 2_000, claim("r-1", "w"));
         assert_eq!(grants(&first), vec![(1, 1)]);
+        assert_eq!(state.remembered_claim_leases("w", "r-1"), 1);
+        assert_eq!(state.remembered_claim_leases("w", "r-9"), 0);
         let retry = apply(&mut state, 2_500, claim("r-1", "w"));
         assert_eq!(retry, first, "the retry is answered with the first lease");
         assert_eq!(state.last_token(), 1, "no second token was issued");

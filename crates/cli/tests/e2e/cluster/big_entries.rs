@@ -74,6 +74,8 @@ async fn claim_story(sandbox: &Sandbox) -> Result<()> {
     at_leader.enqueue(v1::EnqueueRequest { jobs }).await.context("enqueue")?;
     let follower_id =
         cluster.ids().into_iter().find(|id| *id != converged.leader).context("no follower")?;
+    // Its copy holds the jobs: a claim there proposes only what it sees.
+    cluster.wait_caught_up(follower_id, CLUSTER_CONVERGE_TIMEOUT).await?;
     let mut through_follower = cluster.node(follower_id)?.stub()?;
     let claim = v1::ClaimRequest {
         worker: "big-claimer".to_string(),
@@ -93,6 +95,37 @@ async fn claim_story(sandbox: &Sandbox) -> Result<()> {
     let direct = at_leader.claim(claim).await.context("claim at the leader")?.into_inner().grants;
     ensure!(direct.len() == (JOBS - cap) as usize, "{} grants at the leader", direct.len());
 
+    phase("a retry of a claim the leader granted past the cap is sent to the leader");
+    let more = (0..JOBS).map(|_| job(BIG, b"small")).collect();
+    at_leader.enqueue(v1::EnqueueRequest { jobs: more }).await.context("enqueue more")?;
+    let once = v1::ClaimRequest {
+        worker: "retrier".to_string(),
+        queue: BIG.to_string(),
+        max: JOBS,
+        wait_ms: 0,
+        request_id: "first-try".to_string(),
+        ..Default::default()
+    };
+    let first = at_leader.claim(once.clone()).await.context("claim once at the leader")?;
+    let first = first.into_inner().grants.len();
+    ensure!(first == JOBS as usize, "{first} grants at the leader");
+    // Its answer lost, the worker retries at a follower (caught up, so its
+    // copy remembers the first try): the follower would forward it and be
+    // answered with all of them, more than it carries.
+    cluster.wait_caught_up(follower_id, CLUSTER_CONVERGE_TIMEOUT).await?;
+    let retried = through_follower.claim(once.clone()).await;
+    ensure!(
+        matches!(&retried, Err(s) if s.code() == tonic::Code::Unavailable
+            && s.message().contains("retry it at the leader")),
+        "a retry holding {JOBS} leases through a follower was answered {}",
+        match &retried {
+            Ok(answer) => format!("with {} grants", answer.get_ref().grants.len()),
+            Err(status) => format!("{status:?}"),
+        }
+    );
+    let again = at_leader.claim(once).await.context("the retry at the leader")?;
+    ensure!(again.into_inner().grants.len() == first, "the retry at the leader lost leases");
+
     phase("the leader holds exactly the leases the clients were given");
     let stats = at_leader
         .stats(v1::StatsRequest { queue: Some(BIG.to_string()), stale: false })
@@ -101,7 +134,7 @@ async fn claim_story(sandbox: &Sandbox) -> Result<()> {
         .into_inner();
     let counts = stats.queues.first().context("no stats for the queue")?;
     ensure!(
-        counts.claimed == u64::from(JOBS) && counts.ready == 0,
+        counts.claimed == 2 * u64::from(JOBS) && counts.ready == 0,
         "claimed {} and ready {}",
         counts.claimed,
         counts.ready
