@@ -227,8 +227,23 @@ impl Config {
         if self.max_payload_bytes == 0 || self.max_payload_bytes > limit {
             return invalid("max_payload_bytes", &format!("must be 1 ..= {limit}"));
         }
-        if self.heartbeat_ms == 0 || self.election_timeout_min_ms <= self.heartbeat_ms {
-            return invalid("election_timeout_min_ms", "must exceed heartbeat_ms");
+        // The tags are registered in the journal, which refuses what a
+        // job's tags may not be; and `node:ID` is every node's own (its
+        // executor claims the `target = each` jobs of its id with it).
+        let limits = leasehold_core::Limits::default();
+        if let Err(error) = leasehold_core::validate::tags("tags", &self.tags, &limits) {
+            return invalid("tags", &format!("{}: {}", error.field, error.problem));
+        }
+        let prefix = leasehold_core::schedule::NODE_TAG_PREFIX;
+        if let Some(tag) = self.tags.iter().find(|tag| tag.starts_with(prefix)) {
+            return invalid(
+                "tags",
+                &format!("{tag:?}: tags beginning {prefix:?} name nodes and are the node's own"),
+            );
+        }
+        // An election timeout within a few heartbeats elects on any jitter.
+        if self.heartbeat_ms == 0 || self.election_timeout_min_ms < 2 * self.heartbeat_ms {
+            return invalid("election_timeout_min_ms", "must be at least twice heartbeat_ms");
         }
         if self.election_timeout_max_ms <= self.election_timeout_min_ms {
             return invalid("election_timeout_max_ms", "must exceed election_timeout_min_ms");
@@ -423,6 +438,26 @@ mod tests {
         let error = Config::from_file(&path).err().map(|e| e.to_string()).unwrap_or_default();
         assert!(error.contains("idd"), "{error}");
         Ok(())
+    }
+
+    #[test]
+    fn tags_and_raft_timing_are_checked_before_the_node_starts() {
+        let refused = |config: Config| config.validate().err().map(|e| e.to_string());
+        for tags in [
+            vec![String::new()],
+            vec!["gpu".to_string(), String::new()],
+            vec!["t".repeat(257)],
+            vec!["t".to_string(); 33],
+            vec!["node:3".to_string()],
+        ] {
+            let error = refused(Config { tags: tags.clone(), ..Config::default() });
+            assert!(error.as_deref().is_some_and(|e| e.contains("tags")), "{tags:?}: {error:?}");
+        }
+        let fine = Config { tags: vec!["gpu".into(), "eu-west".into()], ..Config::default() };
+        assert_eq!(fine.validate().err().map(|e| e.to_string()), None);
+        let tight = Config { heartbeat_ms: 150, election_timeout_min_ms: 151, ..Config::default() };
+        let error = refused(tight);
+        assert!(error.as_deref().is_some_and(|e| e.contains("heartbeat_ms")), "{error:?}");
     }
 
     #[test]

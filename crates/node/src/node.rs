@@ -695,11 +695,24 @@ async fn register(journal: Journal, tags: Vec<String>, mut stop: watch::Receiver
             None
         };
         let Some(command) = command else { return };
-        if let Err(error) = journal.propose(command).await {
-            tracing::debug!(%error, "node registration not committed yet");
-            tokio::select! {
-                _ = stop.changed() => return,
-                _ = tokio::time::sleep(Duration::from_secs(1)) => {}
+        match journal.propose(command).await {
+            // Refused when applied (the journal judged it and will again):
+            // proposing it once more would only write the log in a loop.
+            Ok(leasehold_core::Response::Refused(refusal)) => {
+                tracing::error!(?refusal, ?tags, "the journal refused this node's registration");
+                return;
+            }
+            Ok(_) => {}
+            Err(leasehold_replica::JournalError::PeerRefused(why)) => {
+                tracing::error!(%why, ?tags, "the leader refused this node's registration");
+                return;
+            }
+            Err(error) => {
+                tracing::debug!(%error, "node registration not committed yet");
+                tokio::select! {
+                    _ = stop.changed() => return,
+                    _ = tokio::time::sleep(Duration::from_secs(1)) => {}
+                }
             }
         }
     }
