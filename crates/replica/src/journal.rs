@@ -50,6 +50,9 @@ struct Inner {
     peers: NetworkFactory,
     draining: AtomicBool,
     probe_fault: AtomicBool,
+    /// The highest commit index a leader's append has named to this node
+    /// (readiness: a follower is caught up only once it applied that).
+    leader_commit_seen: std::sync::atomic::AtomicU64,
     /// The newest log format every member decodes (see
     /// [`Journal::set_log_format`]).
     log_format: AtomicU32,
@@ -158,6 +161,7 @@ impl Journal {
                 peers,
                 draining: AtomicBool::new(false),
                 probe_fault: AtomicBool::new(false),
+                leader_commit_seen: std::sync::atomic::AtomicU64::new(0),
                 log_format: AtomicU32::new(leasehold_core::command::LOG_FORMAT),
                 drain_request: tokio::sync::watch::channel(false).0,
                 batches,
@@ -475,6 +479,17 @@ impl Journal {
             Err(error) => Err(error),
         };
         Some((successor, outcome))
+    }
+
+    /// Notes the commit index a leader's append named (the Raft service
+    /// calls this for every append it takes).
+    pub fn note_leader_commit(&self, index: u64) {
+        self.inner.leader_commit_seen.fetch_max(index, Ordering::Relaxed);
+    }
+
+    /// The highest commit index a leader's append has named to this node.
+    pub fn leader_commit_seen(&self) -> u64 {
+        self.inner.leader_commit_seen.load(Ordering::Relaxed)
     }
 
     /// Makes the readiness store probe fail (fault injection).

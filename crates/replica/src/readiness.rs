@@ -144,13 +144,10 @@ impl Readiness {
         checks.push(("leader".to_string(), leader_check(&view, since_seen)));
         let last_log = metrics.last_log_index.unwrap_or(0);
         let applied = metrics.last_applied.map(|l| l.index).unwrap_or(0);
+        let voter = metrics.membership_config.membership().voter_ids().any(|id| id == view.me);
         checks.push((
             "applied".to_string(),
-            if last_log.saturating_sub(applied) <= MAX_APPLY_LAG {
-                Ok(())
-            } else {
-                Err(format!("applied {applied} trails log {last_log}"))
-            },
+            applied_check(voter, applied, last_log, self.journal.leader_commit_seen()),
         ));
         // Judged against the other voters' clocks, never against cluster
         // time: a wrong clock elsewhere (which may have pushed cluster time
@@ -260,6 +257,30 @@ pub fn leader_check(view: &LeaderView, millis_since_seen: Option<u64>) -> Result
     }
 }
 
+/// Whether a node has applied enough to serve: it is a voter (a learner is
+/// still catching up as it joins, or was removed), and its applied index
+/// is within [`MAX_APPLY_LAG`] of its own log and of the commit index its
+/// leader last named (a follower back from a restart or a partition holds
+/// a short log until the leader's appends reach it, and its own log alone
+/// would call it caught up).
+fn applied_check(
+    voter: bool,
+    applied: u64,
+    last_log: u64,
+    leader_commit: u64,
+) -> Result<(), String> {
+    if !voter {
+        return Err("not a voter: a learner still catching up as it joins, or removed".into());
+    }
+    if last_log.saturating_sub(applied) > MAX_APPLY_LAG {
+        return Err(format!("applied {applied} trails log {last_log}"));
+    }
+    if leader_commit.saturating_sub(applied) > MAX_APPLY_LAG {
+        return Err(format!("applied {applied} trails the leader's commit {leader_commit}"));
+    }
+    Ok(())
+}
+
 /// Looks every [`LEADER_LOOK_EVERY`] whether `readiness`'s node knows a
 /// leader, and notes when it last did, for [`leader_check`]; until
 /// `shutdown`. (On a timer, not on openraft's metrics channel: that one is
@@ -328,6 +349,21 @@ mod tests {
         assert_eq!(kept, 2, "a fresh value is reused");
         let refused = cached.get(Duration::from_secs(60), |v: &u32| *v != 2, || async { 4 }).await;
         assert_eq!(refused, 4, "a value the caller refuses is made again");
+    }
+
+    #[test]
+    fn a_node_is_caught_up_against_its_leaders_commit_not_only_its_own_log() {
+        assert_eq!(applied_check(true, 5_000, 5_000, 5_000), Ok(()));
+        // Back from a restart: its own log is short, the leader named more.
+        let behind = applied_check(true, 100, 100, 20_000);
+        assert!(behind.as_ref().is_err_and(|e| e.contains("leader's commit 20000")), "{behind:?}");
+        // Within the lag allowed, either way.
+        assert_eq!(applied_check(true, 19_500, 19_600, 20_000), Ok(()));
+        let own = applied_check(true, 100, 5_000, 0);
+        assert!(own.as_ref().is_err_and(|e| e.contains("trails log 5000")), "{own:?}");
+        // A learner (joining) or a removed node serves nothing yet.
+        let learner = applied_check(false, 5_000, 5_000, 5_000);
+        assert!(learner.as_ref().is_err_and(|e| e.contains("not a voter")), "{learner:?}");
     }
 
     #[test]

@@ -194,6 +194,9 @@ impl RaftService {
         let (rpc, wire): (openraft::raft::AppendEntriesRequest<leasehold_raft::TypeConfig>, _) =
             self.open_data(data, call)?;
         from_its_sender(caller, &rpc.vote, "an append")?;
+        if let Some(committed) = rpc.leader_commit {
+            self.journal.note_leader_commit(committed.index);
+        }
         let carries_entries = !rpc.entries.is_empty();
         let answer = self.journal.raft().append_entries(rpc).await;
         let sealed = seal_envelope(wire, &answer);
