@@ -472,7 +472,8 @@ fn serve(
     shutdown: &watch::Receiver<bool>,
 ) -> Result<Vec<ServingTask>, NodeError> {
     let readiness = Readiness::new(journal.clone());
-    let health = HealthService::new(readiness.clone()).into_server();
+    let health =
+        HealthService::new(readiness.clone()).with_shutdown(shutdown.clone()).into_server();
     // Reflection lists the services this node serves, and only those (the
     // Faults service only with fault injection on), in both protocol
     // versions: many tools still speak only v1alpha.

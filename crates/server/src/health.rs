@@ -32,12 +32,22 @@ const SERVICES: [&str; 2] = ["", "leasehold.v1.Queue"];
 #[derive(Clone)]
 pub struct HealthService {
     readiness: Readiness,
+    /// Set when the node shuts down: open `Watch` streams end.
+    closing: Option<tokio::sync::watch::Receiver<bool>>,
 }
 
 impl HealthService {
     /// The health of the node `readiness` describes.
     pub fn new(readiness: Readiness) -> Self {
-        HealthService { readiness }
+        HealthService { readiness, closing: None }
+    }
+
+    /// Ends every `Watch` stream (after a last NOT_SERVING) when `closing`
+    /// turns true, so an open stream does not hold the server's graceful
+    /// shutdown until its deadline.
+    pub fn with_shutdown(mut self, closing: tokio::sync::watch::Receiver<bool>) -> Self {
+        self.closing = Some(closing);
+        self
     }
 
     /// This service as a tonic service.
@@ -87,11 +97,15 @@ impl Health for HealthService {
         let service = request.into_inner().service;
         let (send, receive) = tokio::sync::mpsc::channel(4);
         let this = self.clone();
-        // Ends when the caller goes away (the send fails) or the node stops
-        // (the runtime drops the task).
+        // Ends when the caller goes away (the send fails) or the node stops.
+        let mut closing = self.closing.clone();
         tokio::spawn(async move {
             let mut last = None;
             loop {
+                if closing.as_ref().is_some_and(|closing| *closing.borrow()) {
+                    let _ = send.send(Ok(answer(ServingStatus::NotServing))).await;
+                    return;
+                }
                 let status = this.status(&service).await;
                 if last != Some(status) {
                     if send.send(Ok(answer(status))).await.is_err() {
@@ -99,8 +113,20 @@ impl Health for HealthService {
                     }
                     last = Some(status);
                 }
+                let closed = async {
+                    match closing.as_mut() {
+                        Some(closing) => {
+                            // A sender gone for good is no shutdown.
+                            if closing.changed().await.is_err() {
+                                std::future::pending::<()>().await;
+                            }
+                        }
+                        None => std::future::pending::<()>().await,
+                    }
+                };
                 tokio::select! {
                     _ = send.closed() => return,
+                    _ = closed => {}
                     _ = tokio::time::sleep(WATCH_EVERY) => {}
                 }
             }

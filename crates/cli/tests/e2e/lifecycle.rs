@@ -550,7 +550,7 @@ async fn grpc_health_agrees_with_readyz_at_once_and_reflection_lists_what_is_ser
 async fn health_story(sandbox: &Sandbox) -> Result<()> {
     phase("a node with fault injection, and one without");
     let with = Settings { fault_injection: true, ..Settings::default() };
-    let faulty = start_single(sandbox, "with-faults", &with).await?;
+    let mut faulty = start_single(sandbox, "with-faults", &with).await?;
     let http = faulty.http;
     let mut faults = FaultsClient::new(channel(&faulty)?);
     let mut health = HealthClient::new(channel(&faulty)?);
@@ -610,6 +610,19 @@ async fn health_story(sandbox: &Sandbox) -> Result<()> {
             "Faults listed iff fault injection is on ({faults_served}): {v1:?}"
         );
     }
+
+    phase("an open Watch ends when its node stops, and does not hold the stop");
+    faulty.stop(deadline_in(Duration::from_secs(30))).await?;
+    let mut last = None;
+    while let Ok(Some(message)) = watch.message().await {
+        last = Some(message.status);
+    }
+    ensure!(
+        last == Some(ServingStatus::NotServing as i32),
+        "the Watch's last word was {last:?}, not NOT_SERVING"
+    );
+    let log = std::fs::read_to_string(faulty.log().context("the node's log")?)?;
+    ensure!(!log.contains("serving tasks did not stop"), "the open Watch held the stop");
     Ok(())
 }
 
