@@ -346,6 +346,20 @@ impl Config {
         is_loopback(&self.grpc)
     }
 
+    /// The ports other machines can reach without what they need (gRPC:
+    /// TLS and tokens; HTTP: tokens), each with what it lacks: what
+    /// `--insecure` lets the node start with, and what it then warns of.
+    pub fn unprotected_ports(&self) -> Vec<String> {
+        let mut ports = Vec::new();
+        if !self.grpc_is_loopback() && (self.tls_files().is_none() || self.tokens_file.is_none()) {
+            ports.push(format!("gRPC {} without TLS and tokens", self.grpc));
+        }
+        if !is_loopback(&self.http) && self.tokens_file.is_none() {
+            ports.push(format!("HTTP {} without tokens (the status page)", self.http));
+        }
+        ports
+    }
+
     /// Safe by default: a gRPC port other machines can reach needs TLS and
     /// tokens, and an HTTP port they can reach needs tokens (the status
     /// page's), unless `insecure` says the operator knows better.
@@ -523,7 +537,11 @@ mod tests {
         }
         let with_tokens = Config { tokens_file: Some("tokens.toml".into()), ..http.clone() };
         assert!(with_tokens.validate().is_ok(), "tokens are enough for the HTTP port");
-        assert!(Config { insecure: true, ..http }.validate().is_ok());
+        assert!(Config { insecure: true, ..http.clone() }.validate().is_ok());
+        // What --insecure then warns of: the HTTP port alone, named.
+        let ports = Config { insecure: true, ..http }.unprotected_ports();
+        assert!(ports.len() == 1 && ports[0].contains("HTTP 0.0.0.0:7080"), "{ports:?}");
+        assert!(Config::default().unprotected_ports().is_empty(), "loopback needs nothing");
         let partial = Config { tls_ca: Some("ca.pem".into()), ..Config::default() };
         let error = partial.validate().err().map(|e| e.to_string()).unwrap_or_default();
         assert!(error.contains("all three"), "{error}");

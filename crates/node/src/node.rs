@@ -357,8 +357,9 @@ impl Node {
                 Ok(())
             }));
         }
-        if config.insecure && !config.grpc_is_loopback() {
-            tasks.push(tokio::spawn(warn_insecure(config.grpc.clone(), shutdown_rx.clone())));
+        let unprotected = config.unprotected_ports();
+        if config.insecure && !unprotected.is_empty() {
+            tasks.push(tokio::spawn(warn_insecure(unprotected, shutdown_rx.clone())));
         }
         // Adverts go on through a drain (they say the node drains) until the
         // servers stop.
@@ -662,16 +663,21 @@ fn host_of(addr: &str) -> String {
 const INSECURE_WARNING_EVERY: Duration = Duration::from_secs(60);
 
 /// Logs, every minute until shutdown, that this node is exposed.
-async fn warn_insecure(grpc: String, mut shutdown: watch::Receiver<bool>) -> Result<(), String> {
+async fn warn_insecure(
+    ports: Vec<String>,
+    mut shutdown: watch::Receiver<bool>,
+) -> Result<(), String> {
     let mut tick = tokio::time::interval(INSECURE_WARNING_EVERY);
+    let ports = ports.join("; ");
     loop {
         tokio::select! {
             _ = shutdown.changed() => return Ok(()),
             _ = tick.tick() => tracing::warn!(
                 event = "auth.insecure",
-                grpc = %grpc,
-                "--insecure: this node listens beyond loopback without TLS or tokens; anyone who \
-                 reaches the port can run commands on the fleet"
+                ports = %ports,
+                "--insecure: this node listens beyond loopback without its protection; anyone who \
+                 reaches a gRPC port so exposed can run commands on the fleet, and an HTTP port \
+                 so exposed shows the cluster"
             ),
         }
     }
