@@ -242,7 +242,9 @@ impl Config {
             );
         }
         // An election timeout within a few heartbeats elects on any jitter.
-        if self.heartbeat_ms == 0 || self.election_timeout_min_ms < 2 * self.heartbeat_ms {
+        if self.heartbeat_ms == 0
+            || self.election_timeout_min_ms < self.heartbeat_ms.saturating_mul(2)
+        {
             return invalid("election_timeout_min_ms", "must be at least twice heartbeat_ms");
         }
         if self.election_timeout_max_ms <= self.election_timeout_min_ms {
@@ -351,8 +353,16 @@ impl Config {
     /// `--insecure` lets the node start with, and what it then warns of.
     pub fn unprotected_ports(&self) -> Vec<String> {
         let mut ports = Vec::new();
-        if !self.grpc_is_loopback() && (self.tls_files().is_none() || self.tokens_file.is_none()) {
-            ports.push(format!("gRPC {} without TLS and tokens", self.grpc));
+        if !self.grpc_is_loopback() {
+            let lacks = match (self.tls_files().is_none(), self.tokens_file.is_none()) {
+                (true, true) => Some("TLS and tokens"),
+                (true, false) => Some("TLS"),
+                (false, true) => Some("tokens"),
+                (false, false) => None,
+            };
+            if let Some(lacks) = lacks {
+                ports.push(format!("gRPC {} without {lacks}", self.grpc));
+            }
         }
         if !is_loopback(&self.http) && self.tokens_file.is_none() {
             ports.push(format!("HTTP {} without tokens (the status page)", self.http));

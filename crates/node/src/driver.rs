@@ -409,13 +409,13 @@ fn share_from_record(schedule: &Schedule, taken: u64, started_ms: u64, now_ms: u
     if schedule.spec.target != Target::Each || schedule.spec.template.command.is_none() {
         return None;
     }
-    let last = schedule.history.back()?;
+    // The newest record of a tick this node's clock has reached (a node
+    // behind the recorder's clock meets the record of its current tick
+    // under newer ones).
+    let last = schedule.history.iter().rev().find(|r| cron::tick_ms(r.bucket) <= now_ms)?;
     let on_bus = matches!(last.outcome, TickOutcome::Skipped { reason: SkipReason::Bus, .. });
     let tick_ms = cron::tick_ms(last.bucket);
-    let new = last.bucket > taken
-        && tick_ms >= started_ms
-        && tick_ms <= now_ms
-        && tick_ms >= schedule.created_at_ms;
+    let new = last.bucket > taken && tick_ms >= started_ms && tick_ms >= schedule.created_at_ms;
     (on_bus && new).then_some(last.bucket)
 }
 
@@ -670,6 +670,17 @@ mod tests {
         assert_eq!(share_from_record(&each, bucket, started, T_MS + 100), None);
         // Seen before this node's clock reaches the tick: it waits.
         assert_eq!(share_from_record(&each, 0, started, T_MS - 300), None);
+        // Behind the recorder's clock by a tick: the record of the tick it
+        // has reached is under a newer one, and still taken.
+        let mut ahead = each.clone();
+        ahead.history.push_back(TickRecord {
+            bucket: bucket + 1,
+            outcome: bus.clone(),
+            late: false,
+        });
+        assert_eq!(share_from_record(&ahead, 0, started, T_MS + 100), Some(bucket));
+        assert_eq!(share_from_record(&ahead, bucket, started, T_MS + 100), None);
+        assert_eq!(share_from_record(&ahead, bucket, started, T_MS + 1_100), Some(bucket + 1));
         // A tick from before this driver started (a restart): not again.
         assert_eq!(share_from_record(&each, 0, T_MS + 50, T_MS + 100), None);
         // A record an earlier schedule of the same name left.

@@ -710,9 +710,15 @@ async fn register(journal: Journal, tags: Vec<String>, mut stop: watch::Receiver
                 return;
             }
             Ok(_) => {}
+            // The leader refused the forwarded batch it rode in, which may
+            // be another command's doing (or a build it cannot read, in an
+            // upgrade): tried again, less often.
             Err(leasehold_replica::JournalError::PeerRefused(why)) => {
-                tracing::error!(%why, ?tags, "the leader refused this node's registration");
-                return;
+                tracing::error!(%why, ?tags, "the leader refused the batch this node's registration rode in");
+                tokio::select! {
+                    _ = stop.changed() => return,
+                    _ = tokio::time::sleep(Duration::from_secs(30)) => {}
+                }
             }
             Err(error) => {
                 tracing::debug!(%error, "node registration not committed yet");
