@@ -165,6 +165,17 @@ mod tests {
     /// A lease's bound under the default limits.
     const GRANT: usize = 275_000;
 
+    /// A claim of up to `max` leases.
+    fn claim(max: u32) -> Command {
+        Command::Claim {
+            worker: "w".into(),
+            queue: "q".into(),
+            max,
+            lease_ttl_ms: None,
+            selector: Vec::new(),
+        }
+    }
+
     #[test]
     fn the_default_bound_of_a_lease_is_what_the_tests_use() {
         let bound = crate::Limits::default().grant_bytes_bound();
@@ -173,13 +184,6 @@ mod tests {
 
     #[test]
     fn claims_merge_only_while_their_answers_would_fit_in_one_message() {
-        let claim = |max| Command::Claim {
-            worker: "w".into(),
-            queue: "q".into(),
-            max,
-            lease_ttl_ms: None,
-            selector: Vec::new(),
-        };
         // One-lease claims of 256 KiB jobs: far fewer than 256 per batch.
         let mut fill = Fill::start(&claim(1), GRANT).expect("a command");
         let mut merged = 1;
@@ -202,13 +206,6 @@ mod tests {
 
     #[test]
     fn a_forwarded_batch_caps_every_claim_in_it_and_nothing_else() {
-        let claim = |max| Command::Claim {
-            worker: "w".into(),
-            queue: "q".into(),
-            max,
-            lease_ttl_ms: None,
-            selector: Vec::new(),
-        };
         let once = |max| Command::ClaimOnce {
             request_id: "r".into(),
             worker: "w".into(),

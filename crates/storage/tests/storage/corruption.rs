@@ -18,31 +18,35 @@ fn chunk_files(data: &std::path::Path) -> anyhow::Result<Vec<std::path::PathBuf>
     Ok(chunks)
 }
 
-#[tokio::test]
-async fn a_damaged_log_record_stops_the_open_with_an_error() -> anyhow::Result<()> {
+/// A log of four entries (the second, third and fourth enqueues), its one
+/// chunk file and that file's bytes.
+async fn four_entries() -> anyhow::Result<(tempfile::TempDir, std::path::PathBuf, Vec<u8>)> {
     let dir = tempfile::tempdir()?;
-    let marker = b"payload of entry 2";
     {
         let (mut log_store, _state_machine) = leasehold_storage::open(dir.path())?;
         log_store
             .blocking_append([blank(1, 0), enqueue(1, 1, 1), enqueue(1, 2, 1), enqueue(1, 3, 1)])
             .await?;
     }
-
-    // --- flip a byte inside entry 2's payload, in the middle of the chunk
     let chunks = chunk_files(dir.path())?;
     let [chunk] = chunks.as_slice() else { anyhow::bail!("one chunk expected: {chunks:?}") };
-    let mut bytes = std::fs::read(chunk)?;
-    let at = bytes
-        .windows(marker.len())
-        .position(|window| window == marker)
-        .ok_or_else(|| anyhow::anyhow!("entry 2 not found in the chunk"))?;
-    bytes[at] ^= 0x55;
-    std::fs::write(chunk, &bytes)?;
+    let bytes = std::fs::read(chunk)?;
+    Ok((dir, chunk.clone(), bytes))
+}
 
-    // --- the log does not open: it names the damage, and serves nothing
-    let error = match reopen_once(dir.path()) {
-        Ok(_) => anyhow::bail!("a damaged record in the middle of the log must fail the open"),
+/// Where `pattern` first is in `bytes`.
+fn find(bytes: &[u8], pattern: &[u8]) -> anyhow::Result<usize> {
+    bytes
+        .windows(pattern.len())
+        .position(|window| window == pattern)
+        .ok_or_else(|| anyhow::anyhow!("entry 2 not found in the chunk"))
+}
+
+/// Reopens and requires the open to fail, naming the damage; `why` says
+/// what opening would have meant.
+fn the_open_fails(path: &std::path::Path, why: &str) -> anyhow::Result<()> {
+    let error = match reopen_once(path) {
+        Ok(_) => anyhow::bail!("{why}"),
         Err(error) => error,
     };
     let text = format!("{:#}", anyhow::Error::new(error));
@@ -51,40 +55,30 @@ async fn a_damaged_log_record_stops_the_open_with_an_error() -> anyhow::Result<(
 }
 
 #[tokio::test]
-async fn a_damaged_record_length_in_the_newest_file_stops_the_open() -> anyhow::Result<()> {
-    let dir = tempfile::tempdir()?;
-    {
-        let (mut log_store, _state_machine) = leasehold_storage::open(dir.path())?;
-        log_store
-            .blocking_append([blank(1, 0), enqueue(1, 1, 1), enqueue(1, 2, 1), enqueue(1, 3, 1)])
-            .await?;
-    }
+async fn a_damaged_log_record_stops_the_open_with_an_error() -> anyhow::Result<()> {
+    let (dir, chunk, mut bytes) = four_entries().await?;
+    // --- flip a byte inside entry 2's payload, in the middle of the chunk
+    let at = find(&bytes, b"payload of entry 2")?;
+    bytes[at] ^= 0x55;
+    std::fs::write(&chunk, &bytes)?;
+    // --- the log does not open: it names the damage, and serves nothing
+    the_open_fails(dir.path(), "a damaged record in the middle of the log must fail the open")
+}
 
+#[tokio::test]
+async fn a_damaged_record_length_in_the_newest_file_stops_the_open() -> anyhow::Result<()> {
+    let (dir, chunk, mut bytes) = four_entries().await?;
     // --- entry 2's value starts with its log id (term, leader, index as
     // fixed-width little-endian numbers) after its 4-byte length: set the
     // length's high byte, as one flipped bit of the disk would
-    let chunks = chunk_files(dir.path())?;
-    let [chunk] = chunks.as_slice() else { anyhow::bail!("one chunk expected: {chunks:?}") };
-    let mut bytes = std::fs::read(chunk)?;
     let log_id: Vec<u8> =
         [1u64, crate::support::LEADER, 2].iter().flat_map(|n| n.to_le_bytes()).collect();
-    let at = bytes
-        .windows(log_id.len())
-        .position(|window| window == log_id)
-        .ok_or_else(|| anyhow::anyhow!("entry 2 not found in the chunk"))?;
+    let at = find(&bytes, &log_id)?;
     let length = at.checked_sub(4).ok_or_else(|| anyhow::anyhow!("no length before entry 2"))?;
     bytes[length] ^= 0x80;
-    std::fs::write(chunk, &bytes)?;
-
+    std::fs::write(&chunk, &bytes)?;
     // --- the newest file is not cut at the damage: the open fails
-    match reopen_once(dir.path()) {
-        Ok(_) => anyhow::bail!("a damaged length opened as a torn tail, dropping entries 2 and 3"),
-        Err(error) => {
-            let text = format!("{:#}", anyhow::Error::new(error));
-            assert!(text.contains("raft log in") && text.contains("cannot open"), "{text}");
-        }
-    }
-    Ok(())
+    the_open_fails(dir.path(), "a damaged length opened as a torn tail, dropping entries 2 and 3")
 }
 
 /// The error an open ends with once sled has let go of an earlier handle's
