@@ -163,7 +163,7 @@ pub enum Command {
     /// Raft round and one log flush. Batches do not nest.
     Batch {
         /// The commands.
-        #[serde(deserialize_with = "crate::nesting::list")]
+        #[serde(deserialize_with = "crate::nesting::nested")]
         commands: Vec<Command>,
     },
     /// `Claim`, answered once: a retry with the same `request_id` (from the
@@ -229,7 +229,7 @@ pub enum Command {
         /// The limits in force for `command`.
         limits: Limits,
         /// The command (a batch, or one command).
-        #[serde(deserialize_with = "crate::nesting::boxed")]
+        #[serde(deserialize_with = "crate::nesting::nested")]
         command: Box<Command>,
     },
     /// `Ack` whose tombstone keeps no payload: the job's bytes are the

@@ -40,24 +40,15 @@ impl Drop for Level {
     }
 }
 
-/// Reads a list of values that may nest, one level deeper.
-pub(crate) fn list<'de, D, T>(deserializer: D) -> Result<Vec<T>, D::Error>
+/// Reads a value that may hold values of its own kind (a list of them, or
+/// one boxed), one level deeper.
+pub(crate) fn nested<'de, D, T>(deserializer: D) -> Result<T, D::Error>
 where
     D: Deserializer<'de>,
     T: Deserialize<'de>,
 {
     let _level = Level::enter::<D::Error>()?;
-    Vec::deserialize(deserializer)
-}
-
-/// Reads a value that may nest, one level deeper.
-pub(crate) fn boxed<'de, D, T>(deserializer: D) -> Result<Box<T>, D::Error>
-where
-    D: Deserializer<'de>,
-    T: Deserialize<'de>,
-{
-    let _level = Level::enter::<D::Error>()?;
-    Box::deserialize(deserializer)
+    T::deserialize(deserializer)
 }
 
 #[cfg(test)]

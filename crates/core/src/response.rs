@@ -111,7 +111,7 @@ pub enum Response {
     /// A node's registration or draining mark was recorded.
     NodeChanged,
     /// One response per command of a batch, in order.
-    Batch(#[serde(deserialize_with = "crate::nesting::list")] Vec<Response>),
+    Batch(#[serde(deserialize_with = "crate::nesting::nested")] Vec<Response>),
     /// Nothing changed, for this reason.
     Refused(Refusal),
 }

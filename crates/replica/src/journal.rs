@@ -970,7 +970,6 @@ async fn batch_proposals(
         let Some(inner) = journal.upgrade() else { return };
         let leads = inner.raft.metrics().borrow().state == openraft::ServerState::Leader;
         let grant_bytes = if leads { 0 } else { inner.grant_bytes_bound() };
-        drop(inner);
         if let Some(mut fill) = batch::Fill::start(&batch[0].proposal.command, grant_bytes) {
             while !fill.is_full() {
                 let Ok(next) = queue.try_recv() else { break };
@@ -988,7 +987,6 @@ async fn batch_proposals(
                 }
             }
         }
-        let Some(inner) = journal.upgrade() else { return };
         if in_flight_limit == 1 {
             // One write at a time: the batcher writes it itself. Whatever
             // arrives meanwhile waits in the queue and forms the next batch,
