@@ -164,11 +164,12 @@ fn resolve(args: &ServeArgs) -> anyhow::Result<Config> {
     if args.fault_injection {
         config.fault_injection = true;
     }
-    if let Some(secret) = &args.cluster_secret {
-        config.cluster_secret = Some(leasehold_node::config::SecretText(secret.clone()));
-    }
-    if let Some(path) = &args.cluster_secret_file {
-        config.cluster_secret_file = Some(path.clone());
+    // A secret given by flag or environment replaces the config file's,
+    // whichever of the two ways the file gave it; given both ways here,
+    // validation refuses the pair rather than pick one.
+    if args.cluster_secret.is_some() || args.cluster_secret_file.is_some() {
+        config.cluster_secret = args.cluster_secret.clone().map(leasehold_node::config::SecretText);
+        config.cluster_secret_file = args.cluster_secret_file.clone();
     }
     if let Some(on) = args.journal_lease {
         config.journal_lease = on;
@@ -249,4 +250,54 @@ pub async fn run(prepared: Prepared) -> anyhow::Result<ExitCode> {
     }
     tracing::info!(event = "drain.step", step = "exit", "drained");
     Ok(ExitCode::SUCCESS)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(clap::Parser)]
+    struct Serve {
+        #[command(flatten)]
+        args: ServeArgs,
+    }
+
+    fn resolved(flags: &[&str]) -> anyhow::Result<Config> {
+        let args = Serve::try_parse_from(std::iter::once("serve").chain(flags.iter().copied()))?;
+        resolve(&args.args)
+    }
+
+    #[test]
+    fn a_secret_given_by_flag_replaces_the_config_files_either_way() -> anyhow::Result<()> {
+        let dir = tempfile::tempdir()?;
+        let secret_file = dir.path().join("secret");
+        std::fs::write(&secret_file, "a cluster secret kept in a file")?;
+        let inline = dir.path().join("inline.toml");
+        std::fs::write(&inline, "cluster_secret = \"a cluster secret in the config file\"\n")?;
+        let by_file = dir.path().join("by-file.toml");
+        std::fs::write(&by_file, format!("cluster_secret_file = {:?}\n", secret_file))?;
+        let (inline, by_file) = (inline.display().to_string(), by_file.display().to_string());
+        let file = secret_file.display().to_string();
+
+        let config = resolved(&["--config", &inline, "--cluster-secret-file", &file])?;
+        assert!(config.cluster_secret.is_none(), "the file's inline secret is replaced");
+        assert_eq!(config.cluster_secret_file.as_deref(), Some(secret_file.as_path()));
+
+        let config =
+            resolved(&["--config", &by_file, "--cluster-secret", "a secret given on the flag"])?;
+        assert!(config.cluster_secret_file.is_none(), "the file's secret file is replaced");
+        assert!(config.cluster_secret.is_some());
+
+        let config = resolved(&["--config", &by_file])?;
+        assert!(config.cluster_secret.is_none() && config.cluster_secret_file.is_some());
+
+        let both = ["--cluster-secret", "a secret given on the flag", "--cluster-secret-file"];
+        let refused = resolved(&[&both[..], &[&file]].concat()).err().map(|e| e.to_string());
+        assert!(
+            refused.as_deref().is_some_and(|e| e.contains("cluster_secret_file")),
+            "{refused:?}"
+        );
+        Ok(())
+    }
 }

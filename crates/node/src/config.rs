@@ -316,6 +316,15 @@ impl Config {
                 &format!("must be 1 ..= {}", leasehold_core::command::MAX_CLOCK_OFFSET_MS),
             );
         }
+        // Two secrets would leave which one the node uses to a rule the
+        // operator may not know: a node that took the other one would
+        // refuse its peers' adverts (or they its).
+        if self.cluster_secret.is_some() && self.cluster_secret_file.is_some() {
+            return invalid(
+                "cluster_secret_file",
+                "given with cluster_secret (LEASEHOLD_CLUSTER_SECRET); give one of the two",
+            );
+        }
         if let Some(SecretText(secret)) = &self.cluster_secret
             && let Err(error) = leasehold_security::ClusterSecret::from_text(secret)
         {
@@ -496,6 +505,13 @@ mod tests {
         let short = SecretText("short".into());
         let error = refused(Config { cluster_secret: Some(short), ..Config::default() });
         assert!(error.as_deref().is_some_and(|e| e.contains("cluster_secret")), "{error:?}");
+        let both = Config {
+            cluster_secret: Some(SecretText("a cluster secret given inline".into())),
+            cluster_secret_file: Some("secret".into()),
+            ..Config::default()
+        };
+        let error = refused(both);
+        assert!(error.as_deref().is_some_and(|e| e.contains("cluster_secret_file")), "{error:?}");
         let secret = SecretText("a secret that must never be printed".into());
         let config = Config { cluster_secret: Some(secret), ..Config::default() };
         let printed = format!("{config:?}");

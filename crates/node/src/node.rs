@@ -164,7 +164,24 @@ impl Credentials {
         };
         credentials.peers =
             NetworkFactory::with_security(credentials.peer_security()?, peer_source(config));
+        credentials.report_file_modes();
+        if let Some(path) = &config.cluster_secret_file {
+            report_file_mode("cluster_secret_file", path, true);
+        }
         Ok(credentials)
+    }
+
+    /// Warns of the TLS and tokens files whose modes give away more than
+    /// they should, short of the refusal of a file any user may write.
+    fn report_file_modes(&self) {
+        if let Some(files) = &self.tls_files {
+            report_file_mode("tls_ca", &files.ca, false);
+            report_file_mode("tls_cert", &files.cert, false);
+            report_file_mode("tls_key", &files.key, true);
+        }
+        if let Some(path) = &self.tokens_file {
+            report_file_mode("tokens_file", path, false);
+        }
     }
 
     /// How this node proves itself when it calls a peer.
@@ -206,6 +223,7 @@ impl Credentials {
     /// broken tokens file a certificate's rotation. A kind that fails to
     /// load changes nothing and is reported.
     fn reload(&self) -> Result<(), NodeError> {
+        self.report_file_modes();
         let tokens = self.reload_tokens().err().map(|e| format!("tokens file kept: {e}"));
         let tls = self.reload_tls().err().map(|e| format!("TLS files kept: {e}"));
         match (tokens, tls) {
@@ -233,6 +251,27 @@ impl Credentials {
         self.peers.set_security(peer_security);
         Ok(())
     }
+}
+
+/// Logs `auth.file_mode` when a credentials file's mode lets others read
+/// a secret or its group write it (see [`leasehold_security::file_mode`]).
+fn report_file_mode(field: &'static str, path: &std::path::Path, secret: bool) {
+    use leasehold_security::file_mode::{Exposure, check};
+    let (mode, lets, fix) = match check(path, secret) {
+        Ok(Ok(Exposure::Readable { mode })) => {
+            (mode, "users other than its owner read it", "chmod 600")
+        }
+        Ok(Ok(Exposure::GroupWritable { mode })) => (mode, "its group write it", "chmod g-w"),
+        // Private, refused or unreadable: the load that follows says so.
+        Ok(Ok(Exposure::Private) | Err(_)) | Err(_) => return,
+    };
+    tracing::warn!(
+        event = "auth.file_mode",
+        field,
+        file = %path.display(),
+        mode = format!("{mode:04o}"),
+        "a credentials file's mode lets {lets}; tighten it ({fix})"
+    );
 }
 
 /// An openraft error, kept as the source.

@@ -33,8 +33,13 @@ pub fn resolve_secret(config: &Config) -> Result<ResolvedSecret, ConfigError> {
         return Ok(ResolvedSecret { secret, generated: false, fresh: false });
     }
     if let Some(path) = &config.cluster_secret_file {
-        let text = std::fs::read_to_string(path)
-            .map_err(|source| ConfigError::Read { path: path.clone(), source })?;
+        let unreadable = |error: std::io::Error| {
+            invalid("cluster_secret_file", format!("{}: {error}", path.display()))
+        };
+        if let Err(loose) = leasehold_security::file_mode::check(path, true).map_err(unreadable)? {
+            return Err(invalid("cluster_secret_file", format!("{}: {loose}", path.display())));
+        }
+        let text = std::fs::read_to_string(path).map_err(unreadable)?;
         let secret = ClusterSecret::from_text(&text)
             .map_err(|e| invalid("cluster_secret_file", format!("{}: {e}", path.display())))?;
         return Ok(ResolvedSecret { secret, generated: false, fresh: false });
@@ -144,6 +149,15 @@ mod tests {
         let unreadable = resolve_secret(&config).err().map(|e| e.to_string()).unwrap_or_default();
         assert!(unreadable.contains("cannot be read"), "{unreadable}");
         std::fs::remove_dir(&kept_path)?;
+
+        // A secret file any user may write is refused; one others may read
+        // is taken (the node warns).
+        std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o646))?;
+        config.cluster_secret_file = Some(file.clone());
+        let refused = resolve_secret(&config).err().map(|e| e.to_string()).unwrap_or_default();
+        assert!(refused.contains("cluster_secret_file") && refused.contains("0646"), "{refused}");
+        std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o644))?;
+        assert_eq!(resolve_secret(&config)?.secret.as_bytes(), b"a secret kept in a file");
 
         std::fs::write(&file, "short")?;
         config.cluster_secret_file = Some(file);

@@ -300,6 +300,41 @@ mod tests {
     }
 
     #[test]
+    fn credentials_any_user_may_write_are_refused_by_flag() -> Result<(), Box<dyn std::error::Error>>
+    {
+        let dir = tempfile::tempdir()?;
+        let out = dir.path().join("certs");
+        DevCerts { dir: out.clone(), nodes: 1, hosts: Vec::new() }.write()?;
+        let files = TlsFiles {
+            ca: out.join("ca.pem"),
+            cert: out.join("node-1.pem"),
+            key: out.join("node-1.key"),
+        };
+        let tokens = out.join("tokens.toml");
+        let loosen = |path: &Path, mode: u32| {
+            std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode))
+        };
+        for (path, flag, kept) in [
+            (&files.ca, "--tls-ca", 0o644),
+            (&files.cert, "--tls-cert", 0o644),
+            (&files.key, "--tls-key", 0o600),
+        ] {
+            loosen(path, 0o666)?;
+            let refused = files.load().err().map(|e| e.to_string()).unwrap_or_default();
+            assert!(refused.starts_with(flag) && refused.contains("0666"), "{refused}");
+            loosen(path, kept)?;
+        }
+        loosen(&files.key, 0o644)?;
+        assert!(files.load().is_ok(), "a key others may read is taken, and reported");
+        loosen(&tokens, 0o662)?;
+        let refused = TokenSet::from_file(&tokens).err().map(|e| e.to_string()).unwrap_or_default();
+        assert!(refused.starts_with("--tokens") && refused.contains("0662"), "{refused}");
+        loosen(&tokens, 0o664)?;
+        assert!(TokenSet::from_file(&tokens).is_ok(), "a group-writable file is reported");
+        Ok(())
+    }
+
+    #[test]
     fn a_key_is_not_written_through_a_planted_link() -> Result<(), Box<dyn std::error::Error>> {
         let dir = tempfile::tempdir()?;
         let out = dir.path().join("certs");

@@ -43,6 +43,16 @@ pub enum TlsError {
         /// The IO error.
         source: std::io::Error,
     },
+    /// A file any user may write.
+    #[error("{flag} {path}: {source}")]
+    Mode {
+        /// The flag that names the file.
+        flag: &'static str,
+        /// The file.
+        path: PathBuf,
+        /// Its mode.
+        source: crate::file_mode::WritableByAnyone,
+    },
     /// A file holds no usable PEM item of the kind expected.
     #[error("{flag} {path}: {problem}")]
     Pem {
@@ -89,8 +99,15 @@ impl std::fmt::Debug for TlsMaterial {
     }
 }
 
-fn read(flag: &'static str, path: &Path) -> Result<Vec<u8>, TlsError> {
-    std::fs::read(path).map_err(|source| TlsError::Read { flag, path: path.to_path_buf(), source })
+/// Reads one of the files, refusing one that any user may write (a key's
+/// contents are secret as well, which the node reports; see
+/// [`crate::file_mode`]).
+fn read(flag: &'static str, path: &Path, secret: bool) -> Result<Vec<u8>, TlsError> {
+    let failed = |source| TlsError::Read { flag, path: path.to_path_buf(), source };
+    if let Err(source) = crate::file_mode::check(path, secret).map_err(failed)? {
+        return Err(TlsError::Mode { flag, path: path.to_path_buf(), source });
+    }
+    std::fs::read(path).map_err(failed)
 }
 
 fn pem_error(flag: &'static str, path: &Path, problem: impl Into<String>) -> TlsError {
@@ -115,9 +132,9 @@ impl TlsFiles {
     /// Reads and checks the three files: the CA parses, the certificate
     /// chain parses and its leaf states an identity, and the key parses.
     pub fn load(&self) -> Result<TlsMaterial, TlsError> {
-        let ca_pem = read("--tls-ca", &self.ca)?;
-        let cert_pem = read("--tls-cert", &self.cert)?;
-        let key_pem = read("--tls-key", &self.key)?;
+        let ca_pem = read("--tls-ca", &self.ca, false)?;
+        let cert_pem = read("--tls-cert", &self.cert, false)?;
+        let key_pem = read("--tls-key", &self.key, true)?;
         let mut roots = RootCertStore::empty();
         for certificate in certificates("--tls-ca", &self.ca, &ca_pem)? {
             roots.add(certificate).map_err(|e| {

@@ -113,6 +113,14 @@ pub enum TokensError {
         /// The IO error.
         source: std::io::Error,
     },
+    /// A file any user may write (and so fill with their own admin token).
+    #[error("--tokens {path}: {source}")]
+    Mode {
+        /// The file.
+        path: PathBuf,
+        /// Its mode.
+        source: crate::file_mode::WritableByAnyone,
+    },
     /// Not TOML of the expected shape.
     #[error("--tokens {path}: {problem}")]
     Parse {
@@ -170,6 +178,10 @@ pub struct TokenSet {
 impl TokenSet {
     /// Reads and checks a tokens file.
     pub fn from_file(path: &Path) -> Result<TokenSet, TokensError> {
+        let unreadable = |source| TokensError::Read { path: path.to_path_buf(), source };
+        if let Err(source) = crate::file_mode::check(path, false).map_err(unreadable)? {
+            return Err(TokensError::Mode { path: path.to_path_buf(), source });
+        }
         let text = std::fs::read_to_string(path)
             .map_err(|source| TokensError::Read { path: path.to_path_buf(), source })?;
         TokenSet::from_toml(&text, path)
