@@ -7,6 +7,11 @@
 //! server TLS, because tonic builds its acceptor once: certificates could
 //! not rotate without a restart. Each handshake takes the configuration
 //! current at that moment ([`SharedServerConfig`]).
+//!
+//! A connection without TLS must open its HTTP/2 session (the client's
+//! preface and first frame) within the same time a TLS handshake has, so
+//! silent connections cannot pile up on a plain port either; and all
+//! connections together are bounded, whatever addresses they come from.
 
 use std::collections::HashMap;
 use std::io;
@@ -37,8 +42,14 @@ pub struct ConnectionLimits {
     /// the pool: a machine starting a few dozen workers at once still
     /// connects them all.
     pub handshakes_per_client: usize,
-    /// A handshake not done within this is abandoned.
+    /// A handshake not done within this is abandoned: TLS's, or without
+    /// TLS the client's HTTP/2 preface and first frame.
     pub handshake_timeout: Duration,
+    /// Most open connections (handshakes included) from all addresses
+    /// together; more are closed at once. Each holds buffers and a file
+    /// descriptor, and without TLS a client of many addresses (any of
+    /// `127.0.0.0/8` on loopback) is bounded by nothing else.
+    pub total: usize,
 }
 
 impl Default for ConnectionLimits {
@@ -48,6 +59,7 @@ impl Default for ConnectionLimits {
             handshakes: 128,
             handshakes_per_client: 32,
             handshake_timeout: Duration::from_secs(10),
+            total: 4_096,
         }
     }
 }
@@ -68,11 +80,53 @@ enum Io {
     Tls(Box<tokio_rustls::server::TlsStream<TcpStream>>),
 }
 
-/// One accepted connection, holding its slot in the per-client count.
+/// One accepted connection, holding its slot in the per-client count and
+/// its place in the total.
 pub struct Connection {
     io: Io,
     info: ConnectionInfo,
+    /// Until a plain connection's HTTP/2 session is open.
+    opening: Option<Opening>,
     _slot: Slot,
+    _place: tokio::sync::OwnedSemaphorePermit,
+}
+
+/// The first bytes of a plain connection: the 24-byte HTTP/2 preface, then
+/// the client's first frame (its SETTINGS), a 9-byte head and the length
+/// that head states.
+const OPENING_HEAD: usize = 24 + 9;
+
+/// A plain connection still opening its HTTP/2 session: reading fails once
+/// `deadline` passes before the opening bytes are in. The deadline is
+/// polled with every read, so it wakes the reader of a silent connection.
+struct Opening {
+    deadline: Pin<Box<tokio::time::Sleep>>,
+    head: [u8; OPENING_HEAD],
+    read: usize,
+}
+
+impl Opening {
+    fn new(timeout: Duration) -> Opening {
+        Opening {
+            deadline: Box::pin(tokio::time::sleep(timeout)),
+            head: [0; OPENING_HEAD],
+            read: 0,
+        }
+    }
+
+    /// Notes bytes read; true once the preface and the first frame are in.
+    fn saw(&mut self, bytes: &[u8]) -> bool {
+        if let Some(room) = self.head.get_mut(self.read..) {
+            let taken = room.len().min(bytes.len());
+            room[..taken].copy_from_slice(&bytes[..taken]);
+        }
+        self.read = self.read.saturating_add(bytes.len());
+        if self.read < OPENING_HEAD {
+            return false;
+        }
+        let [a, b, c] = [self.head[24], self.head[25], self.head[26]].map(usize::from);
+        self.read >= OPENING_HEAD + (a << 16 | b << 8 | c)
+    }
 }
 
 impl tonic::transport::server::Connected for Connection {
@@ -89,10 +143,26 @@ impl AsyncRead for Connection {
         cx: &mut Context<'_>,
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
-        match &mut self.get_mut().io {
-            Io::Plain(stream) => Pin::new(stream).poll_read(cx, buf),
-            Io::Tls(stream) => Pin::new(stream.as_mut()).poll_read(cx, buf),
+        let this = self.get_mut();
+        let stream = match &mut this.io {
+            Io::Plain(stream) => stream,
+            Io::Tls(stream) => return Pin::new(stream.as_mut()).poll_read(cx, buf),
+        };
+        let Some(opening) = &mut this.opening else {
+            return Pin::new(stream).poll_read(cx, buf);
+        };
+        if opening.deadline.as_mut().poll(cx).is_ready() {
+            return Poll::Ready(Err(io::Error::new(
+                io::ErrorKind::TimedOut,
+                "the HTTP/2 preface and first frame did not arrive within the handshake timeout",
+            )));
         }
+        let before = buf.filled().len();
+        let polled = Pin::new(stream).poll_read(cx, buf);
+        if polled.is_ready() && opening.saw(&buf.filled()[before..]) {
+            this.opening = None;
+        }
+        polled
     }
 }
 
@@ -239,6 +309,7 @@ async fn accept_loop(
     let counts = Counts::default();
     let in_handshake = Counts::default();
     let handshakes = Arc::new(Semaphore::new(limits.handshakes.max(1)));
+    let places = Arc::new(Semaphore::new(limits.total.max(1)));
     // Dropped (aborting every handshake) when this task ends.
     let mut in_progress = tokio::task::JoinSet::new();
     loop {
@@ -263,6 +334,10 @@ async fn accept_loop(
                 return;
             }
         };
+        let Ok(place) = places.clone().try_acquire_owned() else {
+            refuse("connections", remote.ip(), limits.total);
+            continue;
+        };
         let Some(slot) = counts.take(remote.ip(), limits.per_client) else {
             refuse("connections_per_client", remote.ip(), limits.per_client);
             continue;
@@ -272,7 +347,13 @@ async fn accept_loop(
         let _ = stream.set_nodelay(true);
         let Some(config) = tls.as_ref().map(SharedServerConfig::current) else {
             let info = ConnectionInfo { remote: Some(remote), identity: None, tls: false };
-            let connection = Connection { io: Io::Plain(stream), info, _slot: slot };
+            let connection = Connection {
+                io: Io::Plain(stream),
+                info,
+                opening: Some(Opening::new(limits.handshake_timeout)),
+                _slot: slot,
+                _place: place,
+            };
             if sender.send(Ok(connection)).await.is_err() {
                 return;
             }
@@ -325,7 +406,13 @@ async fn accept_loop(
                 None => return,
             };
             let info = ConnectionInfo { remote: Some(remote), identity: Some(identity), tls: true };
-            let connection = Connection { io: Io::Tls(Box::new(stream)), info, _slot: slot };
+            let connection = Connection {
+                io: Io::Tls(Box::new(stream)),
+                info,
+                opening: None,
+                _slot: slot,
+                _place: place,
+            };
             let _ = sender.send(Ok(connection)).await;
         });
     }
@@ -408,6 +495,83 @@ mod tests {
         // Another address still gets a handshake: its connection stays open.
         let mut other = silent([127, 0, 0, 3], addr).await?;
         assert!(!closed_soon(&mut other).await, "another client was shut out");
+        Ok(())
+    }
+
+    /// The node's side of the next connection: what reading it until it
+    /// fails or `within` passes gives (bytes read, and the error if any).
+    async fn served(
+        incoming: &mut Incoming,
+        within: Duration,
+    ) -> Result<(usize, Option<io::ErrorKind>), Box<dyn std::error::Error>> {
+        use tokio_stream::StreamExt;
+        let mut connection = incoming.next().await.ok_or("the listener ended")??;
+        let mut read = 0;
+        let mut buffer = [0u8; 64];
+        let deadline = tokio::time::Instant::now() + within;
+        loop {
+            match tokio::time::timeout_at(deadline, connection.read(&mut buffer)).await {
+                Err(_) => return Ok((read, None)),
+                Ok(Ok(0)) => return Ok((read, Some(io::ErrorKind::UnexpectedEof))),
+                Ok(Ok(count)) => read += count,
+                Ok(Err(error)) => return Ok((read, Some(error.kind()))),
+            }
+        }
+    }
+
+    #[tokio::test]
+    async fn a_plain_connection_must_open_its_session_in_time()
+    -> Result<(), Box<dyn std::error::Error>> {
+        use tokio::io::AsyncWriteExt;
+        let listener = TcpListener::bind("127.0.0.1:0").await?;
+        let addr = listener.local_addr()?;
+        let limits = ConnectionLimits {
+            handshake_timeout: Duration::from_millis(300),
+            ..Default::default()
+        };
+        let mut incoming = incoming(listener, None, limits);
+        let wait = Duration::from_millis(900);
+
+        let _silent = silent([127, 0, 0, 2], addr).await?;
+        assert_eq!(served(&mut incoming, wait).await?, (0, Some(io::ErrorKind::TimedOut)));
+
+        // The preface and the head of a SETTINGS frame saying 6 bytes follow,
+        // then nothing: still opening when the deadline passes.
+        let preface = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+        let settings_head = [0, 0, 6, 4, 0, 0, 0, 0, 0];
+        let mut short = silent([127, 0, 0, 3], addr).await?;
+        short.write_all(&[&preface[..], &settings_head].concat()).await?;
+        assert_eq!(served(&mut incoming, wait).await?, (33, Some(io::ErrorKind::TimedOut)));
+
+        // The whole first frame: the session is open, and stays so idle.
+        let mut opened = silent([127, 0, 0, 4], addr).await?;
+        opened.write_all(&[&preface[..], &settings_head, &[0, 3, 0, 0, 0, 100]].concat()).await?;
+        assert_eq!(served(&mut incoming, wait).await?, (39, None));
+        Ok(())
+    }
+
+    #[tokio::test]
+    async fn connections_from_many_addresses_are_bounded_together()
+    -> Result<(), Box<dyn std::error::Error>> {
+        let listener = TcpListener::bind("127.0.0.1:0").await?;
+        let addr = listener.local_addr()?;
+        let mut incoming =
+            incoming(listener, None, ConnectionLimits { total: 3, ..Default::default() });
+        let mut open = Vec::new();
+        for last in 2..7u8 {
+            open.push(silent([127, 0, 0, last], addr).await?);
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let mut refused = 0;
+        for stream in &mut open {
+            refused += usize::from(closed_soon(stream).await);
+        }
+        assert_eq!(refused, 2, "five addresses, one connection each, three places");
+        // The node closes one it holds.
+        drop(tokio_stream::StreamExt::next(&mut incoming).await);
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let mut again = silent([127, 0, 0, 9], addr).await?;
+        assert!(!closed_soon(&mut again).await, "a closed connection gives back its place");
         Ok(())
     }
 
