@@ -56,7 +56,12 @@ pub struct DriverConfig {
     /// Whether this node runs commands (the built-in executor is on): only
     /// then does it take bus claims.
     pub run_commands: bool,
-    /// This node's tags (for `target = each` ticks on the bus).
+    /// The queues the executor serves: a bus tick runs here only if its
+    /// job's queue is one of them, as the journal's job would.
+    pub queues: Vec<String>,
+    /// The tags the executor claims with (the node's and `node:ID`): a bus
+    /// tick runs here only if its job's tags are among them, as the
+    /// journal's job would.
     pub tags: Vec<String>,
     /// How long a bus-run command may take.
     pub command_timeout: Duration,
@@ -293,6 +298,7 @@ pub async fn tick_schedules(
                     warmed_up: gate.warmed_up(),
                     clock: journal.clock_verdict(),
                     run_commands: config.run_commands,
+                    queues: &config.queues,
                     tags: &config.tags,
                 };
                 if let Some(why) = bus_refusal(&facts, &schedule.spec, newest_ms, now_ms) {
@@ -375,6 +381,7 @@ fn run_each_shares(
             warmed_up: gate.warmed_up(),
             clock: journal.clock_verdict(),
             run_commands: config.run_commands,
+            queues: &config.queues,
             tags: &config.tags,
         };
         if bus_refusal(&facts, &schedule.spec, cron::tick_ms(bucket), now_ms).is_some() {
@@ -431,7 +438,9 @@ struct BusFacts<'a> {
     clock: ClockVerdict,
     /// The built-in executor is on.
     run_commands: bool,
-    /// This node's tags.
+    /// The queues it serves.
+    queues: &'a [String],
+    /// The tags it claims with.
     tags: &'a [String],
 }
 
@@ -476,8 +485,12 @@ fn bus_refusal(
     if !facts.run_commands {
         return Some("no_executor");
     }
-    if spec.target == Target::Each && !spec.template.tags.iter().all(|tag| facts.tags.contains(tag))
-    {
+    // Only where the journal's job would run: an executor serving its
+    // queue, with every tag it asks for (whatever the target).
+    if !facts.queues.iter().any(|queue| queue == spec.template.queue_name()) {
+        return Some("queue_not_served");
+    }
+    if !spec.template.tags.iter().all(|tag| facts.tags.contains(tag)) {
         return Some("no_target");
     }
     None
@@ -702,11 +715,13 @@ mod tests {
 
     #[test]
     fn a_node_claims_bus_ticks_only_on_a_clock_the_voters_agree_with() {
-        let tags = Vec::new();
+        let tags = vec!["db".to_string(), "node:1".to_string()];
+        let queues = vec![spec_queue()];
         let facts = |clock: ClockVerdict| BusFacts {
             warmed_up: true,
             clock,
             run_commands: true,
+            queues: &queues,
             tags: &tags,
         };
         let agreed = || ClockVerdict::Agreed { agreeing: 2, voters: 3 };
@@ -731,5 +746,46 @@ mod tests {
         assert_eq!(bus_refusal(&idle, &spec, tick_ms, now_ms), Some("no_executor"));
         let late = now_ms + TICK_TOLERANCE_MS;
         assert_eq!(bus_refusal(&facts(agreed()), &spec, tick_ms, late), Some("missed"));
+    }
+
+    fn spec_queue() -> String {
+        command_schedule().template.queue_name().to_string()
+    }
+
+    #[test]
+    fn a_bus_tick_runs_only_where_its_journal_job_could() {
+        let tags = vec!["db".to_string(), "node:1".to_string()];
+        let (served, other) = (vec![spec_queue()], vec!["exec.web".to_string()]);
+        let facts = |queues| BusFacts {
+            warmed_up: true,
+            clock: ClockVerdict::Agreed { agreeing: 2, voters: 3 },
+            run_commands: true,
+            queues,
+            tags: &tags,
+        };
+        let (tick_ms, now_ms) = (60_000, 60_010);
+        let mut spec = command_schedule();
+        assert_eq!(bus_refusal(&facts(&served), &spec, tick_ms, now_ms), None);
+        assert_eq!(
+            bus_refusal(&facts(&other), &spec, tick_ms, now_ms),
+            Some("queue_not_served"),
+            "an executor of other queues does not run it"
+        );
+        for (target, wanted, refused) in [
+            (Target::Any, vec!["db"], None),
+            (Target::Any, vec!["gpu"], Some("no_target")),
+            (Target::Any, vec!["node:1"], None),
+            (Target::Any, vec!["node:2"], Some("no_target")),
+            (Target::Each, vec!["db"], None),
+            (Target::Each, vec!["db", "gpu"], Some("no_target")),
+        ] {
+            spec.target = target;
+            spec.template.tags = wanted.iter().map(|tag| tag.to_string()).collect();
+            assert_eq!(
+                bus_refusal(&facts(&served), &spec, tick_ms, now_ms),
+                refused,
+                "{target:?} {wanted:?}"
+            );
+        }
     }
 }

@@ -114,6 +114,7 @@ impl Duties {
             sweep_interval: Duration::from_millis(500),
             purge_interval: Duration::from_secs(60),
             run_commands: executor,
+            queues: vec![DEFAULT_COMMAND_QUEUE.to_string()],
             tags: Vec::new(),
             command_timeout: Duration::from_secs(10),
             grace: Duration::from_secs(1),
