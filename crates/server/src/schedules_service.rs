@@ -119,6 +119,16 @@ impl Schedules for SchedulesService {
         })?;
         let spec = convert::schedule_spec_from_wire(spec).map_err(Error::from)?;
         schedule_spec(&spec, self.journal.limits()).map_err(Error::from)?;
+        if spec.template.command.is_none() && spec.template.queue.is_none() {
+            // The default queue is the executor's: the payload would run as
+            // a shell command on whichever node took it.
+            return Err(Error::Invalid(leasehold_core::ValidationError::invalid(
+                "spec.template.queue",
+                "is required for a schedule without a command (the default, exec, runs its \
+                 payload as a shell command)",
+            ))
+            .into());
+        }
         let queue = spec.template.queue_name();
         if spec.template.command.is_some() && !is_command_queue(queue) {
             // Only command queues feed executors: the command would never run.

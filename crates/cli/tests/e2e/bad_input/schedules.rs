@@ -78,6 +78,12 @@ pub fn cases() -> Vec<Case> {
             "template.payload",
         ),
         bad(
+            "put: a payload with no queue (it would run as a command on exec)",
+            put(|s| template(s).queue = None),
+            Invalid,
+            "template.queue",
+        ),
+        bad(
             "put: template lease_ttl_ms 10",
             put(|s| template(s).lease_ttl_ms = Some(10)),
             Invalid,
