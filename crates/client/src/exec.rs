@@ -131,6 +131,16 @@ impl GroupGuard {
     }
 }
 
+impl GroupGuard {
+    /// Kills the group once the command has been reaped, and disarms the
+    /// guard: from here on the group's id may be freed and given to an
+    /// unrelated process group, which a later kill would hit.
+    fn kill_last(&mut self) {
+        self.kill();
+        self.pgid = None;
+    }
+}
+
 impl Drop for GroupGuard {
     fn drop(&mut self) {
         self.kill();
@@ -176,7 +186,7 @@ pub async fn run(command: &CommandLine, payload: Vec<u8>) -> Run {
             };
         }
     };
-    let group = GroupGuard { pgid: child.id().and_then(|id| i32::try_from(id).ok()) };
+    let mut group = GroupGuard { pgid: child.id().and_then(|id| i32::try_from(id).ok()) };
     let stdin = child.stdin.take();
     let (stdout, stderr) = (child.stdout.take(), child.stderr.take());
     let feed = async move {
@@ -199,7 +209,7 @@ pub async fn run(command: &CommandLine, payload: Vec<u8>) -> Run {
         };
         // Whatever the command left running in its group goes with it, and
         // with it the last writers of its pipes.
-        group.kill();
+        group.kill_last();
         status
     };
     // One task: feeding stdin, reading both pipes and waiting run together
