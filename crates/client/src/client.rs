@@ -936,7 +936,10 @@ fn final_error(
 
 /// A request id no other of this process's requests has: the process id,
 /// the time and a counter (the server scopes it by worker or schedule).
-pub(crate) fn new_request_id() -> String {
+/// Set one on a claim before the first try to repeat it yourself (on a new
+/// session, or after [`Client::claim_with_wait`] ran out of tries): its
+/// repeat gets the first try's leases, not new ones.
+pub fn new_request_id() -> String {
     static COUNTER: AtomicUsize = AtomicUsize::new(0);
     let nanos = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)

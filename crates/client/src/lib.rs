@@ -19,7 +19,9 @@ pub mod guard;
 pub mod session;
 pub mod worker;
 
-pub use client::{AuthChannel, Client, ClientBuilder, ClientError, ClientTls, RetryPolicy};
+pub use client::{
+    AuthChannel, Client, ClientBuilder, ClientError, ClientTls, RetryPolicy, new_request_id,
+};
 pub use guard::{CancelReason, LeaseGuard};
 pub use session::Session;
 /// The token type of [`LeaseGuard::cancellation`], re-exported so users

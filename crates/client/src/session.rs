@@ -108,8 +108,10 @@ impl Session {
 
     /// Claims up to `max` jobs, long-polling up to `wait_ms`; answers the
     /// grants and how long the node held the call (`waited_ms`). A request
-    /// id is made when the request has none, so repeating the claim on a
-    /// new session after this one broke gets the same leases.
+    /// id is made when the request has none, but it is not handed back: to
+    /// repeat the claim on a new session after this one broke and get the
+    /// same leases, set `request_id` yourself ([`crate::new_request_id`])
+    /// and repeat the same request.
     pub async fn claim(
         &self,
         mut request: v1::ClaimRequest,

@@ -221,6 +221,12 @@ where
     let concurrency = config.concurrency.max(1);
     let permits = Arc::new(Semaphore::new(concurrency));
     let mut running = JoinSet::new();
+    // The id of a claim that failed: it may have been granted with its
+    // answer lost (a node gone between commit and reply, a timeout), so the
+    // next claim asks under it, and the node answers those leases again
+    // instead of leaving them to lapse unheld, each charging its job an
+    // attempt.
+    let mut unanswered: Option<String> = None;
     while !shared.drain.is_cancelled() {
         let first = tokio::select! {
             permit = permits.clone().acquire_owned() => match permit {
@@ -240,9 +246,9 @@ where
             lease_ttl_ms: config.lease_ttl_ms,
             selector: config.selector.clone(),
             wait_ms: config.poll_wait_ms,
-            // Named here, so a claim cut off by shutdown can be asked
-            // again for what it was granted.
-            request_id: new_request_id(),
+            // Named here, so a claim cut off by shutdown or by a failure can
+            // be asked again for what it was granted.
+            request_id: unanswered.take().unwrap_or_else(new_request_id),
         };
         // The lease's local deadline counts from here (plus the time the
         // node says it held the call), never from the answer's arrival: a
@@ -259,6 +265,7 @@ where
             Ok(reply) => (reply.grants, sent_at + Duration::from_millis(reply.waited_ms)),
             Err(error) => {
                 tracing::warn!(%error, "claim failed; retrying");
+                unanswered = Some(request.request_id);
                 tokio::select! {
                     () = tokio::time::sleep(Duration::from_millis(500)) => {}
                     () = shared.drain.cancelled() => {}
@@ -388,10 +395,16 @@ where
     // The renewals run in a task of their own, so a handler that blocks
     // its thread does not hold them up (on a multi-threaded runtime).
     let renewer = tokio::spawn(keep_renewed(shared.clone(), guard.clone(), ttl));
+    // Tasks outlive a dropped handle: should this job's task be aborted (a
+    // handler stuck past the wind-up, or the worker's future dropped by its
+    // caller), these stop with it, so no lease is renewed for a job nobody
+    // runs any more.
+    let _renewer_stops = AbortOnDrop(renewer.abort_handle());
     let ended = if shared.drain.is_cancelled() {
         Ended::Unstarted
     } else {
         let mut handle = tokio::spawn(handler(A::from(guard.clone())));
+        let _handler_stops = AbortOnDrop(handle.abort_handle());
         let ended = tokio::select! {
             biased;
             () = guard.lost() => Ended::Lost,
@@ -484,6 +497,15 @@ where
             tracing::warn!(job = job_id, token, %error, "finishing the job failed");
             shared.record(|r| r.failed_finishes.push((job_id, error.to_string())));
         }
+    }
+}
+
+/// Aborts a task when dropped.
+struct AbortOnDrop(tokio::task::AbortHandle);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
     }
 }
 

@@ -468,6 +468,143 @@ mod drain {
     }
 }
 
+mod lost_answer {
+    //! A worker's claim is granted on the node, but its answer never
+    //! arrives: the proxy in front of the node swallows it, then goes away
+    //! and comes back on the same address, and the worker's client tries
+    //! each call once. The worker must ask again under the failed claim's
+    //! request id and get that lease back, running the job under the token
+    //! it was first granted, long before the 60 s lease would lapse.
+    //! (Under a new id the job sat claimed by nobody until then.)
+
+    use leasehold_client::RetryPolicy;
+
+    use super::*;
+
+    const QUEUE: &str = "sdk-lost-answer";
+    const LEASE_TTL_MS: u64 = 60_000;
+    /// The lease's holder asks again and gets it back within a few claim
+    /// passes: far under the TTL.
+    const RUN_WITHIN: Duration = Duration::from_secs(15);
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_claim_whose_answer_was_lost_is_asked_again_under_its_id() -> Result<()> {
+        let sandbox = Sandbox::new("sdk-lost-answer")?;
+        sandbox.run(Duration::from_secs(60), story(&sandbox)).await
+    }
+
+    async fn story(sandbox: &Sandbox) -> Result<()> {
+        phase("start a node, and a proxy in front of it that swallows answers");
+        let node = Node::start(sandbox).await?;
+        let mut direct = node.stub()?;
+        let proxy = proxy::Proxy::start(node.grpc, Duration::ZERO).await?;
+        proxy.cut_answers();
+        let once = RetryPolicy { attempts: 1, ..Default::default() };
+        let client =
+            Client::connect(&proxy.addr()).map_err(|e| anyhow!("client: {e}"))?.with_retry(once);
+        let ran = Arc::new(Mutex::new(Vec::new()));
+        let handler = {
+            let ran = ran.clone();
+            move |guard: LeaseGuard| {
+                if let Ok(mut ran) = ran.lock() {
+                    ran.push((guard.job_id(), guard.fencing_token()));
+                }
+                async { Outcome::Ack { result: Vec::new() } }
+            }
+        };
+        let mut config = WorkerConfig::new(QUEUE, "sdk-lost-answer-worker");
+        config.lease_ttl_ms = Some(LEASE_TTL_MS);
+        config.poll_wait_ms = 20_000;
+        let worker = RunningWorker::start(client, config, handler);
+
+        phase("a job is enqueued; the node grants it to the waiting claim");
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let job_id = enqueue_job(&mut direct, QUEUE, b"answer lost").await?;
+        let claimed = wait_for_state(&direct, job_id, v1::JobState::Claimed, RUN_WITHIN).await?;
+        let granted = claimed.lease.context("a claimed job has a lease")?;
+        ensure!(granted.holder == "sdk-lost-answer-worker", "held by {}", granted.holder);
+
+        phase("the proxy goes away, cutting the claim, and comes back passing answers");
+        let listen = proxy.listen();
+        proxy.stop().await;
+        let proxy = proxy::Proxy::start_on(listen, node.grpc, Duration::ZERO).await?;
+
+        phase("the worker runs the job under its first grant's token and acks it");
+        let acked = wait_for_state(&direct, job_id, v1::JobState::Acked, RUN_WITHIN).await;
+        let report = worker.stop().await?;
+        proxy.stop().await;
+        let job = acked.with_context(|| format!("worker report {report:?}"))?;
+        let runs = ran.lock().map(|ran| ran.clone()).unwrap_or_default();
+        ensure!(runs == vec![(job_id, granted.token)], "runs {runs:?}");
+        ensure!(job.attempts == 0, "no attempt charged: {}", job.attempts);
+        ensure!(report.acked == vec![(job_id, granted.token)], "report {report:?}");
+        Ok(())
+    }
+}
+
+mod dropped_worker {
+    //! An embedder drops a worker's future while its handler is in the
+    //! middle of a job (a `select!` or a timeout around `worker::run`). The
+    //! job's renewals must stop with it: the 2 s lease lapses and the job
+    //! is ready again, not renewed for as long as the process lives.
+
+    use super::*;
+
+    const QUEUE: &str = "sdk-dropped";
+    const LEASE_TTL_MS: u64 = 2_000;
+    /// The lease lapses and the node's sweep finds it: a few TTLs.
+    const LAPSES_WITHIN: Duration = Duration::from_secs(15);
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_dropped_worker_renews_no_lease() -> Result<()> {
+        let sandbox = Sandbox::new("sdk-dropped")?;
+        sandbox.run(Duration::from_secs(60), story(&sandbox)).await
+    }
+
+    async fn story(sandbox: &Sandbox) -> Result<()> {
+        phase("a worker runs a job whose handler takes a minute");
+        let node = Node::start(sandbox).await?;
+        let mut direct = node.stub()?;
+        let job_id = enqueue_job(&mut direct, QUEUE, b"long").await?;
+        let client = Client::connect(&node.addr()).map_err(|e| anyhow!("client: {e}"))?;
+        let started = Arc::new(AtomicUsize::new(0));
+        let handler = {
+            let started = started.clone();
+            move |_guard: LeaseGuard| {
+                started.fetch_add(1, Ordering::SeqCst);
+                async {
+                    tokio::time::sleep(Duration::from_secs(60)).await;
+                    Outcome::Ack { result: Vec::new() }
+                }
+            }
+        };
+        let mut config = WorkerConfig::new(QUEUE, "sdk-dropped-worker");
+        config.lease_ttl_ms = Some(LEASE_TTL_MS);
+        let worker = RunningWorker::start(client, config, handler);
+        let claimed = wait_for_state(&direct, job_id, v1::JobState::Claimed, LAPSES_WITHIN).await?;
+        let granted = claimed.lease.context("a claimed job has a lease")?;
+        wait_until("the handler to start", deadline_in(LAPSES_WITHIN), || {
+            let started = started.load(Ordering::SeqCst);
+            async move {
+                Ok(if started > 0 { Check::Done(()) } else { Check::NotYet(started.to_string()) })
+            }
+        })
+        .await?;
+        // Renewed at least once, so the renewals are known to run.
+        tokio::time::sleep(Duration::from_millis(LEASE_TTL_MS)).await;
+        let renewed = get_job(&mut direct, job_id).await?.lease.context("still held")?;
+        ensure!(
+            renewed.token == granted.token && renewed.expires_at_ms > granted.expires_at_ms,
+            "not renewed: {renewed:?} after {granted:?}"
+        );
+
+        phase("the embedder drops the worker's future; the lease lapses");
+        drop(worker);
+        wait_for_state(&direct, job_id, v1::JobState::Ready, LAPSES_WITHIN).await?;
+        Ok(())
+    }
+}
+
 mod example {
     //! The examples, built by cargo as examples of `leasehold-client`, run
     //! as a user would (address from `LEASEHOLD_ADDR`): the jobs the

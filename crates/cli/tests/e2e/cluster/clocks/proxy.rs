@@ -43,9 +43,17 @@ pub struct Proxy {
 impl Proxy {
     /// A proxy to `node` that delivers every answer `answer_delay` late.
     pub async fn start(node: SocketAddr, answer_delay: Duration) -> Result<Proxy> {
-        let listener = TcpListener::bind((std::net::Ipv4Addr::LOCALHOST, 0))
-            .await
-            .context("binding the proxy")?;
+        Proxy::start_on((std::net::Ipv4Addr::LOCALHOST, 0).into(), node, answer_delay).await
+    }
+
+    /// The same, listening on `listen` (a stopped proxy's address, so its
+    /// clients reach the new one).
+    pub async fn start_on(
+        listen: SocketAddr,
+        node: SocketAddr,
+        answer_delay: Duration,
+    ) -> Result<Proxy> {
+        let listener = TcpListener::bind(listen).await.context("binding the proxy")?;
         let listen = listener.local_addr().context("the proxy's address")?;
         let answers_pass = Arc::new(AtomicBool::new(true));
         let mut tasks = JoinSet::new();
@@ -55,6 +63,13 @@ impl Proxy {
         });
         eprintln!("proxy {listen} -> {node}, answers {} ms late", answer_delay.as_millis());
         Ok(Proxy { listen, answers_pass, tasks })
+    }
+
+    /// The address the proxy listens on (for [`Proxy::start_on`]; the SDK
+    /// stories use it, the clock stories do not).
+    #[allow(dead_code)]
+    pub fn listen(&self) -> SocketAddr {
+        self.listen
     }
 
     /// The proxy's address as a URI, for a client.
