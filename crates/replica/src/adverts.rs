@@ -8,13 +8,17 @@
 //! and not from this one, and it is newer (by the sender's `sent_at_ms`)
 //! than the one held; anything else is dropped and counted, by reason.
 //!
-//! The sender's clock only orders its own adverts, and only up to a
-//! bound: a `sent_at_ms` more than [`FUTURE_SLACK_MS`] ahead of this
-//! node's clock counts as if it were that far ahead, so an advert from the
-//! far future (a clock stepped ahead and back, or a forger) can silence
-//! its node for at most that long. Ages are measured on this node's monotonic clock from the
-//! moment an advert was accepted, so a peer's clock never makes its advert
-//! look younger than it is.
+//! The sender's clock only orders its own adverts, and only within a
+//! bound: an advert whose `sent_at_ms` is more than [`FUTURE_SLACK_MS`]
+//! ahead of this node's clock is dropped (reason `ahead`). Ordered by a
+//! capped time instead, a node's honest adverts would all tie at the cap
+//! while its clock ran ahead, and an earlier one replayed would pass for
+//! the newest (a rolled-back build's last advert saying `journal_lease`,
+//! say); and a forged far-future one would silence the node. A node whose
+//! clock is that far ahead is far outside the clock bound anyway, and goes
+//! unheard, which keeps the pool on the bus. Ages are measured on this
+//! node's monotonic clock from the moment an advert was accepted, so a
+//! peer's clock never makes its advert look younger than it is.
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
@@ -52,6 +56,9 @@ pub enum Rejection {
     FromSelf,
     /// Not newer than the advert held for that node (a replay).
     Replay,
+    /// Sent, by its own word, more than [`FUTURE_SLACK_MS`] ahead of this
+    /// node's clock.
+    Ahead,
     /// The advert speaks for another node than the one that sent it.
     NotSender,
 }
@@ -60,8 +67,8 @@ pub enum Rejection {
 /// keeps them, on disk too, and status shows them.
 pub const MAX_TEXT_BYTES: usize = 256;
 
-/// How far ahead of this node's clock an advert's `sent_at_ms` may order
-/// it (see the module doc).
+/// How far ahead of this node's clock an advert's `sent_at_ms` may be
+/// (see the module doc).
 pub const FUTURE_SLACK_MS: u64 = 2_000;
 
 /// Who delivered an advert, as the call's authentication established.
@@ -82,6 +89,7 @@ impl Rejection {
             Rejection::Malformed { .. } | Rejection::TooLong { .. } => "malformed",
             Rejection::FromSelf => "from_self",
             Rejection::Replay => "replay",
+            Rejection::Ahead => "ahead",
             Rejection::NotSender => "not_sender",
         }
     }
@@ -94,8 +102,8 @@ pub struct Entry {
     pub advert: v1::Advert,
     /// When this node accepted it (monotonic).
     pub received: Instant,
-    /// Its `sent_at_ms`, capped at this node's clock plus
-    /// [`FUTURE_SLACK_MS`] when it arrived: what a newer advert must beat.
+    /// Its `sent_at_ms` (no more than [`FUTURE_SLACK_MS`] past this node's
+    /// clock when it arrived): what a newer advert must beat.
     pub order_ms: u64,
 }
 
@@ -185,7 +193,10 @@ impl PeerRegistry {
         if advert.node_id != sender.node {
             return Err(Rejection::NotSender);
         }
-        let order_ms = advert.sent_at_ms.min(now_ms.saturating_add(FUTURE_SLACK_MS));
+        if advert.sent_at_ms > now_ms.saturating_add(FUTURE_SLACK_MS) {
+            return Err(Rejection::Ahead);
+        }
+        let order_ms = advert.sent_at_ms;
         let mut entries = self.lock()?;
         if let Some(held) = entries.get(&advert.node_id)
             && held.order_ms >= order_ms
@@ -371,25 +382,44 @@ mod tests {
     }
 
     #[test]
-    fn an_advert_from_the_far_future_silences_its_node_only_briefly() {
+    fn an_advert_from_the_far_future_is_dropped_and_silences_nobody() {
         let key = secret("the cluster secret of the test");
         let registry = PeerRegistry::new(1);
         let now = Instant::now();
         let now_ms = 1_000_000;
-        // A year ahead: kept, but ordered as if FUTURE_SLACK_MS ahead.
         let future = seal(&key, &advert(2, now_ms + 31_536_000_000, Some(false)));
-        assert_eq!(registry.accept(&key, &future, peer(2), now, now_ms), Ok(2));
-        // The node's honest adverts are replays only until the slack has passed.
+        assert_eq!(registry.accept(&key, &future, peer(2), now, now_ms), Err(Rejection::Ahead));
         let honest = |sent| seal(&key, &advert(2, sent, Some(true)));
-        let soon = now_ms + FUTURE_SLACK_MS;
-        assert_eq!(
-            registry.accept(&key, &honest(soon), peer(2), now, soon),
-            Err(Rejection::Replay)
-        );
-        let later = soon + 1;
-        assert_eq!(registry.accept(&key, &honest(later), peer(2), now, later), Ok(2));
+        assert_eq!(registry.accept(&key, &honest(now_ms), peer(2), now, now_ms), Ok(2));
         let entries = registry.snapshot().expect("readable");
         assert_eq!(entries[&2].advert.journal_lease, Some(true));
+    }
+
+    #[test]
+    fn a_clock_ahead_cannot_make_an_earlier_advert_pass_for_the_newest() {
+        // Node 2 runs 10 s ahead. Its advert A1 says journal_lease; then it
+        // is rolled back to a build whose advert A2 has no such field. A1
+        // replayed after A2 must not be taken for the newest.
+        let key = secret("the cluster secret of the test");
+        let registry = PeerRegistry::new(1);
+        let now = Instant::now();
+        let ahead = 10_000;
+        let first = seal(&key, &advert(2, 100_000 + ahead, Some(true)));
+        let second = seal(&key, &advert(2, 103_000 + ahead, None));
+        assert_eq!(registry.accept(&key, &first, peer(2), now, 100_000), Err(Rejection::Ahead));
+        assert_eq!(registry.accept(&key, &second, peer(2), now, 103_000), Err(Rejection::Ahead));
+        // Within the slack both are heard, in their own order only.
+        let first = seal(&key, &advert(2, 101_000, Some(true)));
+        let second = seal(&key, &advert(2, 104_000, None));
+        assert_eq!(registry.accept(&key, &first, peer(2), now, 100_000), Ok(2));
+        assert_eq!(registry.accept(&key, &second, peer(2), now, 103_000), Ok(2));
+        assert_eq!(
+            registry.accept(&key, &first, peer(2), now, 104_000),
+            Err(Rejection::Replay),
+            "the earlier advert replayed"
+        );
+        let entries = registry.snapshot().expect("readable");
+        assert_eq!(entries[&2].advert.journal_lease, None);
     }
 
     #[test]

@@ -10,7 +10,7 @@
 //! ([`leasehold_core::claim_path::value_at`]), so every node decides one tick the
 //! same way and the pool switches paths at one tick.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -81,6 +81,22 @@ struct Inner {
 #[derive(Clone)]
 pub struct Gate {
     inner: Arc<Inner>,
+}
+
+/// The nodes a decision counts: every member, and a node outside the
+/// membership (an older scheduler beside the cluster) only while its advert
+/// is fresh. A removed member's advert kept on disk would otherwise hold
+/// the pool on the bus after every restart until the registry was pruned,
+/// naming a node long gone.
+fn counted_nodes(
+    members: impl Iterator<Item = u64>,
+    entries: &BTreeMap<u64, adverts::Entry>,
+    now: Instant,
+    stale_after_ms: u64,
+) -> BTreeSet<u64> {
+    let heard =
+        entries.iter().filter(|(_, entry)| entry.age_ms(now) < stale_after_ms).map(|(id, _)| *id);
+    members.chain(heard).collect()
 }
 
 impl Gate {
@@ -220,8 +236,12 @@ impl Gate {
             Default::default()
         });
         let now = Instant::now();
-        let ids: BTreeSet<u64> =
-            membership.iter().map(|(id, _)| *id).chain(entries.keys().copied()).collect();
+        let ids = counted_nodes(
+            membership.iter().map(|(id, _)| *id),
+            &entries,
+            now,
+            config.stale_after_ms,
+        );
         let members = ids
             .into_iter()
             .map(|node| Member {
@@ -392,7 +412,7 @@ impl Gate {
         let family = &self.inner.journal.metrics().peer_rejected;
         let mut total = 0;
         for kind in ["advert", "bus"] {
-            for reason in ["bad_mac", "malformed", "from_self", "replay", "not_sender"] {
+            for reason in ["bad_mac", "malformed", "from_self", "replay", "ahead", "not_sender"] {
                 let labels = RejectLabels { kind: kind.to_string(), reason: reason.to_string() };
                 total += family.get_or_create(&labels).get();
             }
@@ -636,4 +656,24 @@ async fn send_adverts(gate: &Gate) {
         }
     });
     futures::future::join_all(sends).await;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_node_outside_the_membership_counts_only_while_fresh() {
+        let now = Instant::now();
+        let heard = |node_id: u64, ago_ms: u64| {
+            let advert = v1::Advert { node_id, ..Default::default() };
+            let received = now.checked_sub(Duration::from_millis(ago_ms)).unwrap_or(now);
+            (node_id, adverts::Entry { advert, received, order_ms: 0 })
+        };
+        // Members 1 and 2 (2 long silent); 4 removed a minute ago, its advert
+        // kept on disk; 5 an older scheduler beside the cluster, heard now.
+        let entries = BTreeMap::from([heard(2, 60_000), heard(4, 60_000), heard(5, 1_000)]);
+        let counted = counted_nodes([1, 2].into_iter(), &entries, now, 30_000);
+        assert_eq!(counted, BTreeSet::from([1, 2, 5]));
+    }
 }
