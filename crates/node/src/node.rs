@@ -597,7 +597,7 @@ fn serve(
     let incoming = incoming::incoming(
         transport.grpc,
         credentials.server_tls.clone(),
-        ConnectionLimits::default(),
+        ConnectionLimits { http2_opening: true, ..ConnectionLimits::default() },
     );
     let grpc = grpc.serve_with_incoming_shutdown(incoming, signalled(shutdown.clone()));
     let http = leasehold_server::http::serve(

@@ -43,8 +43,13 @@ pub struct ConnectionLimits {
     /// connects them all.
     pub handshakes_per_client: usize,
     /// A handshake not done within this is abandoned: TLS's, or without
-    /// TLS the client's HTTP/2 preface and first frame.
+    /// TLS (with `http2_opening`) the client's HTTP/2 preface and first
+    /// frame.
     pub handshake_timeout: Duration,
+    /// The port speaks HTTP/2 only (gRPC): a plain connection must open its
+    /// session within `handshake_timeout`. Off for the HTTP/1 port, which
+    /// bounds a request's head itself.
+    pub http2_opening: bool,
     /// Most open connections (handshakes included) from all addresses
     /// together; more are closed at once. Each holds buffers and a file
     /// descriptor, and without TLS a client of many addresses (any of
@@ -59,6 +64,7 @@ impl Default for ConnectionLimits {
             handshakes: 128,
             handshakes_per_client: 32,
             handshake_timeout: Duration::from_secs(10),
+            http2_opening: false,
             total: 4_096,
         }
     }
@@ -151,18 +157,25 @@ impl AsyncRead for Connection {
         let Some(opening) = &mut this.opening else {
             return Pin::new(stream).poll_read(cx, buf);
         };
-        if opening.deadline.as_mut().poll(cx).is_ready() {
-            return Poll::Ready(Err(io::Error::new(
-                io::ErrorKind::TimedOut,
-                "the HTTP/2 preface and first frame did not arrive within the handshake timeout",
-            )));
-        }
         let before = buf.filled().len();
-        let polled = Pin::new(stream).poll_read(cx, buf);
-        if polled.is_ready() && opening.saw(&buf.filled()[before..]) {
-            this.opening = None;
+        match Pin::new(stream).poll_read(cx, buf) {
+            Poll::Ready(result) => {
+                if opening.saw(&buf.filled()[before..]) {
+                    this.opening = None;
+                }
+                Poll::Ready(result)
+            }
+            // Nothing to read: past the deadline that ends the connection,
+            // and before it the deadline's timer wakes this reader then.
+            Poll::Pending => match opening.deadline.as_mut().poll(cx) {
+                Poll::Ready(()) => Poll::Ready(Err(io::Error::new(
+                    io::ErrorKind::TimedOut,
+                    "the HTTP/2 preface and first frame did not arrive within the handshake \
+                     timeout",
+                ))),
+                Poll::Pending => Poll::Pending,
+            },
         }
-        polled
     }
 }
 
@@ -350,7 +363,7 @@ async fn accept_loop(
             let connection = Connection {
                 io: Io::Plain(stream),
                 info,
-                opening: Some(Opening::new(limits.handshake_timeout)),
+                opening: limits.http2_opening.then(|| Opening::new(limits.handshake_timeout)),
                 _slot: slot,
                 _place: place,
             };
@@ -527,6 +540,7 @@ mod tests {
         let addr = listener.local_addr()?;
         let limits = ConnectionLimits {
             handshake_timeout: Duration::from_millis(300),
+            http2_opening: true,
             ..Default::default()
         };
         let mut incoming = incoming(listener, None, limits);
@@ -547,6 +561,16 @@ mod tests {
         let mut opened = silent([127, 0, 0, 4], addr).await?;
         opened.write_all(&[&preface[..], &settings_head, &[0, 3, 0, 0, 0, 100]].concat()).await?;
         assert_eq!(served(&mut incoming, wait).await?, (39, None));
+
+        // A port that is not HTTP/2 only (the HTTP/1 port) has no such
+        // deadline: its request heads are bounded by its own server.
+        let listener = TcpListener::bind("127.0.0.1:0").await?;
+        let addr = listener.local_addr()?;
+        let limits = ConnectionLimits { http2_opening: false, ..limits };
+        let mut incoming = super::incoming(listener, None, limits);
+        let mut http1 = silent([127, 0, 0, 5], addr).await?;
+        http1.write_all(b"GET /metrics HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n").await?;
+        assert_eq!(served(&mut incoming, wait).await?, (42, None));
         Ok(())
     }
 
