@@ -256,7 +256,7 @@ pub async fn enqueue_file(
                 // node's UNAVAILABLE, a timeout, a broken connection) may
                 // still have committed, and is counted apart rather than
                 // guessed at.
-                if outcome_unknown(&error) {
+                if crate::outcome_unknown(&error) {
                     unknown += batch.len();
                 } else {
                     failed += batch.len();
@@ -298,28 +298,6 @@ pub async fn enqueue_file(
     })
 }
 
-/// Whether a failed Enqueue may still have committed: the call was not
-/// refused but went unanswered (UNAVAILABLE from the node, a deadline, a
-/// broken connection, an internal error), or the client says so. A call
-/// that never connected did not.
-fn outcome_unknown(error: &leasehold_client::ClientError) -> bool {
-    if error.never_sent() {
-        return false;
-    }
-    match error {
-        leasehold_client::ClientError::Status(status) => matches!(
-            status.code(),
-            tonic::Code::Unavailable
-                | tonic::Code::DeadlineExceeded
-                | tonic::Code::Cancelled
-                | tonic::Code::Unknown
-                | tonic::Code::Internal
-        ),
-        leasehold_client::ClientError::OutcomeUnknown { .. } => true,
-        _ => false,
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -330,17 +308,17 @@ mod tests {
         for code in
             [tonic::Code::Unavailable, tonic::Code::DeadlineExceeded, tonic::Code::Cancelled]
         {
-            assert!(outcome_unknown(&status(code)), "{code:?} may have committed");
+            assert!(crate::outcome_unknown(&status(code)), "{code:?} may have committed");
         }
         for code in [tonic::Code::InvalidArgument, tonic::Code::PermissionDenied] {
-            assert!(!outcome_unknown(&status(code)), "{code:?} changed nothing");
+            assert!(!crate::outcome_unknown(&status(code)), "{code:?} changed nothing");
         }
         let refused = tonic::Status::from_error(Box::new(tonic::ConnectError(Box::new(
             std::io::Error::from(std::io::ErrorKind::ConnectionRefused),
         ))));
         assert_eq!(refused.code(), tonic::Code::Unavailable);
         let refused = leasehold_client::ClientError::Status(refused);
-        assert!(!outcome_unknown(&refused), "a refused connection sent nothing");
+        assert!(!crate::outcome_unknown(&refused), "a refused connection sent nothing");
     }
 
     #[test]

@@ -67,6 +67,11 @@ impl ClusterArgs {
     pub fn connection(&self) -> &Connection {
         &self.connection
     }
+
+    /// Whether the subcommand writes (anything but a read).
+    pub fn writes(&self) -> bool {
+        !matches!(self.command, ClusterCommand::Status { .. })
+    }
 }
 
 /// Runs a cluster subcommand.

@@ -38,7 +38,8 @@ enum CronCommand {
         /// Payload of the job (for external workers).
         #[arg(long)]
         payload: Option<String>,
-        /// Queue (default "exec", the built-in executor's).
+        /// Queue (with --command, default "exec", the built-in executor's;
+        /// without one, required).
         #[arg(long)]
         queue: Option<String>,
         /// Tags of the job; with --target each, the node tags that must match.
@@ -246,6 +247,14 @@ impl CronArgs {
     /// How this subcommand reaches a node.
     pub fn connection(&self) -> &Connection {
         &self.connection
+    }
+
+    /// Whether the subcommand writes (anything but a read).
+    pub fn writes(&self) -> bool {
+        !matches!(
+            self.command,
+            CronCommand::Get { .. } | CronCommand::List { .. } | CronCommand::History { .. }
+        )
     }
 }
 

@@ -271,6 +271,14 @@ impl JobArgs {
     pub fn connection(&self) -> &Connection {
         &self.connection
     }
+
+    /// Whether the subcommand writes (anything but a read).
+    pub fn writes(&self) -> bool {
+        !matches!(
+            self.command,
+            JobCommand::Get { .. } | JobCommand::List { .. } | JobCommand::Stats { .. }
+        )
+    }
 }
 
 /// Runs a job subcommand.

@@ -111,6 +111,17 @@ impl Top {
             _ => None,
         }
     }
+
+    /// Whether the subcommand writes: its failure may leave the write
+    /// applied, which the error then says.
+    fn writes(&self) -> bool {
+        match self {
+            Top::Job(args) => args.writes(),
+            Top::Cron(args) => args.writes(),
+            Top::Cluster(args) => args.writes(),
+            _ => false,
+        }
+    }
 }
 
 /// How a client subcommand reaches a node and proves who it is.
@@ -200,6 +211,44 @@ pub fn no_node_answered(error: &ClientError) -> bool {
     }
 }
 
+/// Whether a failed call may still have been applied: it was not refused
+/// but went unanswered (UNAVAILABLE from the node, such as a write not
+/// committed in time, a deadline, a broken connection, an internal error),
+/// or the client says so. A call that never connected was not.
+pub(crate) fn outcome_unknown(error: &ClientError) -> bool {
+    if error.never_sent() {
+        return false;
+    }
+    match error {
+        ClientError::Status(status) => matches!(
+            status.code(),
+            tonic::Code::Unavailable
+                | tonic::Code::DeadlineExceeded
+                | tonic::Code::Cancelled
+                | tonic::Code::Unknown
+                | tonic::Code::Internal
+        ),
+        ClientError::OutcomeUnknown { .. } => true,
+        _ => false,
+    }
+}
+
+/// What the CLI says when a subcommand fails: where no node answered, the
+/// addresses tried and what to check; where a node answered but may have
+/// applied a write (`writes`), the error and a word to look before
+/// repeating it; else the error.
+fn failure_message(error: &anyhow::Error, addr: Option<&str>, writes: bool) -> String {
+    let client = error.chain().find_map(|e| e.downcast_ref::<ClientError>());
+    match client {
+        Some(client) if no_node_answered(client) => unreachable_message(error, client, addr),
+        Some(client) if writes && outcome_unknown(client) => format!(
+            "{error:#}; the write may have been applied all the same: look before repeating it \
+             (an enqueue with --key is never applied twice)"
+        ),
+        _ => format!("{error:#}"),
+    }
+}
+
 /// The one-line message for a command that reached no node: the addresses
 /// tried, the cause as the system said it, and what to check.
 fn unreachable_message(error: &anyhow::Error, client: &ClientError, addr: Option<&str>) -> String {
@@ -280,6 +329,7 @@ enum Work {
 fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
     let addr = cli.command.addr().map(str::to_string);
+    let writes = cli.command.writes();
     // A node's configuration is read before its runtime starts: it says how
     // many threads that runtime gets.
     let work = match cli.command {
@@ -332,13 +382,7 @@ fn main() -> std::process::ExitCode {
     match result {
         Ok(code) => code,
         Err(error) => {
-            let client = error.chain().find_map(|e| e.downcast_ref::<ClientError>());
-            match client {
-                Some(client) if no_node_answered(client) => {
-                    eprintln!("error: {}", unreachable_message(&error, client, addr.as_deref()));
-                }
-                _ => eprintln!("error: {error:#}"),
-            }
+            eprintln!("error: {}", failure_message(&error, addr.as_deref(), writes));
             std::process::ExitCode::FAILURE
         }
     }
@@ -373,6 +417,19 @@ mod tests {
         assert!(!refused.contains("may have been applied"), "{refused}");
         let lost = message(std::io::ErrorKind::ConnectionReset);
         assert!(lost.contains("may have been applied"), "{lost}");
+    }
+
+    #[test]
+    fn a_write_a_node_could_not_answer_may_have_been_applied_a_refused_one_not() {
+        let message = |status: tonic::Status, writes| {
+            failure_message(&anyhow::Error::new(ClientError::Status(status)), None, writes)
+        };
+        let lost = || tonic::Status::unavailable("no quorum: not committed within 5000 ms");
+        let hinted = message(lost(), true);
+        assert!(hinted.contains("not committed") && hinted.contains("may have been applied"));
+        assert!(!message(lost(), false).contains("may have been applied"), "a read");
+        let refused = message(tonic::Status::invalid_argument("queue: bad"), true);
+        assert!(!refused.contains("may have been applied"), "{refused}");
     }
 
     /// Every subcommand, at any depth, with its path (`job enqueue`).

@@ -548,7 +548,11 @@ impl Client {
                     self.follow_leader(response.metadata());
                     return Ok(response.into_inner());
                 }
-                Err(status) if is_retryable(&status) && tried < attempts => {
+                Err(status)
+                    if is_retryable(&status)
+                        && tried < attempts
+                        && (repeat != Repeat::UntilSent || connect_failure(&status)) =>
+                {
                     tracing::debug!(%status, tried, "retrying after a transient failure");
                     // A try that never connected cannot have applied.
                     if !connect_failure(&status) {
@@ -738,7 +742,10 @@ impl Client {
 
     /// Dead jobs back to ready.
     pub async fn redrive(&self, request: v1::RedriveRequest) -> Result<u64, ClientError> {
-        self.retrying(true, || {
+        // A repeat after a try that applied finds nothing dead and answers
+        // 0: the count would be wrong, so only a try that never left is
+        // repeated.
+        self.retrying_as(Repeat::UntilSent, || {
             let mut stub = self.queue();
             let request = self.request(request.clone(), self.call_timeout);
             async move { stub.redrive(request).await }
@@ -912,6 +919,10 @@ enum Repeat {
     /// released token is stale to its retry), so a refused repeat after a
     /// lost answer leaves the outcome unknown.
     Differs,
+    /// Repeated only after a try that never connected: a repeat of one
+    /// that applied would answer something else and be taken for the
+    /// answer (a redrive's count of jobs moved).
+    UntilSent,
 }
 
 /// The error a call ends with: the last failure, unless an earlier try
@@ -1183,6 +1194,52 @@ mod tests {
         let error = client.status().await.err().ok_or("a dying node answered")?;
         server.abort();
         assert!(!error.never_sent(), "the first try reached a node: {error:?}");
+        Ok(())
+    }
+
+    /// A node that takes each connection, reads the call and dies; answers
+    /// its address and how many connections it took.
+    async fn dying_node() -> std::io::Result<(String, Arc<AtomicUsize>, tokio::task::JoinHandle<()>)>
+    {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+        let addr = listener.local_addr()?.to_string();
+        let taken = Arc::new(AtomicUsize::new(0));
+        let counted = taken.clone();
+        let server = tokio::spawn(async move {
+            while let Ok((mut socket, _)) = listener.accept().await {
+                use tokio::io::AsyncReadExt;
+                counted.fetch_add(1, Ordering::SeqCst);
+                let mut buffer = [0u8; 4096];
+                let _ = tokio::time::timeout(Duration::from_millis(200), socket.read(&mut buffer))
+                    .await;
+            }
+        });
+        Ok((addr, taken, server))
+    }
+
+    #[tokio::test]
+    async fn a_redrive_cut_after_connecting_is_not_repeated_but_a_refused_one_is()
+    -> Result<(), Box<dyn std::error::Error>> {
+        let policy = RetryPolicy {
+            attempts: 3,
+            first_delay: Duration::from_millis(10),
+            max_delay: Duration::from_millis(10),
+        };
+        let (first, _, first_server) = dying_node().await?;
+        let (second, second_taken, second_server) = dying_node().await?;
+        let request = || v1::RedriveRequest { queue: Some("q".into()), job_ids: Vec::new() };
+        // Cut after connecting: its repeat would find nothing dead and say 0.
+        let client = Client::connect(&format!("{first},{second}"))?.with_retry(policy);
+        let error = client.redrive(request()).await.err().ok_or("a dying node answered")?;
+        assert!(!error.never_sent(), "{error:?}");
+        assert_eq!(second_taken.load(Ordering::SeqCst), 0, "the redrive was repeated");
+        // Refused first: nothing left, so the next address is tried.
+        let refused = format!("127.0.0.1:{}", closed_port()?);
+        let client = Client::connect(&format!("{refused},{second}"))?.with_retry(policy);
+        assert!(client.redrive(request()).await.is_err());
+        assert_eq!(second_taken.load(Ordering::SeqCst), 1, "a refused try was not repeated");
+        first_server.abort();
+        second_server.abort();
         Ok(())
     }
 
