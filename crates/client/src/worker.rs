@@ -227,6 +227,7 @@ where
     // instead of leaving them to lapse unheld, each charging its job an
     // attempt.
     let mut unanswered: Option<String> = None;
+    let mut last_request: Option<v1::ClaimRequest> = None;
     while !shared.drain.is_cancelled() {
         let first = tokio::select! {
             permit = permits.clone().acquire_owned() => match permit {
@@ -248,8 +249,9 @@ where
             wait_ms: config.poll_wait_ms,
             // Named here, so a claim cut off by shutdown or by a failure can
             // be asked again for what it was granted.
-            request_id: unanswered.take().unwrap_or_else(new_request_id),
+            request_id: unanswered.clone().unwrap_or_else(new_request_id),
         };
+        let carried = unanswered.take().is_some();
         // The lease's local deadline counts from here (plus the time the
         // node says it held the call), never from the answer's arrival: a
         // slow answer must eat into the lease, not extend it.
@@ -262,10 +264,18 @@ where
             }
         };
         let (grants, granted_by) = match claim {
+            // Under a carried id the node may answer the failed try's
+            // leases, granted before this try was sent: counted from this
+            // send, their deadlines would run past their real ends. So they
+            // are renewed first, and count from the renewal's send.
+            Ok(reply) if carried && !reply.grants.is_empty() => {
+                renewed_grants(&shared, reply.grants).await
+            }
             Ok(reply) => (reply.grants, sent_at + Duration::from_millis(reply.waited_ms)),
             Err(error) => {
                 tracing::warn!(%error, "claim failed; retrying");
-                unanswered = Some(request.request_id);
+                unanswered = Some(request.request_id.clone());
+                last_request = Some(request);
                 tokio::select! {
                     () = tokio::time::sleep(Duration::from_millis(500)) => {}
                     () = shared.drain.cancelled() => {}
@@ -294,6 +304,11 @@ where
                 tracing::warn!(%error, "job task failed");
             }
         }
+    }
+    // Stopped between a failed claim and its repeat: what it may have been
+    // granted is collected and given back, as for a claim cut off.
+    if let (Some(_), Some(request)) = (unanswered, last_request) {
+        release_cut_off(&shared, request).await;
     }
     let deadline = Instant::now() + config.grace;
     if tokio::time::timeout_at(deadline, join_all(&mut running)).await.is_err() {
@@ -358,6 +373,47 @@ async fn release_cut_off(shared: &Shared, request: v1::ClaimRequest) {
             shared.record(|r| r.unstarted.push(lease.job_id));
         }
     }
+}
+
+/// `grants` answered to a repeated claim, renewed: those still held, with
+/// their renewed leases, and the instant their deadlines count from (the
+/// renewal's send). A lease the node says is lost is dropped; if the
+/// renewal fails, nothing is known of when the leases were granted, so
+/// none is started (each is released if the node can be reached, or
+/// lapses).
+async fn renewed_grants(shared: &Shared, grants: Vec<v1::Grant>) -> (Vec<v1::Grant>, Instant) {
+    let sent_at = Instant::now();
+    let request = v1::RefreshRequest {
+        worker: shared.worker_id.clone(),
+        leases: grants
+            .iter()
+            .filter_map(|grant| grant.lease.as_ref())
+            .map(|lease| v1::LeaseRef { job_id: lease.job_id, token: lease.token })
+            .collect(),
+        lease_ttl_ms: shared.lease_ttl_ms,
+    };
+    let renewed = match shared.client.refresh(request).await {
+        Ok(reply) => reply.renewed,
+        Err(error) => {
+            tracing::warn!(%error, "could not renew the leases of a repeated claim; giving them back");
+            for lease in grants.iter().filter_map(|grant| grant.lease.as_ref()) {
+                shared.give_back(lease.job_id, lease.token, "unconfirmed").await;
+            }
+            return (Vec::new(), sent_at);
+        }
+    };
+    let still_held = grants
+        .into_iter()
+        .filter_map(|mut grant| {
+            let lease = grant.lease.as_ref()?;
+            let fresh = renewed
+                .iter()
+                .find(|renewed| renewed.job_id == lease.job_id && renewed.token == lease.token)?;
+            grant.lease = Some(fresh.clone());
+            Some(grant)
+        })
+        .collect();
+    (still_held, sent_at)
 }
 
 /// The safety margin subtracted from a lease's TTL on the worker's clock.

@@ -471,11 +471,13 @@ mod drain {
 mod lost_answer {
     //! A worker's claim is granted on the node, but its answer never
     //! arrives: the proxy in front of the node swallows it, then goes away
-    //! and comes back on the same address, and the worker's client tries
-    //! each call once. The worker must ask again under the failed claim's
-    //! request id and get that lease back, running the job under the token
-    //! it was first granted, long before the 60 s lease would lapse.
-    //! (Under a new id the job sat claimed by nobody until then.)
+    //! and comes back on the same address 3 s later, and the worker's
+    //! client tries each call once. The worker must ask again under the
+    //! failed claim's request id and get that lease back, running the job
+    //! under the token it was first granted, long before the 60 s lease
+    //! would lapse. (Under a new id the job sat claimed by nobody until
+    //! then.) And the lease's local deadline must not run past its end on
+    //! the node: the lease was granted seconds before the repeat was sent.
 
     use leasehold_client::RetryPolicy;
 
@@ -504,12 +506,24 @@ mod lost_answer {
             Client::connect(&proxy.addr()).map_err(|e| anyhow!("client: {e}"))?.with_retry(once);
         let ran = Arc::new(Mutex::new(Vec::new()));
         let handler = {
-            let ran = ran.clone();
+            let (ran, direct) = (ran.clone(), direct.clone());
             move |guard: LeaseGuard| {
-                if let Ok(mut ran) = ran.lock() {
-                    ran.push((guard.job_id(), guard.fencing_token()));
+                let (ran, mut direct) = (ran.clone(), direct.clone());
+                async move {
+                    // What is left of the lease here and on the node.
+                    let local = guard.deadline().saturating_duration_since(Instant::now());
+                    let job = get_job(&mut direct, guard.job_id()).await;
+                    let now_ms = std::time::SystemTime::now()
+                        .duration_since(std::time::UNIX_EPOCH)
+                        .map_or(u64::MAX, |since| since.as_millis() as u64);
+                    let on_node = job.ok().and_then(|job| job.lease).map(|lease| {
+                        Duration::from_millis(lease.expires_at_ms.saturating_sub(now_ms))
+                    });
+                    if let Ok(mut ran) = ran.lock() {
+                        ran.push((guard.job_id(), guard.fencing_token(), local, on_node));
+                    }
+                    Outcome::Ack { result: Vec::new() }
                 }
-                async { Outcome::Ack { result: Vec::new() } }
             }
         };
         let mut config = WorkerConfig::new(QUEUE, "sdk-lost-answer-worker");
@@ -527,6 +541,7 @@ mod lost_answer {
         phase("the proxy goes away, cutting the claim, and comes back passing answers");
         let listen = proxy.listen();
         proxy.stop().await;
+        tokio::time::sleep(Duration::from_secs(3)).await;
         let proxy = proxy::Proxy::start_on(listen, node.grpc, Duration::ZERO).await?;
 
         phase("the worker runs the job under its first grant's token and acks it");
@@ -535,7 +550,14 @@ mod lost_answer {
         proxy.stop().await;
         let job = acked.with_context(|| format!("worker report {report:?}"))?;
         let runs = ran.lock().map(|ran| ran.clone()).unwrap_or_default();
-        ensure!(runs == vec![(job_id, granted.token)], "runs {runs:?}");
+        let [(ran_job, token, local, Some(on_node))] = runs[..] else {
+            bail!("runs {runs:?}");
+        };
+        ensure!((ran_job, token) == (job_id, granted.token), "runs {runs:?}");
+        ensure!(
+            local <= on_node,
+            "the local deadline ({local:?} on) outlives the lease ({on_node:?})"
+        );
         ensure!(job.attempts == 0, "no attempt charged: {}", job.attempts);
         ensure!(report.acked == vec![(job_id, granted.token)], "report {report:?}");
         Ok(())
