@@ -8,17 +8,19 @@
 //! and not from this one, and it is newer (by the sender's `sent_at_ms`)
 //! than the one held; anything else is dropped and counted, by reason.
 //!
-//! The sender's clock only orders its own adverts, and only within a
-//! bound: an advert whose `sent_at_ms` is more than [`FUTURE_SLACK_MS`]
-//! ahead of this node's clock is dropped (reason `ahead`). Ordered by a
-//! capped time instead, a node's honest adverts would all tie at the cap
-//! while its clock ran ahead, and an earlier one replayed would pass for
-//! the newest (a rolled-back build's last advert saying `journal_lease`,
-//! say); and a forged far-future one would silence the node. A node whose
-//! clock is that far ahead is far outside the clock bound anyway, and goes
-//! unheard, which keeps the pool on the bus. Ages are measured on this
-//! node's monotonic clock from the moment an advert was accepted, so a
-//! peer's clock never makes its advert look younger than it is.
+//! The sender's clock orders its own adverts: one is taken only if its
+//! `sent_at_ms` is later than the held one's, whatever this node's clock
+//! says, so an earlier advert replayed never passes for the newest (a
+//! rolled-back build's last advert saying `journal_lease`, say), however
+//! far ahead the sender's clock runs. A sender whose clock stepped back is
+//! unheard until its clock passes its last advert, or until that advert
+//! is stale (older here than the stale age): then an advert not from the
+//! future (at most [`FUTURE_SLACK_MS`] ahead of this node's clock) is
+//! taken whatever its time, so an advert from the far future (a clock
+//! stepped ahead and back, or a forger) silences its node for no longer
+//! than the stale age. Ages are measured on this node's monotonic clock
+//! from the moment an advert was accepted, so a peer's clock never makes
+//! its advert look younger than it is.
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
@@ -56,19 +58,19 @@ pub enum Rejection {
     FromSelf,
     /// Not newer than the advert held for that node (a replay).
     Replay,
-    /// Sent, by its own word, more than [`FUTURE_SLACK_MS`] ahead of this
-    /// node's clock.
-    Ahead,
     /// The advert speaks for another node than the one that sent it.
     NotSender,
 }
+
+/// The stale age a registry assumes until told the gate's.
+pub const DEFAULT_STALE_AFTER_MS: u64 = 30_000;
 
 /// Longest `version` or `role` an advert may carry (bytes): the registry
 /// keeps them, on disk too, and status shows them.
 pub const MAX_TEXT_BYTES: usize = 256;
 
-/// How far ahead of this node's clock an advert's `sent_at_ms` may be
-/// (see the module doc).
+/// How far ahead of this node's clock an advert's `sent_at_ms` may be to
+/// replace a stale one sent later (see the module doc).
 pub const FUTURE_SLACK_MS: u64 = 2_000;
 
 /// Who delivered an advert, as the call's authentication established.
@@ -89,7 +91,6 @@ impl Rejection {
             Rejection::Malformed { .. } | Rejection::TooLong { .. } => "malformed",
             Rejection::FromSelf => "from_self",
             Rejection::Replay => "replay",
-            Rejection::Ahead => "ahead",
             Rejection::NotSender => "not_sender",
         }
     }
@@ -102,8 +103,8 @@ pub struct Entry {
     pub advert: v1::Advert,
     /// When this node accepted it (monotonic).
     pub received: Instant,
-    /// Its `sent_at_ms` (no more than [`FUTURE_SLACK_MS`] past this node's
-    /// clock when it arrived): what a newer advert must beat.
+    /// Its `sent_at_ms`: what a newer advert must beat (while it is not
+    /// stale).
     pub order_ms: u64,
 }
 
@@ -122,6 +123,8 @@ impl Entry {
 #[derive(Debug)]
 pub struct PeerRegistry {
     node_id: u64,
+    /// Past this age a held advert may be replaced by one sent earlier.
+    stale_after_ms: u64,
     entries: Mutex<BTreeMap<u64, Entry>>,
     store: Option<Arc<dyn AdvertStore>>,
 }
@@ -136,7 +139,12 @@ pub fn seal(secret: &ClusterSecret, advert: &v1::Advert) -> v1::Signed {
 impl PeerRegistry {
     /// An empty registry on node `node_id`.
     pub fn new(node_id: u64) -> PeerRegistry {
-        PeerRegistry { node_id, entries: Mutex::new(BTreeMap::new()), store: None }
+        PeerRegistry {
+            node_id,
+            stale_after_ms: DEFAULT_STALE_AFTER_MS,
+            entries: Mutex::new(BTreeMap::new()),
+            store: None,
+        }
     }
 
     /// A registry on node `node_id` kept in `store`, starting with the
@@ -165,7 +173,19 @@ impl PeerRegistry {
             }
             Err(error) => tracing::warn!(%error, "could not read the kept peer adverts"),
         }
-        PeerRegistry { node_id, entries: Mutex::new(entries), store: Some(store) }
+        PeerRegistry {
+            node_id,
+            stale_after_ms: DEFAULT_STALE_AFTER_MS,
+            entries: Mutex::new(entries),
+            store: Some(store),
+        }
+    }
+
+    /// The same registry, taking a held advert for stale past
+    /// `stale_after_ms` (the gate's stale age).
+    pub fn stale_after(mut self, stale_after_ms: u64) -> PeerRegistry {
+        self.stale_after_ms = stale_after_ms;
+        self
     }
 
     /// Checks and, when valid, keeps a signed advert delivered by `sender`
@@ -193,15 +213,18 @@ impl PeerRegistry {
         if advert.node_id != sender.node {
             return Err(Rejection::NotSender);
         }
-        if advert.sent_at_ms > now_ms.saturating_add(FUTURE_SLACK_MS) {
-            return Err(Rejection::Ahead);
-        }
         let order_ms = advert.sent_at_ms;
         let mut entries = self.lock()?;
         if let Some(held) = entries.get(&advert.node_id)
             && held.order_ms >= order_ms
         {
-            return Err(Rejection::Replay);
+            // Sent earlier than the held one: a replay, unless the held one
+            // is stale and this one is not from the future (its sender's
+            // clock stepped back).
+            let from_the_future = order_ms > now_ms.saturating_add(FUTURE_SLACK_MS);
+            if held.age_ms(now) < self.stale_after_ms || from_the_future {
+                return Err(Rejection::Replay);
+            }
         }
         let node = advert.node_id;
         entries.insert(node, Entry { advert, received: now, order_ms });
@@ -263,7 +286,7 @@ fn entry_of(kept: &KeptAdvert, now: Instant, now_ms: u64) -> Option<Entry> {
     }
     let age = Duration::from_millis(now_ms.saturating_sub(kept.received_ms));
     let received = now.checked_sub(age)?;
-    let order_ms = advert.sent_at_ms.min(kept.received_ms.saturating_add(FUTURE_SLACK_MS));
+    let order_ms = advert.sent_at_ms;
     Some(Entry { advert, received, order_ms })
 }
 
@@ -382,15 +405,32 @@ mod tests {
     }
 
     #[test]
-    fn an_advert_from_the_far_future_is_dropped_and_silences_nobody() {
+    fn an_advert_from_the_far_future_silences_its_node_only_until_stale() {
         let key = secret("the cluster secret of the test");
-        let registry = PeerRegistry::new(1);
+        let registry = PeerRegistry::new(1).stale_after(30_000);
         let now = Instant::now();
         let now_ms = 1_000_000;
+        // A year ahead: taken, as its sender's newest.
         let future = seal(&key, &advert(2, now_ms + 31_536_000_000, Some(false)));
-        assert_eq!(registry.accept(&key, &future, peer(2), now, now_ms), Err(Rejection::Ahead));
+        assert_eq!(registry.accept(&key, &future, peer(2), now, now_ms), Ok(2));
         let honest = |sent| seal(&key, &advert(2, sent, Some(true)));
-        assert_eq!(registry.accept(&key, &honest(now_ms), peer(2), now, now_ms), Ok(2));
+        // The node's honest adverts are replays until that one is stale.
+        let soon = now + Duration::from_secs(29);
+        assert_eq!(
+            registry.accept(&key, &honest(now_ms + 29_000), peer(2), soon, now_ms + 29_000),
+            Err(Rejection::Replay)
+        );
+        let stale = now + Duration::from_secs(30);
+        // Then one from the future still cannot replace it, an honest one can.
+        let ahead = seal(&key, &advert(2, now_ms + 40_000, Some(false)));
+        assert_eq!(
+            registry.accept(&key, &ahead, peer(2), stale, now_ms + 30_000),
+            Err(Rejection::Replay)
+        );
+        assert_eq!(
+            registry.accept(&key, &honest(now_ms + 30_000), peer(2), stale, now_ms + 30_000),
+            Ok(2)
+        );
         let entries = registry.snapshot().expect("readable");
         assert_eq!(entries[&2].advert.journal_lease, Some(true));
     }
@@ -402,19 +442,15 @@ mod tests {
         // replayed after A2 must not be taken for the newest.
         let key = secret("the cluster secret of the test");
         let registry = PeerRegistry::new(1);
-        let now = Instant::now();
+        let t0 = Instant::now();
+        let at = |secs| t0 + Duration::from_secs(secs);
         let ahead = 10_000;
         let first = seal(&key, &advert(2, 100_000 + ahead, Some(true)));
         let second = seal(&key, &advert(2, 103_000 + ahead, None));
-        assert_eq!(registry.accept(&key, &first, peer(2), now, 100_000), Err(Rejection::Ahead));
-        assert_eq!(registry.accept(&key, &second, peer(2), now, 103_000), Err(Rejection::Ahead));
-        // Within the slack both are heard, in their own order only.
-        let first = seal(&key, &advert(2, 101_000, Some(true)));
-        let second = seal(&key, &advert(2, 104_000, None));
-        assert_eq!(registry.accept(&key, &first, peer(2), now, 100_000), Ok(2));
-        assert_eq!(registry.accept(&key, &second, peer(2), now, 103_000), Ok(2));
+        assert_eq!(registry.accept(&key, &first, peer(2), at(0), 100_000), Ok(2));
+        assert_eq!(registry.accept(&key, &second, peer(2), at(3), 103_000), Ok(2));
         assert_eq!(
-            registry.accept(&key, &first, peer(2), now, 104_000),
+            registry.accept(&key, &first, peer(2), at(4), 104_000),
             Err(Rejection::Replay),
             "the earlier advert replayed"
         );

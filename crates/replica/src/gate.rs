@@ -111,7 +111,8 @@ impl Gate {
     ) -> Gate {
         let node_id = journal.node_id();
         let registry =
-            PeerRegistry::with_store(node_id, peers, Instant::now(), journal.clock().now_ms());
+            PeerRegistry::with_store(node_id, peers, Instant::now(), journal.clock().now_ms())
+                .stale_after(config.stale_after_ms);
         Gate {
             inner: Arc::new(Inner {
                 journal,
@@ -412,7 +413,7 @@ impl Gate {
         let family = &self.inner.journal.metrics().peer_rejected;
         let mut total = 0;
         for kind in ["advert", "bus"] {
-            for reason in ["bad_mac", "malformed", "from_self", "replay", "ahead", "not_sender"] {
+            for reason in ["bad_mac", "malformed", "from_self", "replay", "not_sender"] {
                 let labels = RejectLabels { kind: kind.to_string(), reason: reason.to_string() };
                 total += family.get_or_create(&labels).get();
             }

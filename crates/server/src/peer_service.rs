@@ -51,10 +51,8 @@ impl Peer for PeerService {
                 "body.node_id: node {node} may only advertise itself"
             ))),
             // A replay is harmless (dropped); answering OK keeps a peer whose
-            // clock stepped back from retrying in a loop. One from a clock
-            // far ahead is dropped too, and the answer's time lets that peer
-            // see how far ahead it is.
-            Err(Rejection::Replay | Rejection::Ahead) => {
+            // clock stepped back from retrying in a loop.
+            Err(Rejection::Replay) => {
                 Ok(Response::new(v1::AdvertAck { now_ms: self.gate.now_ms() }))
             }
         }
