@@ -278,6 +278,23 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn the_last_kill_disarms_the_guard() -> std::io::Result<()> {
+        // A group of its own whose leader the guard kills once reaped; no
+        // later drop may signal that group id again (it may be reused).
+        let mut child = tokio::process::Command::new("sleep")
+            .arg("30")
+            .process_group(0)
+            .kill_on_drop(true)
+            .spawn()?;
+        let mut guard = GroupGuard { pgid: child.id().and_then(|id| i32::try_from(id).ok()) };
+        assert!(guard.pgid.is_some());
+        guard.kill_last();
+        assert!(!child.wait().await?.success(), "the group was killed");
+        assert_eq!(guard.pgid, None, "the guard would kill that group id again on drop");
+        Ok(())
+    }
+
+    #[tokio::test]
     async fn exit_zero_acks_and_captures_output_and_stdin() {
         let run = run(&sh("echo \"$GREETING $(cat)\""), b"there".to_vec()).await;
         assert_eq!(run.outcome, Outcome::Ack { result: b"hi there\n".to_vec() });

@@ -663,7 +663,16 @@ fn start_intake(
         tasks.push(tokio::spawn(executor::run(executor_config, client, stop.clone())));
     }
     tasks.push(tokio::spawn(register(journal.clone(), config.tags.clone(), stop.clone())));
-    let driver_config = DriverConfig {
+    let driver_config = driver_config(config);
+    tasks.push(tokio::spawn(driver::run(journal.clone(), gate.clone(), driver_config, stop)));
+    Ok(tasks)
+}
+
+/// The driver's settings: a bus tick is run here only where the executor
+/// would run its journal job, so the driver judges by the executor's
+/// queues and the tags it claims with (`node:ID` included).
+fn driver_config(config: &Config) -> DriverConfig {
+    DriverConfig {
         sweep_interval: Duration::from_millis(config.sweep_interval_ms),
         purge_interval: Duration::from_millis(config.purge_interval_ms),
         run_commands: config.executor,
@@ -672,9 +681,7 @@ fn start_intake(
         command_timeout: Duration::from_millis(config.executor_timeout_ms),
         grace: Duration::from_millis(config.drain_grace_ms),
         commands: commands::shell(),
-    };
-    tasks.push(tokio::spawn(driver::run(journal.clone(), gate.clone(), driver_config, stop)));
-    Ok(tasks)
+    }
 }
 
 /// The address a node's own clients dial: its listener, on loopback when
@@ -1086,6 +1093,21 @@ impl NodeHandle {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_driver_judges_bus_ticks_by_the_executors_queues_and_tags() {
+        let config = Config {
+            id: 3,
+            tags: vec!["db".into()],
+            executor_queues: vec!["exec.db".into()],
+            ..Config::default()
+        };
+        let driver = driver_config(&config);
+        assert_eq!(driver.queues, vec!["exec.db".to_string()]);
+        assert!(driver.tags.contains(&"db".to_string()), "{:?}", driver.tags);
+        assert!(driver.tags.contains(&"node:3".to_string()), "{:?}", driver.tags);
+        assert_eq!(driver.run_commands, config.executor);
+    }
 
     #[test]
     fn own_clients_dial_the_listener_and_check_the_advertised_host() {
