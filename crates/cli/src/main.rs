@@ -220,6 +220,7 @@ pub(crate) fn outcome_unknown(error: &ClientError) -> bool {
         return false;
     }
     match error {
+        ClientError::Status(status) if leasehold_client::refused_before_proposing(status) => false,
         ClientError::Status(status) => matches!(
             status.code(),
             tonic::Code::Unavailable
@@ -430,6 +431,10 @@ mod tests {
         assert!(!message(lost(), false).contains("may have been applied"), "a read");
         let refused = message(tonic::Status::invalid_argument("queue: bad"), true);
         assert!(!refused.contains("may have been applied"), "{refused}");
+        for before in ["draining: this node takes no new claims", "no leader is known yet"] {
+            let refused = message(tonic::Status::unavailable(before), true);
+            assert!(!refused.contains("may have been applied"), "{refused}");
+        }
     }
 
     /// Every subcommand, at any depth, with its path (`job enqueue`).

@@ -551,7 +551,9 @@ impl Client {
                 Err(status)
                     if is_retryable(&status)
                         && tried < attempts
-                        && (repeat != Repeat::UntilSent || connect_failure(&status)) =>
+                        && (repeat != Repeat::UntilSent
+                            || connect_failure(&status)
+                            || refused_before_proposing(&status)) =>
                 {
                     tracing::debug!(%status, tried, "retrying after a transient failure");
                     // A try that never connected cannot have applied.
@@ -919,10 +921,23 @@ enum Repeat {
     /// released token is stale to its retry), so a refused repeat after a
     /// lost answer leaves the outcome unknown.
     Differs,
-    /// Repeated only after a try that never connected: a repeat of one
-    /// that applied would answer something else and be taken for the
-    /// answer (a redrive's count of jobs moved).
+    /// Repeated only after a try that wrote nothing (it never connected,
+    /// or the node refused it before proposing, as in an election): a
+    /// repeat of one that applied would answer something else and be taken
+    /// for the answer (a redrive's count of jobs moved).
     UntilSent,
+}
+
+/// The beginnings of a node's UNAVAILABLE answers given before it proposed
+/// anything: a draining node's refusal of a claim, no leader to forward
+/// to (an election), a clock the voters have not agreed.
+const REFUSED_BEFORE_PROPOSING: [&str; 3] = ["draining:", "no leader is known yet", "clock:"];
+
+/// Whether `status` is a node's UNAVAILABLE given before it proposed
+/// anything, so nothing of the call was written.
+pub fn refused_before_proposing(status: &tonic::Status) -> bool {
+    status.code() == tonic::Code::Unavailable
+        && REFUSED_BEFORE_PROPOSING.iter().any(|prefix| status.message().starts_with(prefix))
 }
 
 /// The error a call ends with: the last failure, unless an earlier try
@@ -1241,6 +1256,17 @@ mod tests {
         first_server.abort();
         second_server.abort();
         Ok(())
+    }
+
+    #[test]
+    fn a_nodes_refusals_before_proposing_are_told_from_a_lost_write() {
+        let unavailable = tonic::Status::unavailable;
+        assert!(refused_before_proposing(&unavailable("draining: this node takes no new claims")));
+        assert!(refused_before_proposing(&unavailable("no leader is known yet")));
+        assert!(refused_before_proposing(&unavailable("clock: not agreed by a majority")));
+        assert!(!refused_before_proposing(&unavailable("no quorum: not committed within 5000 ms")));
+        assert!(!refused_before_proposing(&unavailable("leadership is changing")));
+        assert!(!refused_before_proposing(&tonic::Status::internal("no leader is known yet")));
     }
 
     #[test]

@@ -21,6 +21,7 @@ pub mod worker;
 
 pub use client::{
     AuthChannel, Client, ClientBuilder, ClientError, ClientTls, RetryPolicy, new_request_id,
+    refused_before_proposing,
 };
 pub use guard::{CancelReason, LeaseGuard};
 pub use session::Session;

@@ -14,13 +14,14 @@
 //! rolled-back build's last advert saying `journal_lease`, say), however
 //! far ahead the sender's clock runs. A sender whose clock stepped back is
 //! unheard until its clock passes its last advert, or until that advert
-//! is stale (older here than the stale age): then an advert not from the
-//! future (at most [`FUTURE_SLACK_MS`] ahead of this node's clock) is
-//! taken whatever its time, so an advert from the far future (a clock
-//! stepped ahead and back, or a forger) silences its node for no longer
-//! than the stale age. Ages are measured on this node's monotonic clock
-//! from the moment an advert was accepted, so a peer's clock never makes
-//! its advert look younger than it is.
+//! is stale (older here than the stale age): then an advert sent within
+//! the stale age of this node's clock, and not from its future (at most
+//! [`FUTURE_SLACK_MS`] ahead), is taken, so an advert from the far future
+//! (a clock stepped ahead and back, or a forger) silences its node for no
+//! longer than the stale age, and an advert captured long ago cannot make
+//! a node that went away look current. Ages are measured on this node's
+//! monotonic clock from the moment an advert was accepted, so a peer's
+//! clock never makes its advert look younger than it is.
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
@@ -190,8 +191,8 @@ impl PeerRegistry {
 
     /// Checks and, when valid, keeps a signed advert delivered by `sender`
     /// at `now` (`now_ms` on this node's wall clock, for the store and the
-    /// future cap). Answers the accepted advert's node id, or why it was
-    /// dropped.
+    /// window a stale advert's replacement must fall in). Answers the
+    /// accepted advert's node id, or why it was dropped.
     pub fn accept(
         &self,
         secret: &ClusterSecret,
@@ -219,10 +220,13 @@ impl PeerRegistry {
             && held.order_ms >= order_ms
         {
             // Sent earlier than the held one: a replay, unless the held one
-            // is stale and this one is not from the future (its sender's
-            // clock stepped back).
-            let from_the_future = order_ms > now_ms.saturating_add(FUTURE_SLACK_MS);
-            if held.age_ms(now) < self.stale_after_ms || from_the_future {
+            // is stale and this one was sent within the stale age of this
+            // node's clock, and not from its future (its sender's clock
+            // stepped back). An advert captured earlier cannot pass: it
+            // would keep a node that went away looking current.
+            let recent = order_ms >= now_ms.saturating_sub(self.stale_after_ms)
+                && order_ms <= now_ms.saturating_add(FUTURE_SLACK_MS);
+            if held.age_ms(now) < self.stale_after_ms || !recent {
                 return Err(Rejection::Replay);
             }
         }
@@ -425,6 +429,12 @@ mod tests {
         let ahead = seal(&key, &advert(2, now_ms + 40_000, Some(false)));
         assert_eq!(
             registry.accept(&key, &ahead, peer(2), stale, now_ms + 30_000),
+            Err(Rejection::Replay)
+        );
+        // Nor one captured long ago (it would make a node gone away look
+        // current), only one sent within the stale age.
+        assert_eq!(
+            registry.accept(&key, &honest(now_ms - 1), peer(2), stale, now_ms + 30_000),
             Err(Rejection::Replay)
         );
         assert_eq!(
