@@ -538,6 +538,12 @@ impl Journal {
         Some((leader, node.addr.clone()))
     }
 
+    /// Whether `node` is in the membership this node knows (a voter or a
+    /// learner).
+    pub fn is_member(&self, node: NodeId) -> bool {
+        self.inner.raft.metrics().borrow().membership_config.membership().get_node(&node).is_some()
+    }
+
     /// The members a `target = each` tick whose job carries `tags` goes to,
     /// judged by core from the Raft membership and the registered nodes.
     pub fn each_targets(&self, tags: &[String]) -> Vec<u64> {
@@ -817,8 +823,11 @@ impl Journal {
                     | tonic::Code::Cancelled
                     | tonic::Code::Unknown => Error::Unavailable(Unavailable::Peer(message)),
                     // The leader refused what this node sent: a bug here,
-                    // or a request an earlier build does not know.
-                    tonic::Code::InvalidArgument => Error::PeerRefused(message),
+                    // a request an earlier build does not know, or this
+                    // node no longer a member.
+                    tonic::Code::InvalidArgument | tonic::Code::PermissionDenied => {
+                        Error::PeerRefused(message)
+                    }
                     code => Error::Internal(format!("{message} ({code:?})")),
                 }
             })?;

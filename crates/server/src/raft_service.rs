@@ -306,6 +306,15 @@ impl RaftRpc for RaftService {
                     ..error
                 }))
             })?;
+            // A removed node keeps its credentials until they are retired,
+            // and its executor would go on claiming (and running) command
+            // jobs through it: writes come only from members.
+            if !self.journal.is_member(caller) {
+                return Err(Status::permission_denied(format!(
+                    "caller: node {caller} is not a member of this cluster; its writes are not \
+                     taken"
+                )));
+            }
         }
         seal(wire, &self.journal.serve_forwarded(forwarded).await)
     }

@@ -230,6 +230,12 @@ pub fn cases() -> Result<Vec<Case>> {
             "commands[1].jobs[0].queue",
         ),
         bad(
+            "forward: a valid write from a node that is not a member",
+            rpc::forward(forward_write(Command::Sweep)?),
+            PermissionDenied,
+            "caller",
+        ),
+        bad(
             "forward: a hand-over for another leader",
             rpc::forward(json_envelope(&json!({ "HandOver": { "leader": other, "term": 1 } }))?),
             PermissionDenied,
