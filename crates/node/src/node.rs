@@ -253,14 +253,12 @@ impl Credentials {
     }
 }
 
-/// Logs `auth.file_mode` when a credentials file's mode lets others read
+/// Logs `auth.file_mode` when a credentials file's mode lets any user read
 /// a secret or its group write it (see [`leasehold_security::file_mode`]).
 fn report_file_mode(field: &'static str, path: &std::path::Path, secret: bool) {
     use leasehold_security::file_mode::{Exposure, check};
     let (mode, lets, fix) = match check(path, secret) {
-        Ok(Ok(Exposure::Readable { mode })) => {
-            (mode, "users other than its owner read it", "chmod 600")
-        }
+        Ok(Ok(Exposure::Readable { mode })) => (mode, "any user read it", "chmod o-r"),
         Ok(Ok(Exposure::GroupWritable { mode })) => (mode, "its group write it", "chmod g-w"),
         // Private, refused or unreadable: the load that follows says so.
         Ok(Ok(Exposure::Private) | Err(_)) | Err(_) => return,

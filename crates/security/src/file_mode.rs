@@ -4,10 +4,12 @@
 //! A file that any user of the host may write is refused: whoever writes
 //! it chooses the node's credentials (a CA that trusts their certificates,
 //! a tokens file with their admin token, a secret of their own). A key or
-//! a secret that others may read, or a file its group may write, is taken
-//! with a warning: a mounted secret is often `0644` and owned by root, and
-//! where each user has a group of their own, group-writable files are the
-//! default. See docs/security.md, "Credentials files".
+//! a secret that any user may read, or a file its group may write, is
+//! taken with a warning: a mounted secret is often `0644` and owned by
+//! root, and where each user has a group of their own, group-writable
+//! files are the default. A secret its group may read is the usual way to
+//! give it to a service's group (`root:leasehold`, `0640`), and passes.
+//! See docs/security.md, "Credentials files".
 
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
@@ -26,14 +28,15 @@ pub struct WritableByAnyone {
 /// What the mode of a credentials file gives away, short of refusal.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Exposure {
-    /// Only its owner may read it, and only its owner may write it.
+    /// Only its owner (and for a secret, its group) may read it, and only
+    /// its owner may write it.
     Private,
     /// Its group may write it.
     GroupWritable {
         /// The file's permission bits.
         mode: u32,
     },
-    /// A secret others may read (its group or every user).
+    /// A secret any user may read.
     Readable {
         /// The file's permission bits.
         mode: u32,
@@ -54,7 +57,7 @@ fn judge(mode: u32, secret: bool) -> Result<Exposure, WritableByAnyone> {
     if mode & 0o002 != 0 {
         return Err(WritableByAnyone { mode });
     }
-    if secret && mode & 0o044 != 0 {
+    if secret && mode & 0o004 != 0 {
         return Ok(Exposure::Readable { mode });
     }
     if mode & 0o020 != 0 {
@@ -80,9 +83,9 @@ mod tests {
     #[test]
     fn a_readable_secret_or_a_group_writable_file_is_reported() {
         assert_eq!(judge(0o644, true).ok(), Some(Exposure::Readable { mode: 0o644 }));
-        assert_eq!(judge(0o640, true).ok(), Some(Exposure::Readable { mode: 0o640 }));
+        assert_eq!(judge(0o640, true).ok(), Some(Exposure::Private), "root:leasehold 0640");
         assert_eq!(judge(0o664, false).ok(), Some(Exposure::GroupWritable { mode: 0o664 }));
-        assert_eq!(judge(0o660, true).ok(), Some(Exposure::Readable { mode: 0o660 }));
+        assert_eq!(judge(0o660, true).ok(), Some(Exposure::GroupWritable { mode: 0o660 }));
     }
 
     #[test]
