@@ -1194,16 +1194,7 @@ mod tests {
         assert!(error.never_sent(), "refused twice: {error:?}");
 
         // A node that takes the connection, reads the call and dies.
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
-        let dies = listener.local_addr()?;
-        let server = tokio::spawn(async move {
-            while let Ok((mut socket, _)) = listener.accept().await {
-                use tokio::io::AsyncReadExt;
-                let mut buffer = [0u8; 4096];
-                let _ = tokio::time::timeout(Duration::from_millis(200), socket.read(&mut buffer))
-                    .await;
-            }
-        });
+        let (dies, _, server) = dying_node().await?;
         // Its try first, then the refused one: the first may have applied.
         let client = Client::connect(&format!("{dies},{refused}"))?.with_retry(policy);
         let error = client.status().await.err().ok_or("a dying node answered")?;
