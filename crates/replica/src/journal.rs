@@ -823,11 +823,8 @@ impl Journal {
                     | tonic::Code::Cancelled
                     | tonic::Code::Unknown => Error::Unavailable(Unavailable::Peer(message)),
                     // The leader refused what this node sent: a bug here,
-                    // a request an earlier build does not know, or this
-                    // node no longer a member.
-                    tonic::Code::InvalidArgument | tonic::Code::PermissionDenied => {
-                        Error::PeerRefused(message)
-                    }
+                    // or a request an earlier build does not know.
+                    tonic::Code::InvalidArgument => Error::PeerRefused(message),
                     code => Error::Internal(format!("{message} ({code:?})")),
                 }
             })?;

@@ -308,11 +308,15 @@ impl RaftRpc for RaftService {
             })?;
             // A removed node keeps its credentials until they are retired,
             // and its executor would go on claiming (and running) command
-            // jobs through it: writes come only from members.
-            if !self.journal.is_member(caller) {
-                return Err(Status::permission_denied(format!(
-                    "caller: node {caller} is not a member of this cluster; its writes are not \
-                     taken"
+            // jobs through it: a leader takes writes only from members. A
+            // node that does not lead answers as before (the write is not
+            // its to take), and the refusal is retryable: a leader's
+            // published membership can trail by a moment the entry that
+            // added a joining node.
+            if self.journal.is_leader() && !self.journal.is_member(caller) {
+                return Err(Status::unavailable(format!(
+                    "caller: node {caller} is not a member of this cluster as its leader knows \
+                     it; its writes are not taken"
                 )));
             }
         }

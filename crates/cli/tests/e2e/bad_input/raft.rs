@@ -232,7 +232,7 @@ pub fn cases() -> Result<Vec<Case>> {
         bad(
             "forward: a valid write from a node that is not a member",
             rpc::forward(forward_write(Command::Sweep)?),
-            PermissionDenied,
+            Code::Unavailable,
             "caller",
         ),
         bad(
