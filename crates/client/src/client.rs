@@ -1175,6 +1175,12 @@ mod tests {
         }
     }
 
+    /// `attempts` tries, 10 ms apart.
+    fn quick_retries(attempts: u32) -> RetryPolicy {
+        let delay = Duration::from_millis(10);
+        RetryPolicy { attempts, first_delay: delay, max_delay: delay }
+    }
+
     /// A port of 127.0.0.1 nothing listens on: bound, then let go.
     fn closed_port() -> std::io::Result<u16> {
         Ok(std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
@@ -1183,11 +1189,7 @@ mod tests {
     #[tokio::test]
     async fn a_refused_connection_sent_nothing_but_a_try_cut_after_connecting_may_have()
     -> Result<(), Box<dyn std::error::Error>> {
-        let policy = RetryPolicy {
-            attempts: 2,
-            first_delay: Duration::from_millis(10),
-            max_delay: Duration::from_millis(10),
-        };
+        let policy = quick_retries(2);
         let refused = format!("127.0.0.1:{}", closed_port()?);
         let client = Client::connect(&refused)?.with_retry(policy);
         let error = client.status().await.err().ok_or("a closed port answered")?;
@@ -1226,11 +1228,7 @@ mod tests {
     #[tokio::test]
     async fn a_redrive_cut_after_connecting_is_not_repeated_but_a_refused_one_is()
     -> Result<(), Box<dyn std::error::Error>> {
-        let policy = RetryPolicy {
-            attempts: 3,
-            first_delay: Duration::from_millis(10),
-            max_delay: Duration::from_millis(10),
-        };
+        let policy = quick_retries(3);
         let (first, _, first_server) = dying_node().await?;
         let (second, second_taken, second_server) = dying_node().await?;
         let request = || v1::RedriveRequest { queue: Some("q".into()), job_ids: Vec::new() };

@@ -221,13 +221,11 @@ where
     let concurrency = config.concurrency.max(1);
     let permits = Arc::new(Semaphore::new(concurrency));
     let mut running = JoinSet::new();
-    // The id of a claim that failed: it may have been granted with its
-    // answer lost (a node gone between commit and reply, a timeout), so the
-    // next claim asks under it, and the node answers those leases again
-    // instead of leaving them to lapse unheld, each charging its job an
-    // attempt.
-    let mut unanswered: Option<String> = None;
-    let mut last_request: Option<v1::ClaimRequest> = None;
+    // A claim that failed: it may have been granted with its answer lost
+    // (a node gone between commit and reply, a timeout), so the next claim
+    // asks under its id, and the node answers those leases again instead
+    // of leaving them to lapse unheld, each charging its job an attempt.
+    let mut unanswered: Option<v1::ClaimRequest> = None;
     while !shared.drain.is_cancelled() {
         let first = tokio::select! {
             permit = permits.clone().acquire_owned() => match permit {
@@ -249,7 +247,9 @@ where
             wait_ms: config.poll_wait_ms,
             // Named here, so a claim cut off by shutdown or by a failure can
             // be asked again for what it was granted.
-            request_id: unanswered.clone().unwrap_or_else(new_request_id),
+            request_id: unanswered
+                .as_ref()
+                .map_or_else(new_request_id, |failed| failed.request_id.clone()),
         };
         let carried = unanswered.take().is_some();
         // The lease's local deadline counts from here (plus the time the
@@ -274,8 +274,7 @@ where
             Ok(reply) => (reply.grants, sent_at + Duration::from_millis(reply.waited_ms)),
             Err(error) => {
                 tracing::warn!(%error, "claim failed; retrying");
-                unanswered = Some(request.request_id.clone());
-                last_request = Some(request);
+                unanswered = Some(request);
                 tokio::select! {
                     () = tokio::time::sleep(Duration::from_millis(500)) => {}
                     () = shared.drain.cancelled() => {}
@@ -307,8 +306,8 @@ where
     }
     // Stopped between a failed claim and its repeat: what it may have been
     // granted is collected and given back, as for a claim cut off.
-    if let (Some(_), Some(request)) = (unanswered, last_request) {
-        release_cut_off(&shared, request).await;
+    if let Some(failed) = unanswered {
+        release_cut_off(&shared, failed).await;
     }
     let deadline = Instant::now() + config.grace;
     if tokio::time::timeout_at(deadline, join_all(&mut running)).await.is_err() {
