@@ -248,16 +248,33 @@ pub enum Command {
         /// Kept on the job as its result (at most `max_result_bytes`).
         result: Option<Vec<u8>>,
     },
+    /// `FireEach` that keeps every member's unfinished instance counted,
+    /// not only the targeted members': a member offline or draining at a
+    /// tick still has its last instance watched, so with `overlap = skip`
+    /// it gets no second job beside it when it is back. A `FireEach`
+    /// forgets the instances of members it does not target. A leader
+    /// writes every `FireEach` as this once every member decodes format 4.
+    FireEachTracked {
+        /// Schedule name.
+        schedule: String,
+        /// The tick's bucket.
+        bucket: u64,
+        /// The live members to run it on.
+        targets: Vec<u64>,
+        /// The members that would run it but are down.
+        offline: Vec<u64>,
+    },
 }
 
 /// The newest log format this build writes and reads. Format 1 is the
 /// journal's first command set; format 2 adds [`Command::Ruled`],
 /// [`Command::FireEach`], [`Command::ClaimOnce`], [`Command::TriggerOnce`]
 /// and [`Command::SweepBounded`]; format 3 adds [`Command::AckLean`] and
-/// writes every ack as one. A leader writes the format every member
+/// writes every ack as one; format 4 adds [`Command::FireEachTracked`] and
+/// writes every `FireEach` as one. A leader writes the format every member
 /// advertises ([`agreed_log_format`]), so no replica meets an entry it
 /// cannot decode.
-pub const LOG_FORMAT: u32 = 3;
+pub const LOG_FORMAT: u32 = 4;
 
 /// The newest format every member decodes: the least of this build's and
 /// each member's advertised one. A member that advertised no format (a
@@ -282,7 +299,10 @@ pub const MAX_CLOCK_OFFSET_MS: u64 = 60_000;
 pub const MAX_BATCH_COMMANDS: usize = 256;
 
 impl Command {
-    /// This command as a log of `format` writes it. At format 3 an ack is
+    /// This command as a log of `format` writes it. At format 4 a
+    /// `FireEach` is a [`Command::FireEachTracked`] (it keeps watching the
+    /// unfinished instances of members it does not target); below 4 a
+    /// `FireEachTracked` is a plain `FireEach`. At format 3 an ack is
     /// an [`Command::AckLean`] (its tombstone keeps no payload). Below 3 an
     /// `AckLean` is a plain `Ack`. At format 1, `ClaimOnce` and
     /// `TriggerOnce` lose their request id (a retry is not recognised),
@@ -307,8 +327,17 @@ impl Command {
                 Command::Trigger { schedule, force, targets }
             }
             Command::SweepBounded { .. } if format < 2 => Command::Sweep,
-            Command::FireEach { schedule, bucket, targets, offline: _ } if format < 2 => {
+            Command::FireEach { schedule, bucket, targets, offline: _ }
+            | Command::FireEachTracked { schedule, bucket, targets, offline: _ }
+                if format < 2 =>
+            {
                 Command::Fire { schedule, bucket, targets }
+            }
+            Command::FireEach { schedule, bucket, targets, offline } if format >= 4 => {
+                Command::FireEachTracked { schedule, bucket, targets, offline }
+            }
+            Command::FireEachTracked { schedule, bucket, targets, offline } if format < 4 => {
+                Command::FireEach { schedule, bucket, targets, offline }
             }
             Command::Ruled { command, .. } if format < 2 => command.for_log_format(format),
             Command::Ruled { limits, command } => {
@@ -389,7 +418,8 @@ impl Command {
             Command::DeleteSchedule { name } | Command::SetPaused { name, .. } => text(name),
             Command::Fire { schedule, targets, .. }
             | Command::Trigger { schedule, targets, .. } => text(schedule) + numbers(targets),
-            Command::FireEach { schedule, targets, offline, .. } => {
+            Command::FireEach { schedule, targets, offline, .. }
+            | Command::FireEachTracked { schedule, targets, offline, .. } => {
                 text(schedule) + numbers(targets) + numbers(offline)
             }
             Command::Skip { schedule, .. } => text(schedule),
@@ -538,6 +568,12 @@ mod tests {
                 targets: ids.clone(),
                 offline: ids.clone(),
             },
+            Command::FireEachTracked {
+                schedule: text(64),
+                bucket: 1,
+                targets: ids.clone(),
+                offline: ids.clone(),
+            },
             Command::TriggerOnce {
                 request_id: text(text_len),
                 schedule: text(64),
@@ -649,7 +685,7 @@ mod tests {
             ],
         };
         assert_eq!(ruled.clone().for_log_format(1), expected);
-        assert_eq!(ruled.clone().for_log_format(LOG_FORMAT), ruled, "current: unchanged");
+        assert_eq!(ruled.clone().for_log_format(3), ruled, "format 3 keeps them all");
         assert_eq!(claim.clone().for_log_format(2), claim);
     }
 
@@ -728,6 +764,15 @@ mod tests {
             (21, Command::SweepBounded { max_clock_offset_ms: 1 }),
             (22, Command::Ruled { limits: Limits::default(), command: Box::new(Command::Sweep) }),
             (23, Command::AckLean { job_id: 1, token: 1, result: None }),
+            (
+                24,
+                Command::FireEachTracked {
+                    schedule: s(),
+                    bucket: 1,
+                    targets: vec![],
+                    offline: vec![],
+                },
+            ),
         ];
         for (number, command) in pinned {
             let bytes = bincode::serialize(&command).expect("encodes");
@@ -752,5 +797,31 @@ mod tests {
         );
         assert_eq!(lean.clone().for_log_format(3), lean);
         assert_eq!(ack.clone().for_log_format(2), ack);
+    }
+
+    #[test]
+    fn from_format_4_a_fire_each_tracks_every_member_and_below_it_is_plain() {
+        let (schedule, targets, offline) = ("s".to_string(), vec![1, 2], vec![3]);
+        let plain = Command::FireEach {
+            schedule: schedule.clone(),
+            bucket: 9,
+            targets: targets.clone(),
+            offline: offline.clone(),
+        };
+        let tracked = Command::FireEachTracked {
+            schedule: schedule.clone(),
+            bucket: 9,
+            targets: targets.clone(),
+            offline,
+        };
+        let ruled = |command: Command| Command::Ruled {
+            limits: Limits::default(),
+            command: Box::new(command),
+        };
+        assert_eq!(ruled(plain.clone()).for_log_format(4), ruled(tracked.clone()));
+        assert_eq!(ruled(tracked.clone()).for_log_format(3), ruled(plain.clone()));
+        assert_eq!(tracked.clone().for_log_format(4), tracked);
+        assert_eq!(plain.clone().for_log_format(3), plain);
+        assert_eq!(tracked.for_log_format(1), Command::Fire { schedule, bucket: 9, targets });
     }
 }

@@ -375,7 +375,10 @@ impl State {
                 self.fire(schedule, *bucket, targets, limits)
             }
             Command::FireEach { schedule, bucket, targets, offline } => {
-                self.fire_each(schedule, *bucket, targets, offline, limits)
+                self.fire_each(schedule, *bucket, targets, offline, Watch::Targets, limits)
+            }
+            Command::FireEachTracked { schedule, bucket, targets, offline } => {
+                self.fire_each(schedule, *bucket, targets, offline, Watch::Every, limits)
             }
             Command::Skip { schedule, bucket, reason, ticks } => {
                 self.skip(schedule, *bucket, *reason, *ticks)
@@ -1103,5 +1106,6 @@ mod queries;
 mod recent;
 mod requests;
 mod schedule_commands;
+use schedule_commands::Watch;
 #[cfg(test)]
 mod tests;

@@ -175,7 +175,8 @@ pub fn validate_command(command: &Command, limits: &Limits) -> Result<(), Valida
             positive("bucket", *bucket)?;
             node_list("targets", targets, limits)
         }
-        Command::FireEach { schedule, bucket, targets, offline } => {
+        Command::FireEach { schedule, bucket, targets, offline }
+        | Command::FireEachTracked { schedule, bucket, targets, offline } => {
             queue_name("schedule", schedule)?;
             positive("bucket", *bucket)?;
             node_list("targets", targets, limits)?;

@@ -15,6 +15,18 @@ use crate::schedule::{
     TickOutcome, TickRecord,
 };
 
+/// Whose unfinished instances a `target = each` tick keeps watching for
+/// the overlap policy.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Watch {
+    /// Only the targeted members' (`FireEach`, log formats 2 and 3): a
+    /// member not targeted at a tick has its instance forgotten.
+    Targets,
+    /// Every member's (`FireEachTracked`, format 4): a member offline or
+    /// draining at a tick still has its instance watched.
+    Every,
+}
+
 impl State {
     /// Every schedule by name.
     pub fn schedules(&self) -> &std::collections::BTreeMap<String, Schedule> {
@@ -130,6 +142,7 @@ impl State {
         bucket: u64,
         targets: &[u64],
         offline: &[u64],
+        watch: Watch,
         limits: &Limits,
     ) -> Response {
         let Some(schedule) = self.schedules.get(name) else {
@@ -173,6 +186,19 @@ impl State {
             } else {
                 run.push(*node);
             }
+        }
+        if watch == Watch::Every && schedule.spec.overlap == Overlap::Skip {
+            // The members not targeted now (offline, draining, no longer
+            // matching) keep their unfinished instance watched: forgotten,
+            // it would not stop the member's next tick (overlap = skip).
+            let targeted: Vec<String> =
+                targets.iter().map(|node| format!("{NODE_TAG_PREFIX}{node}")).collect();
+            still_running.extend(schedule.last_job_ids.iter().copied().filter(|id| {
+                self.jobs.live(id).is_some_and(|job| {
+                    matches!(job.state, JobState::Ready | JobState::Claimed)
+                        && !job.tags().iter().any(|tag| targeted.contains(tag))
+                })
+            }));
         }
         let overlapped = targets.len() - run.len();
         let mut records = Vec::new();
@@ -485,6 +511,69 @@ mod tests {
             Response::Tick(Some(TickOutcome::Skipped { reason: SkipReason::Overlap, .. }))
         ));
         assert_eq!(fire_each(&mut state, third, &[1], &[]), Response::Tick(None), "a bucket once");
+    }
+
+    /// A member that missed a tick (offline, or draining: not targeted)
+    /// while its last instance was unfinished gets no second job beside it
+    /// when it is targeted again (overlap = skip). `FireEach` forgot that
+    /// instance as soon as another member ran a tick.
+    #[test]
+    fn a_member_missing_a_tick_keeps_its_unfinished_instance_watched() {
+        let run = |tracked: bool| {
+            let mut state = State::new();
+            put(&mut state, Overlap::Skip, Target::Each);
+            let fire = |state: &mut State, bucket: u64, targets: &[u64], offline: &[u64]| {
+                let (schedule, targets, offline) =
+                    ("backup".to_string(), targets.to_vec(), offline.to_vec());
+                let command = if tracked {
+                    Command::FireEachTracked { schedule, bucket, targets, offline }
+                } else {
+                    Command::FireEach { schedule, bucket, targets, offline }
+                };
+                apply(state, bucket * 1_000 + 10, command)
+            };
+            let claim_and_ack = |state: &mut State, node: u64, at_ms: u64| {
+                let worker = format!("node-{node}");
+                let claim = Command::Claim {
+                    worker: worker.clone(),
+                    queue: "exec".into(),
+                    max: 1,
+                    lease_ttl_ms: None,
+                    selector: vec![format!("{NODE_TAG_PREFIX}{node}")],
+                };
+                apply(state, at_ms, claim);
+                for (job_id, token) in state.leases_held_by(&worker, None) {
+                    apply(state, at_ms + 1, Command::Ack { job_id, token, result: None });
+                }
+            };
+            let first = T0_MS / 1_000 + 1;
+            fire(&mut state, first, &[1, 2], &[]);
+            // Node 1 finishes; node 2's job stays ready (it went down).
+            claim_and_ack(&mut state, 1, first * 1_000 + 100);
+            let next = first + 1;
+            fire(&mut state, next, &[1], &[2]);
+            claim_and_ack(&mut state, 1, next * 1_000 + 100);
+            // Node 2 is back, its first tick's job still unrun.
+            let third = next + 1;
+            let answer = fire(&mut state, third, &[1, 2], &[]);
+            let node_2 = format!("{NODE_TAG_PREFIX}2");
+            let node_2_jobs = state
+                .jobs(&crate::state::JobFilter::default(), 0, 100)
+                .into_iter()
+                .filter(|job| job.tags.contains(&node_2))
+                .filter(|job| matches!(job.state, JobState::Ready | JobState::Claimed))
+                .count();
+            (answer, history_of(&state, third), node_2_jobs)
+        };
+        let (answer, history, node_2_jobs) = run(true);
+        assert!(
+            matches!(answer, Response::Tick(Some(TickOutcome::Fired { ref job_ids, .. })) if job_ids.len() == 1),
+            "node 1 alone ran: {answer:?}"
+        );
+        assert_eq!(history[1..], [TickOutcome::Skipped { reason: SkipReason::Overlap, ticks: 1 }]);
+        assert_eq!(node_2_jobs, 1, "node 2 holds one instance, not two");
+        let (_, _, forgotten) = run(false);
+        assert_eq!(forgotten, 2, "FireEach (format 3) forgets the untargeted member's instance");
     }
 
     #[test]
