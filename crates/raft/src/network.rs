@@ -273,7 +273,6 @@ impl RaftNetworkFactory<TypeConfig> for NetworkFactory {
         PeerClient {
             target,
             addr: node.addr.clone(),
-            channel: self.channel(&node.addr).ok(),
             wires: self.wires.clone(),
             replication: self.replication.clone(),
             ahead: self.ahead.clone(),
@@ -428,7 +427,6 @@ pub(crate) fn took_ahead(
 pub struct PeerClient {
     target: NodeId,
     addr: String,
-    channel: Option<PeerChannel>,
     wires: envelope::PeerWires,
     replication: Arc<std::sync::OnceLock<ReplicationObserver>>,
     ahead: Arc<AheadAnswers>,
@@ -451,7 +449,11 @@ impl PeerClient {
         Resp: DeserializeOwned,
         E: std::error::Error + DeserializeOwned,
     {
-        let Some(channel) = self.channel.clone() else {
+        // The channel of the credentials now in force, every call: openraft
+        // keeps a client (its snapshot client above all) for as long as the
+        // leader and membership stay, across certificate rotations, and a
+        // channel made with the old credentials redials with them.
+        let Ok(channel) = self.factory.channel(&self.addr) else {
             let problem = std::io::Error::other(format!(
                 "bad address {} for node {}",
                 self.addr, self.target
@@ -469,7 +471,7 @@ impl PeerClient {
         let reply = if streamed {
             let started = std::time::Instant::now();
             // A new stream goes on the channel of the credentials now in
-            // force (this client's may predate a rotation).
+            // force.
             let current = || self.factory.channel(&self.addr).ok();
             match self.factory.links.call(self.target, &self.addr, current, data, deadline).await {
                 // A follower of an earlier build: this message goes unary,
@@ -838,5 +840,27 @@ mod tests {
         assert!(matches!(answer, Err(RPCError::Unreachable(_))), "{answer:?}");
         let asked = asked.lock().expect("the test's lock is never poisoned").clone();
         assert_eq!(asked, vec![("peer-2".to_string(), Some(7001))]);
+    }
+
+    /// After a rotation a client openraft made before it calls on a
+    /// channel of the new credentials, not on one it kept: the factory
+    /// drops its channels on `set_security`, and a call must make a new one.
+    #[tokio::test]
+    async fn a_client_made_before_a_rotation_calls_with_the_new_credentials() {
+        let asked = Dialled::default();
+        let mut factory = NetworkFactory::new().with_connector(refusing(asked));
+        let mut client = factory.new_client(2, &BasicNode::new("peer-2:7001")).await;
+        let cached = |factory: &NetworkFactory| {
+            factory.channels.lock().expect("the test's lock is never poisoned").len()
+        };
+        factory.set_security(PeerSecurity {
+            tls: None,
+            node_proof: Some(AsciiMetadataValue::from_static("rotated")),
+        });
+        assert_eq!(cached(&factory), 0, "the rotation dropped every channel");
+        let vote = VoteRequest::new(openraft::Vote::new(1, 1), None);
+        let answer = client.vote(vote, RPCOption::new(Duration::from_secs(1))).await;
+        assert!(matches!(answer, Err(RPCError::Unreachable(_))), "{answer:?}");
+        assert_eq!(cached(&factory), 1, "the call made a channel with the new credentials");
     }
 }
