@@ -87,9 +87,11 @@ fn queue_walk_due(last: Option<(std::time::Instant, Duration)>, now: std::time::
 /// A proposal waiting for the batcher, and where its answer goes.
 struct Pending {
     proposal: Proposal,
-    /// Whether a follower may forward it to the leader; false for a write
-    /// a follower forwarded here, so no write bounces between nodes.
-    may_forward: bool,
+    /// The node that forwarded it here, or `None` for this node's own: a
+    /// follower forwards only its own to the leader, so no write bounces
+    /// between nodes, and a leader takes a forwarded one only from a
+    /// member.
+    forwarded_by: Option<NodeId>,
     reply: tokio::sync::oneshot::Sender<Result<Response, Error>>,
     /// When it reached the journal (the queue stage starts).
     queued: std::time::Instant,
@@ -648,7 +650,7 @@ impl Journal {
     /// write is in flight are grouped into one `Batch` log entry, so
     /// concurrent clients share a Raft round and a log flush.
     pub async fn propose_proposal(&self, proposal: Proposal) -> Result<Response, Error> {
-        self.enqueue_proposal(proposal, true).await
+        self.enqueue_proposal(proposal, None).await
     }
 
     /// Queues `proposal` for the batcher and waits for its answer. A
@@ -657,12 +659,12 @@ impl Journal {
     async fn enqueue_proposal(
         &self,
         mut proposal: Proposal,
-        may_forward: bool,
+        forwarded_by: Option<NodeId>,
     ) -> Result<Response, Error> {
         proposal.command = proposal.command.with_texts_cut(self.limits());
         let timeout = self.inner.config.quorum_timeout;
         let (reply, answer) = tokio::sync::oneshot::channel();
-        let pending = Pending { proposal, may_forward, reply, queued: std::time::Instant::now() };
+        let pending = Pending { proposal, forwarded_by, reply, queued: std::time::Instant::now() };
         let queued = tokio::time::timeout(timeout, self.inner.batches.send(pending));
         match queued.await {
             Ok(Ok(())) => {}
@@ -874,14 +876,14 @@ impl Journal {
         }
     }
 
-    /// Serves a forwarded request on the leader. Never forwards again, so a
-    /// request cannot bounce between nodes.
-    pub async fn serve_forwarded(&self, request: ForwardRequest) -> ForwardResponse {
+    /// Serves a request node `from` forwarded, on the leader. Never
+    /// forwards again, so a request cannot bounce between nodes.
+    pub async fn serve_forwarded(&self, request: ForwardRequest, from: NodeId) -> ForwardResponse {
         let result = match request {
             // Through the batcher, so the followers' forwarded batches and
             // the leader's own proposals share one entry and one fsync.
             ForwardRequest::Write(proposal) => {
-                self.enqueue_proposal(*proposal, false).await.map(ForwardResponse::Written)
+                self.enqueue_proposal(*proposal, Some(from)).await.map(ForwardResponse::Written)
             }
             ForwardRequest::Campaign => self.campaign(None).await,
             ForwardRequest::HandOver { leader, term } => self.campaign(Some((leader, term))).await,
@@ -904,6 +906,17 @@ impl Journal {
             },
         }
     }
+}
+
+/// Why a leader does not take a write node `node` forwarded: it is not a
+/// member as this leader knows the cluster. Retryable: a leader's
+/// published membership can trail by a moment the entry that added a
+/// joining node.
+pub fn not_a_member(node: NodeId) -> Unavailable {
+    Unavailable::Peer(format!(
+        "caller: node {node} is not a member of this cluster as its leader knows it; its \
+         writes are not taken"
+    ))
 }
 
 /// The deadline of a hand-over request.
@@ -1017,7 +1030,7 @@ async fn write_batch(journal: &Journal, mut batch: Vec<Pending>) {
     // Forwarded writes must not be forwarded again; the batch carrying one
     // answers UNAVAILABLE if leadership moved, and its proposers repeat
     // only what a repeat cannot double (see `write`).
-    let may_forward = batch.iter().all(|p| p.may_forward);
+    let may_forward = batch.iter().all(|p| p.forwarded_by.is_none());
     let metrics = journal.metrics();
     for pending in &batch {
         metrics.observe_stage(Stage::Queue, pending.queued.elapsed());
@@ -1044,6 +1057,23 @@ async fn write_batch(journal: &Journal, mut batch: Vec<Pending>) {
             return;
         }
     };
+    if agreed {
+        // Stamped as leader: a write forwarded by a node that is not a
+        // member (removed, its credentials not yet retired) is not taken.
+        // Judged here, as leader, and not when it arrived: a node may have
+        // been a follower then and won an election since.
+        let (taken, refused): (Vec<_>, Vec<_>) = batch
+            .into_iter()
+            .partition(|pending| pending.forwarded_by.is_none_or(|node| journal.is_member(node)));
+        for pending in refused {
+            let node = pending.forwarded_by.unwrap_or_default();
+            let _ = pending.reply.send(Err(not_a_member(node).into()));
+        }
+        batch = taken;
+        if batch.is_empty() {
+            return;
+        }
+    }
     if batch.len() == 1
         && let Some(pending) = batch.pop()
     {

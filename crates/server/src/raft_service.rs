@@ -14,6 +14,7 @@ use leasehold_core::{Command, Limits, ValidationError, validate_command};
 use leasehold_proto::v1::RaftEnvelope;
 use leasehold_proto::v1::raft_server::Raft as RaftRpc;
 use leasehold_raft::envelope::{self, Wire};
+use openraft::raft::AppendEntriesResponse;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use tonic::{Request, Response, Status, Streaming};
@@ -194,11 +195,20 @@ impl RaftService {
         let (rpc, wire): (openraft::raft::AppendEntriesRequest<leasehold_raft::TypeConfig>, _) =
             self.open_data(data, call)?;
         from_its_sender(caller, &rpc.vote, "an append")?;
-        if let Some(committed) = rpc.leader_commit {
-            self.journal.note_leader_commit(committed.index);
-        }
+        let leader_commit = rpc.leader_commit;
         let carries_entries = !rpc.entries.is_empty();
         let answer = self.journal.raft().append_entries(rpc).await;
+        // Noted only from an append openraft took: readiness compares it
+        // with what this node applied, and a refused one (a stale vote, a
+        // node of another cluster) must not hold this node not ready.
+        if let Some(committed) = leader_commit
+            && matches!(
+                answer,
+                Ok(AppendEntriesResponse::Success | AppendEntriesResponse::PartialSuccess(_))
+            )
+        {
+            self.journal.note_leader_commit(committed.index);
+        }
         let sealed = seal_envelope(wire, &answer);
         if carries_entries {
             self.journal.metrics().observe_stage(Stage::FollowerAppend, started.elapsed());
@@ -313,14 +323,18 @@ impl RaftRpc for RaftService {
             // its to take), and the refusal is retryable: a leader's
             // published membership can trail by a moment the entry that
             // added a joining node.
-            if self.journal.is_leader() && !self.journal.is_member(caller) {
-                return Err(Status::unavailable(format!(
-                    "caller: node {caller} is not a member of this cluster as its leader knows \
-                     it; its writes are not taken"
-                )));
+            // Refused early here for a clear status; the batcher judges it
+            // again when it stamps the write as leader, since this node may
+            // win an election while the write waits.
+            let leads =
+                self.journal.raft().metrics().borrow().state == openraft::ServerState::Leader;
+            if leads && !self.journal.is_member(caller) {
+                return Err(
+                    Error::Unavailable(leasehold_replica::journal::not_a_member(caller)).into()
+                );
             }
         }
-        seal(wire, &self.journal.serve_forwarded(forwarded).await)
+        seal(wire, &self.journal.serve_forwarded(forwarded, caller).await)
     }
 }
 

@@ -983,7 +983,9 @@ fn completion(response: &Response, invoke: OpValue) -> (OpType, OpValue) {
 async fn write_through_journal(leader: &Member, proposal: Proposal) -> Result<Response, String> {
     let journal = leader.journal.clone();
     let request = ForwardRequest::Write(Box::new(proposal));
-    let served = leader.runtime.spawn(async move { journal.serve_forwarded(request).await });
+    // Forwarded as by a member (the leader itself), which the leader takes.
+    let from = journal.node_id();
+    let served = leader.runtime.spawn(async move { journal.serve_forwarded(request, from).await });
     match tokio::time::timeout(CLIENT_TIMEOUT, served).await {
         Ok(Ok(ForwardResponse::Written(response))) => Ok(response),
         Ok(Ok(ForwardResponse::Failed { message, .. })) => Err(message),

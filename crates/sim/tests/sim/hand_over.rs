@@ -53,7 +53,9 @@ fn term_and_leader(host: &Host) -> (u64, Option<u64>) {
 /// service would, and answers what it answered in words.
 async fn serve(host: &Host, request: ForwardRequest) -> anyhow::Result<String> {
     let journal = host.journal.clone();
-    let answer = host.runtime.spawn(async move { journal.serve_forwarded(request).await }).await?;
+    let from = journal.node_id();
+    let answer =
+        host.runtime.spawn(async move { journal.serve_forwarded(request, from).await }).await?;
     Ok(match answer {
         ForwardResponse::Failed { retryable, .. } => format!("failed (retryable {retryable})"),
         ForwardResponse::Campaigning => "campaigning".to_string(),

@@ -20,6 +20,7 @@ use std::time::Duration;
 
 use leasehold_core::{Command, JobSpec, JobState, Limits, Proposal, Refusal, Response};
 use leasehold_raft::{NetworkFactory, NodeId, Raft, TypeConfig};
+use leasehold_replica::forward::{ForwardRequest, ForwardResponse};
 use leasehold_replica::journal::DEFAULT_BATCHES_IN_FLIGHT;
 use leasehold_replica::{Clock, Journal, JournalConfig, JournalError, Unavailable};
 use leasehold_sim::{SimDisk, SimLogStore, SimStateMachine};
@@ -298,6 +299,26 @@ async fn the_journal_proposes_and_reads_through_openraft_on_simulated_disks() ->
         matches!(forwarded, Err(JournalError::Unavailable(Unavailable::Peer(_)))),
         "a follower's write without a peer network: {forwarded:?}"
     );
+
+    tracing::info!("--- the leader takes forwarded writes from members only");
+    let forwarded_by = |node: NodeId| {
+        let leader = leader.clone();
+        async move {
+            let write = Proposal { now_ms: 0, command: enqueue(20 + node) };
+            leader.serve_forwarded(ForwardRequest::Write(Box::new(write)), node).await
+        }
+    };
+    match forwarded_by(9).await {
+        ForwardResponse::Failed { retryable: true, message }
+            if message.starts_with("caller: node 9 is not a member") => {}
+        other => anyhow::bail!("a write forwarded by node 9, not a member: {other:?}"),
+    }
+    match forwarded_by(2).await {
+        ForwardResponse::Written(Response::Enqueued(outcomes)) if outcomes.len() == 1 => {}
+        other => anyhow::bail!("a write forwarded by node 2, a member: {other:?}"),
+    }
+    let last = leader.read(false, |state| state.last_job_id()).await?;
+    assert_eq!(last, 9, "only the member's forwarded enqueue was written");
 
     follower.shutdown().await;
     leader.shutdown().await;
