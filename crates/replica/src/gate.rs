@@ -455,6 +455,14 @@ impl Gate {
             .collect()
     }
 
+    /// The members this node hears now: itself, and the peers whose
+    /// advert is younger than three intervals.
+    pub fn online_members(&self) -> BTreeSet<u64> {
+        let mut online: BTreeSet<u64> = self.online_peers().into_iter().map(|(id, _)| id).collect();
+        online.insert(self.node_id());
+        online
+    }
+
     /// The members a `target = each` tick whose job carries `tags` goes
     /// to, split into the live ones (this node, and peers whose advert is
     /// younger than three intervals) and those that are down: core picks

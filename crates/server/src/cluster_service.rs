@@ -14,10 +14,12 @@ use tonic::{Request, Response, Status};
 
 use crate::auth::Caller;
 use crate::error::Error;
+use crate::raft_service::meant_for;
 use leasehold_replica::Gate;
 use leasehold_replica::Journal;
 use leasehold_replica::Readiness;
 use leasehold_replica::Unavailable;
+use leasehold_security::secret::TARGET_NODE_HEADER;
 
 /// How long a member's local status may take before it counts as unreachable.
 const STATUS_TIMEOUT: Duration = Duration::from_secs(1);
@@ -146,6 +148,58 @@ impl ClusterService {
         let metrics = self.journal.raft().metrics().borrow().clone();
         metrics.membership_config.membership().voter_ids().collect()
     }
+
+    fn is_member(&self, id: u64) -> bool {
+        self.journal
+            .raft()
+            .metrics()
+            .borrow()
+            .membership_config
+            .membership()
+            .get_node(&id)
+            .is_some()
+    }
+
+    /// Whether this node hears a quorum of `voters` now (itself, the
+    /// peers whose adverts are fresh, and `also`): a membership change to
+    /// them commits only with one. Answers which are not heard.
+    fn quorum_heard(&self, voters: &BTreeSet<u64>, also: Option<u64>) -> Result<(), String> {
+        let mut online = self.gate.online_members();
+        online.extend(also);
+        let (heard, unheard): (Vec<u64>, Vec<u64>) =
+            voters.iter().copied().partition(|id| online.contains(id));
+        let needed = voters.len() / 2 + 1;
+        if heard.len() >= needed {
+            return Ok(());
+        }
+        Err(format!(
+            "a quorum of voters {voters:?} is {needed}, and this leader hears {} (nothing \
+             heard from {unheard:?} within three advert intervals)",
+            heard.len()
+        ))
+    }
+}
+
+/// `request` for member `id`, naming it as the node it is meant for, so a
+/// member whose recorded address reaches another node refuses it rather
+/// than passing it on again.
+fn addressed_to<T>(id: u64, request: T) -> Request<T> {
+    let mut request = Request::new(request);
+    request
+        .metadata_mut()
+        .insert(TARGET_NODE_HEADER, tonic::metadata::AsciiMetadataValue::from(id));
+    request
+}
+
+/// Whether two member addresses name the same endpoint, as
+/// `leasehold_raft::network::endpoint` dials them: the scheme, a trailing
+/// `/` and the host's case do not count.
+fn same_addr(a: &str, b: &str) -> bool {
+    fn canonical(addr: &str) -> String {
+        let host_port = addr.split_once("://").map_or(addr, |(_, rest)| rest);
+        host_port.strip_suffix('/').unwrap_or(host_port).to_ascii_lowercase()
+    }
+    canonical(a) == canonical(b)
 }
 
 /// Node ids start at 1: 0 names no node, so it is malformed input rather
@@ -281,9 +335,10 @@ impl Cluster for ClusterService {
         let (caller, _) = Caller::node_of(&request)?;
         let request = request.into_inner();
         check_id(request.id)?;
-        // A node joins as itself; only a voter passes a join on for
-        // another (a member forwarding to the leader).
-        if caller != request.id && !self.voters().contains(&caller) {
+        // A node joins as itself; only a member passes a join on for
+        // another (forwarding to the leader; a learner that knows the
+        // leader forwards too).
+        if caller != request.id && !self.is_member(caller) {
             return Err(Status::permission_denied(format!(
                 "id: node {caller} may only join as itself, not as node {}",
                 request.id
@@ -298,15 +353,16 @@ impl Cluster for ClusterService {
         let metrics = self.journal.raft().metrics().borrow().clone();
         let membership = metrics.membership_config.membership().clone();
         if let Some(existing) = membership.get_node(&request.id)
-            && existing.addr != request.addr
+            && !same_addr(&existing.addr, &request.addr)
         {
             return Err(Status::already_exists(format!(
                 "id: node id {} is already a member at {}; remove it first or pick another id",
                 request.id, existing.addr
             )));
         }
-        if let Some((other, _)) =
-            membership.nodes().find(|(id, n)| **id != request.id && n.addr == request.addr)
+        if let Some((other, _)) = membership
+            .nodes()
+            .find(|(id, n)| **id != request.id && same_addr(&n.addr, &request.addr))
         {
             return Err(Status::already_exists(format!(
                 "addr: {} is already member {other}'s address",
@@ -324,9 +380,14 @@ impl Cluster for ClusterService {
             )));
         }
         let raft = self.journal.raft();
-        if membership.get_node(&request.id).is_none() {
+        let voters: BTreeSet<u64> = membership.voter_ids().collect();
+        // Catching up is waited for on every call, a repeated one too: a
+        // learner promoted while it lags would be needed by the new
+        // quorum before it could answer, and every write would stall.
+        if !voters.contains(&request.id) {
             tracing::info!(node = request.id, addr = %request.addr, "adding learner");
-            let node = BasicNode { addr: request.addr.clone() };
+            let addr = membership.get_node(&request.id).map_or(&request.addr, |n| &n.addr);
+            let node = BasicNode { addr: addr.clone() };
             match tokio::time::timeout(CATCH_UP_TIMEOUT, raft.add_learner(request.id, node, true))
                 .await
             {
@@ -342,7 +403,13 @@ impl Cluster for ClusterService {
                 }
             }
         }
-        if !membership.voter_ids().any(|id| id == request.id) {
+        if !voters.contains(&request.id) {
+            // The joiner has just caught up, so it counts as heard.
+            let mut after = voters.clone();
+            after.insert(request.id);
+            self.quorum_heard(&after, Some(request.id)).map_err(|why| {
+                Status::unavailable(format!("id: node {} is not promoted yet: {why}", request.id))
+            })?;
             tracing::info!(node = request.id, "promoting learner to voter");
             let change = ChangeMembers::AddVoterIds(BTreeSet::from([request.id]));
             raft.change_membership(change, false).await.map_err(membership_error)?;
@@ -375,6 +442,20 @@ impl Cluster for ClusterService {
                 request.id
             )));
         }
+        if is_voter {
+            // The change needs a quorum of the voters left as well as of
+            // today's: without one it never commits, and until it does no
+            // write and no other change can.
+            let after: BTreeSet<u64> =
+                membership.voter_ids().filter(|id| *id != request.id).collect();
+            self.quorum_heard(&after, None).map_err(|why| {
+                Status::failed_precondition(format!(
+                    "id: removing node {} would leave voters that cannot commit: {why}; bring \
+                     them back first",
+                    request.id
+                ))
+            })?;
+        }
         let change = if is_voter {
             ChangeMembers::RemoveVoters(BTreeSet::from([request.id]))
         } else {
@@ -389,6 +470,7 @@ impl Cluster for ClusterService {
         &self,
         request: Request<v1::DrainRequest>,
     ) -> Result<Response<v1::DrainResponse>, Status> {
+        meant_for(self.journal.node_id(), &request)?;
         let request = request.into_inner();
         check_id(request.id)?;
         if request.id == self.journal.node_id() {
@@ -396,13 +478,14 @@ impl Cluster for ClusterService {
             self.journal.request_drain();
             return Ok(Response::new(v1::DrainResponse {}));
         }
-        self.member_client(request.id)?.drain(Request::new(request)).await
+        self.member_client(request.id)?.drain(addressed_to(request.id, request)).await
     }
 
     async fn set_flags(
         &self,
         request: Request<v1::SetFlagsRequest>,
     ) -> Result<Response<v1::SetFlagsResponse>, Status> {
+        meant_for(self.journal.node_id(), &request)?;
         let request = request.into_inner();
         check_id(request.id)?;
         if request.id == self.journal.node_id() {
@@ -412,7 +495,7 @@ impl Cluster for ClusterService {
                 dry_run: flags.journal_lease_dry_run,
             }));
         }
-        self.member_client(request.id)?.set_flags(Request::new(request)).await
+        self.member_client(request.id)?.set_flags(addressed_to(request.id, request)).await
     }
 }
 
@@ -432,6 +515,19 @@ mod tests {
         ] {
             assert_eq!(check_addr(addr), Ok(()), "{addr}");
         }
+    }
+
+    #[test]
+    fn one_endpoint_written_two_ways_is_one_address() {
+        for (a, b) in [
+            ("10.0.0.2:7070", "http://10.0.0.2:7070"),
+            ("10.0.0.2:7070", "https://10.0.0.2:7070/"),
+            ("Node-2.Example:7070", "node-2.example:7070"),
+        ] {
+            assert!(same_addr(a, b), "{a} and {b}");
+        }
+        assert!(!same_addr("10.0.0.2:7070", "10.0.0.2:7071"));
+        assert!(!same_addr("10.0.0.2:7070", "10.0.0.3:7070"));
     }
 
     #[test]

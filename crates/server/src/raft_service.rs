@@ -117,7 +117,7 @@ pub fn check_forwarded(command: &Command) -> Result<(), ValidationError> {
 /// FAILED_PRECONDITION when the call names another node than `own` as the
 /// one it is meant for ([`TARGET_NODE_HEADER`]). A call naming none (an
 /// earlier build's) is taken: its sender judges by the address alone.
-fn meant_for<T>(own: u64, request: &Request<T>) -> Result<(), Status> {
+pub(crate) fn meant_for<T>(own: u64, request: &Request<T>) -> Result<(), Status> {
     let Some(value) = request.metadata().get(TARGET_NODE_HEADER) else {
         return Ok(());
     };

@@ -11,6 +11,11 @@
 //! UNAVAILABLE in under 10 s (the quorum timeout is 5 s). A stale read must
 //! answer. Then SIGCONT the one, restart the other, and a write must
 //! succeed and be readable from the node that was paused.
+//!
+//! Before the quorum goes, with only the killed follower down: removing
+//! the other follower is refused (FAILED_PRECONDITION), since the voters
+//! left, the leader and the dead node, could never commit the change, and
+//! until it committed no write could; a write then still succeeds.
 
 use std::time::Duration;
 
@@ -21,7 +26,9 @@ use nix::sys::signal::Signal;
 use tokio::time::Instant;
 use tonic::transport::{Channel, Endpoint};
 
-use super::super::support::{CLUSTER_CONVERGE_TIMEOUT, Cluster, Sandbox, job, phase};
+use super::super::support::{
+    CLUSTER_CONVERGE_TIMEOUT, Check, Cluster, Sandbox, deadline_in, job, phase, wait_until,
+};
 use super::cluster_slot;
 
 const QUEUE: &str = "quorum";
@@ -85,9 +92,38 @@ async fn story(sandbox: &Sandbox) -> Result<()> {
         .results;
     ensure!(before.len() == 1, "one job enqueued, results {before:?}");
 
-    phase("SIGSTOP one follower, SIGKILL the other");
-    cluster.node(paused)?.signal(Signal::SIGSTOP)?;
+    phase(
+        "SIGKILL one follower; once the leader no longer hears it, removing the other is refused",
+    );
     cluster.node_mut(killed)?.kill()?;
+    let leader_node = cluster.node(leader)?;
+    wait_until(
+        &format!("leader {leader} to stop hearing node {killed}"),
+        deadline_in(Duration::from_secs(15)),
+        || async {
+            let status = leader_node.local_status().await?;
+            let heard = status.adverts.iter().any(|a| a.node_id == killed && a.online);
+            Ok(if heard { Check::NotYet("still online".into()) } else { Check::Done(()) })
+        },
+    )
+    .await?;
+    // Voters {leader, killed} could not commit the change, and until it
+    // did no write could: the leader refuses it rather than wedge.
+    let removal = leader_node.cluster_stub()?.remove(v1::RemoveRequest { id: paused }).await;
+    match removal {
+        Err(status)
+            if status.code() == tonic::Code::FailedPrecondition
+                && status.message().contains("bring them back") => {}
+        other => bail!("removing node {paused} with node {killed} down: {other:?}"),
+    }
+    survivor
+        .enqueue(v1::EnqueueRequest { jobs: vec![job(QUEUE, b"two of three")] })
+        .await
+        .context("a write with two of three after the refused removal")?;
+    // (All three converging at the end shows the membership unchanged.)
+
+    phase("SIGSTOP the other follower too");
+    cluster.node(paused)?.signal(Signal::SIGSTOP)?;
 
     phase("a write to the surviving leader is UNAVAILABLE within 10 s");
     let started = Instant::now();
