@@ -77,6 +77,10 @@ pub struct Ticker {
     parsed: HashMap<(String, String), Option<CronSchedule>>,
     /// Newest bucket of each schedule this node handled on the bus.
     bus_done: HashMap<String, u64>,
+    /// Newest bucket of each schedule this node refused on the bus (no
+    /// command, warming up, too late, not its queue): it ran nowhere here,
+    /// and a leader back on the journal fires it by its catch-up policy.
+    bus_refused: HashMap<String, u64>,
     /// Newest bucket of each schedule a follower decided for the journal
     /// (nothing to do there; remembered so it is decided once).
     journal_seen: HashMap<String, u64>,
@@ -220,6 +224,11 @@ pub async fn tick_schedules(
     // The leader plans the journal's ticks by cluster time (what its Fire
     // will apply at); on the bus each node goes by its own clock.
     let now_ms = if leader { journal.cluster_now_ms() } else { journal.clock().now_ms() };
+    // A leader on the journal plans from the journal's own records, not
+    // from the ticks it last decided on the bus: a tick the bus refused
+    // (no command, warming up, too late) ran nowhere and left no record,
+    // and the schedule's catch-up policy decides it now.
+    let journal_leader = leader && gate.decide_at(now_ms).path == ClaimPath::Journal;
     // Clone only the schedules with a tick due: this runs every 25 ms.
     let Ticker { parsed, bus_done, journal_seen, .. } = ticker;
     let due = journal.read_stale(|state| {
@@ -250,7 +259,7 @@ pub async fn tick_schedules(
                 } else {
                     schedule.created_at_ms
                 };
-                if let Some(done) = bus_done.get(&schedule.spec.name) {
+                if !journal_leader && let Some(done) = bus_done.get(&schedule.spec.name) {
                     after_ms = after_ms.max(cron::tick_ms(*done));
                 }
                 let newest_ms = newest_due(cron.as_ref()?, after_ms, now_ms)?;
@@ -273,7 +282,14 @@ pub async fn tick_schedules(
         let bucket = cron::bucket_of(newest_ms);
         // The one decision of this claim, reused for everything below.
         let decision = gate.decide_for_claim(&schedule.job_key(bucket, None), newest_ms);
-        match decision.path {
+        // A tick refused here on the bus went to the bus by its instant and
+        // ran nowhere here; a leader now on the journal plans it by the
+        // schedule's catch-up policy. (Had another node run it on the bus,
+        // its record would be in the journal and the tick not due; one on
+        // its way is ordered against the fire by the log.)
+        let refused_here = ticker.bus_refused.get(&name).is_some_and(|refused| bucket <= *refused);
+        let path = if journal_leader && refused_here { ClaimPath::Journal } else { decision.path };
+        match path {
             ClaimPath::Journal if leader => {
                 let cron_key = (schedule.spec.cron.clone(), schedule.spec.timezone.clone());
                 let Some(Some(cron)) = ticker.parsed.get(&cron_key) else {
@@ -293,6 +309,11 @@ pub async fn tick_schedules(
                 ticker.journal_seen.insert(name, bucket);
             }
             ClaimPath::Bus => {
+                // Decided on the bus already (the pool moved back to it
+                // since this round's plan).
+                if ticker.bus_done.get(&name).is_some_and(|done| bucket <= *done) {
+                    continue;
+                }
                 ticker.bus_done.insert(name.clone(), bucket);
                 let facts = BusFacts {
                     warmed_up: gate.warmed_up(),
@@ -302,6 +323,7 @@ pub async fn tick_schedules(
                     tags: &config.tags,
                 };
                 if let Some(why) = bus_refusal(&facts, &schedule.spec, newest_ms, now_ms) {
+                    ticker.bus_refused.insert(name.clone(), bucket);
                     tracing::info!(event = "cron.skip", path = "bus", schedule = %name, bucket, reason = why, "bus tick not claimed here");
                     continue;
                 }

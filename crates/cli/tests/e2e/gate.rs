@@ -608,6 +608,16 @@ async fn dry_run_story(sandbox: &Sandbox) -> Result<()> {
     run_cli(sandbox, &["cron", "put", name, "--cron", "* * * * * *", "--command", &command], &env)
         .await?
         .success()?;
+    // A schedule that enqueues a queue job cannot fire on the bus: its
+    // ticks there are refused and leave no record.
+    let queued = "dry-run-queue-job";
+    run_cli(
+        sandbox,
+        &["cron", "put", queued, "--cron", "* * * * * *", "--queue", "dry", "--payload", "x"],
+        &env,
+    )
+    .await?
+    .success()?;
     let runs = wait_runs(&runs_file, 0, 3).await?;
     ensure!(runs.iter().all(|r| r.path == "bus"), "a dry-run tick left the bus: {runs:?}");
     let log = std::fs::read_to_string(node.log().context("node log")?)?;
@@ -629,6 +639,48 @@ async fn dry_run_story(sandbox: &Sandbox) -> Result<()> {
         "ticks after the switch did not run on the journal: {runs:?}"
     );
     run_cli(sandbox, &["cron", "pause", name], &env).await?.success()?;
+
+    phase("back on the journal, the last tick the bus refused fires at once");
+    // The queue-job schedule's ticks were refused on the bus and left no
+    // record. On the journal the leader plans from the journal's records:
+    // the newest of those ticks is still current (under 5 s old), so it
+    // fires, and the older ones are skipped as one catch-up record. Planned
+    // from the last tick decided on the bus instead, nothing would fire
+    // until the next tick after the switch.
+    let last_bus = read_runs(&runs_file)?
+        .iter()
+        .filter(|r| r.path == "bus")
+        .map(|r| r.bucket)
+        .max()
+        .context("no tick ran on the bus")?;
+    let schedules = node.schedules_stub()?;
+    let history = wait_until(
+        "the queue-job schedule to fire on the journal",
+        deadline_in(Duration::from_secs(10)),
+        || {
+            let mut schedules = schedules.clone();
+            async move {
+                let schedule = schedules
+                    .get(v1::GetScheduleRequest { name: queued.to_string(), stale: false })
+                    .await
+                    .context("get the queue-job schedule")?
+                    .into_inner();
+                Ok(if schedule.history.iter().any(|r| r.outcome == "fired") {
+                    Check::Done(schedule.history)
+                } else {
+                    Check::NotYet(format!("{:?}", schedule.history))
+                })
+            }
+        },
+    )
+    .await?;
+    let first_fired = history.iter().find(|r| r.outcome == "fired").map(|r| r.bucket);
+    ensure!(
+        first_fired.is_some_and(|bucket| bucket <= last_bus),
+        "the first fire was of bucket {first_fired:?}, after the last bus tick {last_bus}: \
+         {history:?}"
+    );
+    run_cli(sandbox, &["cron", "pause", queued], &env).await?.success()?;
     Ok(())
 }
 
