@@ -13,7 +13,9 @@ use crate::StorageError;
 /// Replaces `dir/name` with what `write` writes to it, durably: nothing is
 /// reported written before the bytes and the directory entry are on stable
 /// storage. The file is streamed, never built in memory first. Returns what
-/// `write` returned; an error leaves the old file in place.
+/// `write` returned; an error leaves the old file in place and removes the
+/// temporary one (a snapshot that did not fit must not keep the space the
+/// log needs).
 pub(crate) fn replace_file_with<T>(
     dir: &Path,
     name: &str,
@@ -26,13 +28,20 @@ pub(crate) fn replace_file_with<T>(
         move |source| StorageError::Io { what, path, source }
     };
     let file = File::create(&temp).map_err(io("create", &temp))?;
-    let mut writer = std::io::BufWriter::with_capacity(1 << 20, file);
-    let written = write(&mut writer)?;
-    let file =
-        writer.into_inner().map_err(|error| error.into_error()).map_err(io("write", &temp))?;
-    file.sync_all().map_err(io("fsync", &temp))?;
-    drop(file);
-    std::fs::rename(&temp, &target).map_err(io("rename", &target))?;
+    let written: Result<T, StorageError> = (|| {
+        let mut writer = std::io::BufWriter::with_capacity(1 << 20, file);
+        let written = write(&mut writer)?;
+        let file =
+            writer.into_inner().map_err(|error| error.into_error()).map_err(io("write", &temp))?;
+        file.sync_all().map_err(io("fsync", &temp))?;
+        drop(file);
+        std::fs::rename(&temp, &target).map_err(io("rename", &target))?;
+        Ok(written)
+    })();
+    if written.is_err() {
+        let _ = std::fs::remove_file(&temp);
+    }
+    let written = written?;
     sync_dir(dir)?;
     Ok(written)
 }
@@ -121,7 +130,7 @@ mod tests {
             Some(&b"two"[..]),
             "a failed write keeps the old file"
         );
-        std::fs::remove_file(dir.path().join("snap.tmp"))?;
+        assert!(!dir.path().join("snap.tmp").exists(), "a failed write leaves no temporary");
         assert_eq!(read_file(dir.path(), "snap")?.as_deref(), Some(&b"two"[..]));
         assert_eq!(read_file(dir.path(), "missing")?, None);
         let names: Vec<_> = std::fs::read_dir(dir.path())?

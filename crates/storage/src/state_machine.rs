@@ -848,13 +848,16 @@ fn open_snapshot_file(dir: &Path) -> Result<Option<(Meta, File, u64, u64)>, Stor
     Ok(Some((meta, file, base, file_len - base)))
 }
 
-/// Removes what snapshot receives a process left behind (a receive ends
-/// with its file removed, or copied and removed; a crash leaves it).
+/// Removes what snapshot receives and builds a process left behind (a
+/// receive ends with its file removed, or copied and removed, and a build
+/// with its temporary file renamed or removed; a crash leaves them).
 fn remove_received_files(dir: &Path) -> Result<(), StorageError> {
     let io = |what| move |source| StorageError::Io { what, path: dir.to_path_buf(), source };
+    let built = format!("{SNAPSHOT_FILE}.tmp");
     for entry in std::fs::read_dir(dir).map_err(io("read"))? {
         let entry = entry.map_err(io("read"))?;
-        if entry.file_name().to_str().is_some_and(|name| name.starts_with(RECEIVING_PREFIX)) {
+        let name = entry.file_name();
+        if name.to_str().is_some_and(|name| name.starts_with(RECEIVING_PREFIX) || name == built) {
             std::fs::remove_file(entry.path()).map_err(io("remove"))?;
         }
     }

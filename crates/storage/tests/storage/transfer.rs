@@ -185,8 +185,11 @@ async fn a_receive_cut_by_a_crash_is_cleaned_up_on_open() -> anyhow::Result<()> 
     let dir = tempfile::tempdir()?;
     drop(leasehold_storage::open(dir.path())?);
     std::fs::write(dir.path().join("snapshot.receiving.7"), b"half a snapshot")?;
+    // A build cut by a crash (or by a full disk) leaves its temporary file.
+    std::fs::write(dir.path().join("snapshot.tmp"), b"half a build")?;
     let _stores = reopen(dir.path())?;
     assert_eq!(receiving_files(dir.path())?, Vec::<String>::new());
+    assert!(!dir.path().join("snapshot.tmp").exists(), "the build's temporary file is removed");
     Ok(())
 }
 
