@@ -972,12 +972,13 @@ impl NodeHandle {
         step("stop intake");
         let _ = self.intake.send(true);
         let intake_tasks = std::mem::take(&mut self.intake_tasks);
-        let wait_intake = async {
+        let aborts: Vec<_> = intake_tasks.iter().map(JoinHandle::abort_handle).collect();
+        let mut wait_intake = std::pin::pin!(async {
             for task in intake_tasks {
                 let _ = task.await;
             }
-        };
-        if tokio::time::timeout(self.drain_grace + Duration::from_secs(2), wait_intake)
+        });
+        if tokio::time::timeout(self.drain_grace + Duration::from_secs(2), wait_intake.as_mut())
             .await
             .is_err()
         {
@@ -986,6 +987,12 @@ impl NodeHandle {
                 step = "grace over",
                 "running commands did not finish within the grace period"
             );
+            // Stopped before their leases are released below: a command
+            // still running then would run on beside the next holder.
+            for abort in &aborts {
+                abort.abort();
+            }
+            let _ = tokio::time::timeout(Duration::from_secs(2), wait_intake).await;
         }
         step("release");
         self.release_held().await;
