@@ -264,6 +264,18 @@ pub enum Command {
         /// The members that would run it but are down.
         offline: Vec<u64>,
     },
+    /// `PutSchedule` that, when it changes an existing schedule's cron
+    /// expression or timezone, plans the schedule from the put: its
+    /// `created_at_ms` becomes the entry's time, so no tick of the new
+    /// timing from before the put is fired or counted as missed (a
+    /// `PutSchedule` kept the first put's time, and the leader then fired
+    /// the new timing's ticks of the past hour at once). Its mark, history,
+    /// counters and watched jobs are kept either way. A leader writes every
+    /// `PutSchedule` as this once every member decodes format 4.
+    PutScheduleRetimed {
+        /// The schedule.
+        spec: ScheduleSpec,
+    },
 }
 
 /// The newest log format this build writes and reads. Format 1 is the
@@ -271,7 +283,8 @@ pub enum Command {
 /// [`Command::FireEach`], [`Command::ClaimOnce`], [`Command::TriggerOnce`]
 /// and [`Command::SweepBounded`]; format 3 adds [`Command::AckLean`] and
 /// writes every ack as one; format 4 adds [`Command::FireEachTracked`] and
-/// writes every `FireEach` as one. A leader writes the format every member
+/// [`Command::PutScheduleRetimed`] and writes every `FireEach` and
+/// `PutSchedule` as them. A leader writes the format every member
 /// advertises ([`agreed_log_format`]), so no replica meets an entry it
 /// cannot decode.
 pub const LOG_FORMAT: u32 = 4;
@@ -339,6 +352,8 @@ impl Command {
             Command::FireEachTracked { schedule, bucket, targets, offline } if format < 4 => {
                 Command::FireEach { schedule, bucket, targets, offline }
             }
+            Command::PutSchedule { spec } if format >= 4 => Command::PutScheduleRetimed { spec },
+            Command::PutScheduleRetimed { spec } if format < 4 => Command::PutSchedule { spec },
             Command::Ruled { command, .. } if format < 2 => command.for_log_format(format),
             Command::Ruled { limits, command } => {
                 Command::Ruled { limits, command: Box::new(command.for_log_format(format)) }
@@ -404,7 +419,7 @@ impl Command {
             | Command::SetDraining { .. } => 0,
             Command::Redrive { target: RedriveTarget::Queue(queue) } => text(queue),
             Command::Redrive { target: RedriveTarget::Ids(ids) } => numbers(ids),
-            Command::PutSchedule { spec } => {
+            Command::PutSchedule { spec } | Command::PutScheduleRetimed { spec } => {
                 let template = &spec.template;
                 FIXED
                     + text(&spec.name)
@@ -773,6 +788,7 @@ mod tests {
                     offline: vec![],
                 },
             ),
+            (25, Command::PutScheduleRetimed { spec: ScheduleSpec::default() }),
         ];
         for (number, command) in pinned {
             let bytes = bincode::serialize(&command).expect("encodes");
@@ -800,7 +816,7 @@ mod tests {
     }
 
     #[test]
-    fn from_format_4_a_fire_each_tracks_every_member_and_below_it_is_plain() {
+    fn from_format_4_fire_each_and_put_schedule_are_their_new_forms_and_below_it_plain() {
         let (schedule, targets, offline) = ("s".to_string(), vec![1, 2], vec![3]);
         let plain = Command::FireEach {
             schedule: schedule.clone(),
@@ -823,5 +839,11 @@ mod tests {
         assert_eq!(tracked.clone().for_log_format(4), tracked);
         assert_eq!(plain.clone().for_log_format(3), plain);
         assert_eq!(tracked.for_log_format(1), Command::Fire { schedule, bucket: 9, targets });
+        let spec = ScheduleSpec { name: "s".into(), ..ScheduleSpec::default() };
+        let put = Command::PutSchedule { spec: spec.clone() };
+        let retimed = Command::PutScheduleRetimed { spec };
+        assert_eq!(ruled(put.clone()).for_log_format(4), ruled(retimed.clone()));
+        assert_eq!(ruled(retimed.clone()).for_log_format(3), ruled(put.clone()));
+        assert_eq!(retimed.clone().for_log_format(1), put);
     }
 }

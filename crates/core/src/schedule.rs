@@ -214,7 +214,9 @@ pub struct Schedule {
     pub spec: ScheduleSpec,
     /// The newest bucket fired or skipped; 0 = none yet.
     pub last_fired_bucket: u64,
-    /// Cluster time the schedule was first put: ticks before it are not due.
+    /// Cluster time the schedule was first put, or last put with another
+    /// cron expression or timezone (`PutScheduleRetimed`): ticks before it
+    /// are not due.
     pub created_at_ms: u64,
     /// Jobs of the newest fired tick (overlap checks look at them).
     pub last_job_ids: Vec<u64>,

@@ -368,7 +368,8 @@ impl State {
             }
             Command::Redrive { target } => self.redrive(target),
             Command::Purge => self.purge(limits),
-            Command::PutSchedule { spec } => self.put_schedule(spec),
+            Command::PutSchedule { spec } => self.put_schedule(spec, false),
+            Command::PutScheduleRetimed { spec } => self.put_schedule(spec, true),
             Command::DeleteSchedule { name } => self.delete_schedule(name),
             Command::SetPaused { name, paused } => self.set_paused(name, *paused),
             Command::Fire { schedule, bucket, targets } => {

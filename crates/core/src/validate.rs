@@ -166,7 +166,9 @@ pub fn validate_command(command: &Command, limits: &Limits) -> Result<(), Valida
         },
         // The cron expression and timezone were checked by the proposer
         // (see [`schedule_expression`]).
-        Command::PutSchedule { spec } => schedule_fields(spec, limits),
+        Command::PutSchedule { spec } | Command::PutScheduleRetimed { spec } => {
+            schedule_fields(spec, limits)
+        }
         Command::DeleteSchedule { name } | Command::SetPaused { name, .. } => {
             queue_name("name", name)
         }

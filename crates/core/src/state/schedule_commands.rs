@@ -54,10 +54,21 @@ impl State {
         })
     }
 
-    pub(super) fn put_schedule(&mut self, spec: &ScheduleSpec) -> Response {
+    /// Creates a schedule, or replaces an existing one's spec. With
+    /// `retime` (`PutScheduleRetimed`), a changed cron expression or
+    /// timezone plans the schedule from now: ticks of the new timing from
+    /// before the put are neither fired nor counted as missed.
+    pub(super) fn put_schedule(&mut self, spec: &ScheduleSpec, retime: bool) -> Response {
         let now_ms = self.cluster_time_ms;
         match self.schedules.get_mut(&spec.name) {
-            Some(existing) => existing.spec = spec.clone(),
+            Some(existing) => {
+                let timing_changed =
+                    existing.spec.cron != spec.cron || existing.spec.timezone != spec.timezone;
+                if retime && timing_changed {
+                    existing.created_at_ms = now_ms;
+                }
+                existing.spec = spec.clone();
+            }
             None => {
                 self.schedules.insert(spec.name.clone(), Schedule::new(spec.clone(), now_ms));
             }
@@ -574,6 +585,54 @@ mod tests {
         assert_eq!(node_2_jobs, 1, "node 2 holds one instance, not two");
         let (_, _, forgotten) = run(false);
         assert_eq!(forgotten, 2, "FireEach (format 3) forgets the untargeted member's instance");
+    }
+
+    /// A schedule put again with another cron expression is planned from
+    /// that put: the new timing's tick of a quarter of an hour before is
+    /// not fired as a missed one. A `PutSchedule` (format 3) kept the first
+    /// put's time, and the plan fired it.
+    #[test]
+    fn a_schedule_put_again_with_another_timing_plans_from_the_put() {
+        const MINUTE_MS: u64 = 60_000;
+        let spec = |cron: &str| ScheduleSpec {
+            name: "backup".into(),
+            cron: cron.into(),
+            template: JobTemplate { command: Some("backup.sh".into()), ..JobTemplate::default() },
+            ..ScheduleSpec::default()
+        };
+        let plan = |retimed: bool| {
+            let mut state = State::new();
+            let hourly = spec("0 0 * * * *");
+            apply(&mut state, T0_MS - MINUTE_MS, Command::PutScheduleRetimed { spec: hourly });
+            assert!(matches!(fire(&mut state, T0_MS / 1_000), Response::Tick(Some(_))));
+            // Half an hour later: every hour at a quarter past instead.
+            let (quarter, at_ms) = (spec("0 15 * * * *"), T0_MS + 30 * MINUTE_MS);
+            let put = if retimed {
+                Command::PutScheduleRetimed { spec: quarter.clone() }
+            } else {
+                Command::PutSchedule { spec: quarter.clone() }
+            };
+            apply(&mut state, at_ms, put);
+            let schedule = state.schedule("backup").expect("the schedule").clone();
+            let cron = crate::cron::parse(&quarter.cron, "").expect("parses");
+            (schedule.created_at_ms, crate::schedule::plan_ticks(&schedule, &cron, at_ms, 5_000))
+        };
+        let (created, planned) = plan(true);
+        assert_eq!(created, T0_MS + 30 * MINUTE_MS, "planned from the put");
+        assert_eq!(planned, Vec::new(), "nothing of the new timing before the put");
+        let (created, planned) = plan(false);
+        assert_eq!(created, T0_MS - 60_000, "PutSchedule keeps the first put's time");
+        assert_eq!(
+            planned,
+            vec![crate::schedule::TickPlan::Fire(T0_MS / 1_000 + 15 * 60)],
+            "the quarter past, before the change, fired as missed"
+        );
+        // The same timing put again plans as before (the mark stays).
+        let mut state = State::new();
+        apply(&mut state, T0_MS, Command::PutScheduleRetimed { spec: spec("0 0 * * * *") });
+        let again = Command::PutScheduleRetimed { spec: spec("0 0 * * * *") };
+        apply(&mut state, T0_MS + MINUTE_MS, again);
+        assert_eq!(state.schedule("backup").map(|s| s.created_at_ms), Some(T0_MS));
     }
 
     #[test]
