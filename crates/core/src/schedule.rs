@@ -17,6 +17,9 @@ use crate::cron::{self, CronSchedule};
 pub const HISTORY_LEN: usize = 100;
 /// Most ticks one planning round looks at; older ones are coalesced.
 pub const MAX_TICKS_PER_PLAN: usize = 1_000;
+/// Most older ticks a plan counts for its catch-up record (the count of a
+/// longer gap is this lower bound).
+pub const MAX_TICKS_COUNTED: usize = 100_000;
 /// A tick fired this long after its instant or more is recorded as late.
 pub const LATE_AFTER_MS: u64 = 2_000;
 /// Tag every per-node job of a `target = each` schedule carries: `node:ID`.
@@ -286,6 +289,43 @@ pub enum TickPlan {
     },
 }
 
+/// The newest ticks of `cron` in `(after_ms, now_ms]`: all of them when
+/// there are fewer than `most`, else those of a window `(from_ms, now_ms]`
+/// holding at least `least` (at most `most - 1`) and fewer than `most`.
+/// Answers `from_ms` (`after_ms` when all were read) and the ticks. The
+/// window's start is found by bisection on the number of ticks after it,
+/// so ticks bunched in time (office hours, then a weekend) are found
+/// however the span's halves fall.
+pub fn newest_ticks(
+    cron: &CronSchedule,
+    after_ms: u64,
+    now_ms: u64,
+    least: usize,
+    most: usize,
+) -> (u64, Vec<u64>) {
+    let all = cron.ticks_between(after_ms, now_ms, most);
+    if all.len() < most {
+        return (after_ms, all);
+    }
+    let least = least.clamp(1, most.saturating_sub(1).max(1));
+    // At `early` at least `most` ticks follow; at `late`, fewer than `least`.
+    let (mut early, mut late) = (after_ms, now_ms);
+    while late.saturating_sub(early) > 1 {
+        let mid = early + (late - early) / 2;
+        let count = cron.count_ticks_between(mid, now_ms, most);
+        if count >= most {
+            early = mid;
+        } else if count < least {
+            late = mid;
+        } else {
+            return (mid, cron.ticks_between(mid, now_ms, most));
+        }
+    }
+    // Ticks are whole seconds, so one millisecond passes at most one, and
+    // the count steps by one: the loop returns before this.
+    (late, cron.ticks_between(late, now_ms, most))
+}
+
 /// The commands a leader should propose for `schedule` at `now_ms`, oldest
 /// first. Every tick after the last fired bucket (or after the creation
 /// time) up to now is fired or skipped:
@@ -318,24 +358,17 @@ pub fn plan_ticks(
     } else {
         schedule.created_at_ms
     };
-    let mut ticks = cron.ticks_between(after_ms, now_ms, MAX_TICKS_PER_PLAN);
-    let mut unread = 0u64;
-    if ticks.len() == MAX_TICKS_PER_PLAN {
-        // More ticks than one plan reads: read the newest ones instead, found
-        // by halving the span until it holds fewer than the bound.
-        let mut from_ms = after_ms;
-        for _ in 0..64 {
-            from_ms += now_ms.saturating_sub(from_ms) / 2;
-            let recent = cron.ticks_between(from_ms, now_ms, MAX_TICKS_PER_PLAN);
-            if recent.len() < MAX_TICKS_PER_PLAN {
-                // The skipped gap's size is unknown beyond the bound; count
-                // what was read before as a lower bound.
-                unread = ticks.len() as u64;
-                ticks = recent;
-                break;
-            }
-        }
-    }
+    // More ticks than one plan reads: the newest ones, and a count of the
+    // older ones (exact up to MAX_TICKS_COUNTED) for the catch-up record.
+    // Enough of them to fire what the policy fires: the newest missed one
+    // and the current one, or `catchup_max` missed ones and the current.
+    let least = (schedule.spec.catchup_max as usize).max(1) + 1;
+    let (from_ms, ticks) = newest_ticks(cron, after_ms, now_ms, least, MAX_TICKS_PER_PLAN);
+    let unread = if from_ms > after_ms {
+        cron.count_ticks_between(after_ms, from_ms, MAX_TICKS_COUNTED) as u64
+    } else {
+        0
+    };
     let Some(&newest) = ticks.last() else {
         return Vec::new();
     };
@@ -358,6 +391,15 @@ pub fn plan_ticks(
         if current { (&ticks[..ticks.len() - 1], true) } else { (&ticks[..], false) };
     let missed_count = missed.len() as u64 + unread;
     let mut plan = Vec::new();
+    if missed.is_empty() && unread > 0 {
+        // Only unread ticks lie before the current one: one record of them
+        // whatever the policy, as none is fired.
+        plan.push(TickPlan::Skip {
+            bucket: cron::bucket_of(from_ms),
+            reason: SkipReason::Catchup,
+            ticks: unread,
+        });
+    }
     match schedule.spec.catchup {
         Catchup::Skip => {
             if let Some(&last_missed) = missed.last() {
@@ -448,6 +490,52 @@ mod tests {
 
     const MINUTE_MS: u64 = 60_000;
     const T0_MS: u64 = 1_767_225_600_000; // 2026-01-01T00:00:00Z
+
+    /// Office hours every minute, down from Thursday 09:00 to Monday
+    /// 09:00: 1,080 ticks, more than a plan reads, bunched so that the
+    /// newer half of the span (the weekend) holds none. The plan still
+    /// fires Friday's last ticks and Monday's first, and records every
+    /// other tick as skipped; it once found nothing in the newer half and
+    /// planned only Monday's, leaving 1,079 ticks without a record.
+    #[test]
+    fn a_long_outage_of_bunched_ticks_is_planned_and_counted_whole() {
+        let spec = ScheduleSpec {
+            name: "s".into(),
+            cron: "* 9-17 * * 1-5".into(),
+            catchup: Catchup::All,
+            catchup_max: 10,
+            ..ScheduleSpec::default()
+        };
+        let cron = cron::parse(&spec.cron, "").unwrap_or_else(|e| panic!("{e}"));
+        let thursday_9 = T0_MS + 9 * 60 * MINUTE_MS;
+        let monday_9 = thursday_9 + 4 * 24 * 60 * MINUTE_MS;
+        let mut schedule = Schedule::new(spec, thursday_9 - MINUTE_MS);
+        schedule.last_fired_bucket = thursday_9 / 1_000;
+        let plan = plan_ticks(&schedule, &cron, monday_9 + 500, 5_000);
+        let fired: Vec<u64> = plan
+            .iter()
+            .filter_map(|step| match step {
+                TickPlan::Fire(bucket) => Some(*bucket),
+                TickPlan::Skip { .. } => None,
+            })
+            .collect();
+        let friday_17_59 =
+            (thursday_9 + 24 * 60 * MINUTE_MS + 8 * 60 * MINUTE_MS + 59 * MINUTE_MS) / 1_000;
+        let mut expected: Vec<u64> = (0..10).rev().map(|back| friday_17_59 - back * 60).collect();
+        expected.push(monday_9 / 1_000);
+        assert_eq!(fired, expected, "Friday's last ten, then Monday's first: {plan:?}");
+        let skipped: u64 = plan
+            .iter()
+            .map(|step| match step {
+                TickPlan::Skip { ticks, .. } => *ticks,
+                TickPlan::Fire(_) => 0,
+            })
+            .sum();
+        assert_eq!(skipped + fired.len() as u64, 1_080, "every tick accounted once: {plan:?}");
+        let (from_ms, newest) =
+            newest_ticks(&cron, thursday_9, monday_9 + 500, 1, MAX_TICKS_PER_PLAN);
+        assert!(from_ms > thursday_9 && newest.last() == Some(&monday_9), "{from_ms} {newest:?}");
+    }
 
     fn every_minute(catchup: Catchup) -> (Schedule, CronSchedule) {
         let spec = ScheduleSpec {

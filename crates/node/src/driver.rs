@@ -200,16 +200,10 @@ async fn purge_once(journal: &Journal) {
 
 /// The newest tick of `cron` in `(after_ms, now_ms]`, if any.
 fn newest_due(cron: &CronSchedule, after_ms: u64, now_ms: u64) -> Option<u64> {
-    let mut from_ms = after_ms;
-    for _ in 0..64 {
-        let ticks = cron.ticks_between(from_ms, now_ms, MAX_TICKS_READ);
-        if ticks.len() < MAX_TICKS_READ {
-            return ticks.last().copied();
-        }
-        // Too many to read: look at the newer half of the span.
-        from_ms += now_ms.saturating_sub(from_ms) / 2;
-    }
-    None
+    leasehold_core::schedule::newest_ticks(cron, after_ms, now_ms, 1, MAX_TICKS_READ)
+        .1
+        .last()
+        .copied()
 }
 
 /// Runs the tickers once: finds every schedule with a due tick, decides its
