@@ -248,12 +248,12 @@ pub enum Command {
         /// Kept on the job as its result (at most `max_result_bytes`).
         result: Option<Vec<u8>>,
     },
-    /// `FireEach` that keeps every member's unfinished instance counted,
-    /// not only the targeted members': a member offline or draining at a
-    /// tick still has its last instance watched, so with `overlap = skip`
-    /// it gets no second job beside it when it is back. A `FireEach`
-    /// forgets the instances of members it does not target. A leader
-    /// writes every `FireEach` as this once every member decodes format 4.
+    /// `FireEach` that keeps the unfinished instances of the members in
+    /// `offline` (down or draining) watched, not only the targeted
+    /// members': with `overlap = skip` such a member gets no second job
+    /// beside its last one when it is back. A `FireEach` forgets the
+    /// instances of members it does not target. A leader writes every
+    /// `FireEach` as this once every member decodes format 4.
     FireEachTracked {
         /// Schedule name.
         schedule: String,

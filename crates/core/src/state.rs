@@ -379,7 +379,7 @@ impl State {
                 self.fire_each(schedule, *bucket, targets, offline, Watch::Targets, limits)
             }
             Command::FireEachTracked { schedule, bucket, targets, offline } => {
-                self.fire_each(schedule, *bucket, targets, offline, Watch::Every, limits)
+                self.fire_each(schedule, *bucket, targets, offline, Watch::Away, limits)
             }
             Command::Skip { schedule, bucket, reason, ticks } => {
                 self.skip(schedule, *bucket, *reason, *ticks)

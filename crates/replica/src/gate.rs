@@ -465,14 +465,21 @@ impl Gate {
 
     /// The members a `target = each` tick whose job carries `tags` goes
     /// to, split into the live ones (this node, and peers whose advert is
-    /// younger than three intervals) and those that are down: core picks
-    /// the registered, undrained members with every tag; liveness is this
-    /// node's view of the adverts.
+    /// younger than three intervals) and those away: down, or draining.
+    /// Core picks the registered members with every tag; liveness is this
+    /// node's view of the adverts. A member away is recorded as skipped
+    /// and keeps its last instance watched (overlap = skip), so it gets no
+    /// second one beside it when it is back.
     pub fn each_targets(&self, tags: &[String]) -> (Vec<u64>, Vec<u64>) {
         let candidates = self.inner.journal.each_targets(tags);
         let online: BTreeSet<u64> = self.online_peers().into_iter().map(|(id, _)| id).collect();
         let me = self.node_id();
-        candidates.into_iter().partition(|id| *id == me || online.contains(id))
+        let (live, mut away): (Vec<u64>, Vec<u64>) =
+            candidates.into_iter().partition(|id| *id == me || online.contains(id));
+        away.extend(self.inner.journal.each_draining(tags));
+        away.sort_unstable();
+        away.dedup();
+        (live, away)
     }
 
     async fn broadcast(&self, message: v1::BusMessage) -> Vec<(u64, v1::BusReply)> {

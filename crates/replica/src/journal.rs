@@ -555,6 +555,15 @@ impl Journal {
         self.read_stale(|state| state.each_targets(&members, tags))
     }
 
+    /// The members a `target = each` tick whose job carries `tags` would go
+    /// to but for their draining.
+    pub fn each_draining(&self, tags: &[String]) -> Vec<u64> {
+        let metrics = self.inner.raft.metrics().borrow().clone();
+        let members: Vec<u64> =
+            metrics.membership_config.membership().nodes().map(|(id, _)| *id).collect();
+        self.read_stale(|state| state.each_draining(&members, tags))
+    }
+
     /// Reads the local state machine as it is now (possibly behind the leader).
     pub fn read_stale<T>(&self, f: impl FnOnce(&State) -> T) -> T {
         f(&self.inner.state.state())

@@ -41,6 +41,23 @@ impl State {
         targets
     }
 
+    /// Of `members`, the registered ones with every tag in `tags` that are
+    /// draining: they would run a `target = each` tick but take none now.
+    pub fn each_draining(&self, members: &[u64], tags: &[String]) -> Vec<u64> {
+        let mut draining: Vec<u64> = members
+            .iter()
+            .copied()
+            .filter(|id| {
+                self.nodes.get(id).is_some_and(|node| {
+                    node.draining && tags.iter().all(|tag| node.tags.contains(tag))
+                })
+            })
+            .collect();
+        draining.sort_unstable();
+        draining.dedup();
+        draining
+    }
+
     /// The voter a leader hands leadership to when it must stop leading (it
     /// drains, or its clock is beyond the bound): of `matched` (each other
     /// voter with the index of the last log entry it holds, as the leader's

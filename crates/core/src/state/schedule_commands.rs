@@ -22,9 +22,10 @@ pub(super) enum Watch {
     /// Only the targeted members' (`FireEach`, log formats 2 and 3): a
     /// member not targeted at a tick has its instance forgotten.
     Targets,
-    /// Every member's (`FireEachTracked`, format 4): a member offline or
-    /// draining at a tick still has its instance watched.
-    Every,
+    /// The targeted members' and those away (`offline`: down or draining;
+    /// `FireEachTracked`, format 4): a member away at a tick still has its
+    /// instance watched.
+    Away,
 }
 
 impl State {
@@ -198,15 +199,20 @@ impl State {
                 run.push(*node);
             }
         }
-        if watch == Watch::Every && schedule.spec.overlap == Overlap::Skip {
-            // The members not targeted now (offline, draining, no longer
-            // matching) keep their unfinished instance watched: forgotten,
-            // it would not stop the member's next tick (overlap = skip).
+        if watch == Watch::Away && schedule.spec.overlap == Overlap::Skip {
+            // The members away now (`offline`: down, or draining) keep
+            // their unfinished instance watched: forgotten, it would not
+            // stop the member's next tick once it is back. A member no
+            // longer in the cluster or no longer matching is in neither
+            // list, and its instance is let go as before.
+            let away: Vec<String> =
+                offline.iter().map(|node| format!("{NODE_TAG_PREFIX}{node}")).collect();
             let targeted: Vec<String> =
                 targets.iter().map(|node| format!("{NODE_TAG_PREFIX}{node}")).collect();
             still_running.extend(schedule.last_job_ids.iter().copied().filter(|id| {
                 self.jobs.live(id).is_some_and(|job| {
                     matches!(job.state, JobState::Ready | JobState::Claimed)
+                        && job.tags().iter().any(|tag| away.contains(tag))
                         && !job.tags().iter().any(|tag| targeted.contains(tag))
                 })
             }));
@@ -524,13 +530,14 @@ mod tests {
         assert_eq!(fire_each(&mut state, third, &[1], &[]), Response::Tick(None), "a bucket once");
     }
 
-    /// A member that missed a tick (offline, or draining: not targeted)
+    /// A member that missed a tick (down or draining: listed `offline`)
     /// while its last instance was unfinished gets no second job beside it
     /// when it is targeted again (overlap = skip). `FireEach` forgot that
-    /// instance as soon as another member ran a tick.
+    /// instance as soon as another member ran a tick. A member in neither
+    /// list (removed from the cluster) has its instance let go.
     #[test]
     fn a_member_missing_a_tick_keeps_its_unfinished_instance_watched() {
-        let run = |tracked: bool| {
+        let run = |tracked: bool, away: &[u64]| {
             let mut state = State::new();
             put(&mut state, Overlap::Skip, Target::Each);
             let fire = |state: &mut State, bucket: u64, targets: &[u64], offline: &[u64]| {
@@ -562,7 +569,7 @@ mod tests {
             // Node 1 finishes; node 2's job stays ready (it went down).
             claim_and_ack(&mut state, 1, first * 1_000 + 100);
             let next = first + 1;
-            fire(&mut state, next, &[1], &[2]);
+            fire(&mut state, next, &[1], away);
             claim_and_ack(&mut state, 1, next * 1_000 + 100);
             // Node 2 is back, its first tick's job still unrun.
             let third = next + 1;
@@ -576,15 +583,17 @@ mod tests {
                 .count();
             (answer, history_of(&state, third), node_2_jobs)
         };
-        let (answer, history, node_2_jobs) = run(true);
+        let (answer, history, node_2_jobs) = run(true, &[2]);
         assert!(
             matches!(answer, Response::Tick(Some(TickOutcome::Fired { ref job_ids, .. })) if job_ids.len() == 1),
             "node 1 alone ran: {answer:?}"
         );
         assert_eq!(history[1..], [TickOutcome::Skipped { reason: SkipReason::Overlap, ticks: 1 }]);
         assert_eq!(node_2_jobs, 1, "node 2 holds one instance, not two");
-        let (_, _, forgotten) = run(false);
+        let (_, _, forgotten) = run(false, &[2]);
         assert_eq!(forgotten, 2, "FireEach (format 3) forgets the untargeted member's instance");
+        let (_, _, let_go) = run(true, &[]);
+        assert_eq!(let_go, 2, "a member in neither list is no longer watched");
     }
 
     /// A schedule put again with another cron expression is planned from
