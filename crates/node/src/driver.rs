@@ -92,6 +92,13 @@ pub struct Ticker {
     /// it are not taken from the journal's records.
     started_ms: Option<u64>,
     running: JoinSet<()>,
+    /// The journal fires under way (a plan's ticks, proposed in order),
+    /// and which schedule each is for: a schedule with one under way is
+    /// not planned again until it ends, and the others, the sweeps and the
+    /// purges do not wait for it (a catch-up of a thousand ticks is a
+    /// thousand commits).
+    fires: JoinSet<()>,
+    firing: HashMap<String, tokio::task::AbortHandle>,
 }
 
 impl Ticker {
@@ -214,6 +221,8 @@ pub async fn tick_schedules(
     config: &DriverConfig,
     ticker: &mut Ticker,
 ) {
+    while ticker.fires.try_join_next().is_some() {}
+    ticker.firing.retain(|_, fire| !fire.is_finished());
     let leader = journal.is_leader();
     // The leader plans the journal's ticks by cluster time (what its Fire
     // will apply at); on the bus each node goes by its own clock.
@@ -270,9 +279,11 @@ pub async fn tick_schedules(
     // fire lag n commits long (about 16 ms each, 316 ms for the twentieth
     // of twenty on the benchmark). Concurrent proposals share a group
     // commit; each schedule still proposes its own ticks in order.
-    let mut journal_fires = JoinSet::new();
     for (schedule, newest_ms) in due {
         let name = schedule.spec.name.clone();
+        if ticker.firing.contains_key(&name) {
+            continue;
+        }
         let bucket = cron::bucket_of(newest_ms);
         // The one decision of this claim, reused for everything below.
         let decision = gate.decide_for_claim(&schedule.job_key(bucket, None), newest_ms);
@@ -282,7 +293,16 @@ pub async fn tick_schedules(
         // its record would be in the journal and the tick not due; one on
         // its way is ordered against the fire by the log.)
         let refused_here = ticker.bus_refused.get(&name).is_some_and(|refused| bucket <= *refused);
-        let path = if journal_leader && refused_here { ClaimPath::Journal } else { decision.path };
+        // Unless the bus table holds a claim of it or a later tick: a node
+        // of an older build may run a tick on the bus without a record in
+        // the journal, so such a tick is left to the bus.
+        let claimed_on_bus =
+            || !matches!(gate.bus().high_water(&name, |claimed| claimed >= bucket), Ok(None));
+        let path = if journal_leader && refused_here && !claimed_on_bus() {
+            ClaimPath::Journal
+        } else {
+            decision.path
+        };
         match path {
             ClaimPath::Journal if leader => {
                 let cron_key = (schedule.spec.cron.clone(), schedule.spec.timezone.clone());
@@ -291,13 +311,14 @@ pub async fn tick_schedules(
                     continue;
                 };
                 let (journal, gate, cron) = (journal.clone(), gate.clone(), cron.clone());
-                journal_fires.spawn(async move {
+                let fire = ticker.fires.spawn(async move {
                     // A proposal that did not commit ends this schedule's
                     // round; the next round plans again from the journal.
                     if skip_bus_ran(&journal, &gate, &schedule, &cron, bucket).await {
                         fire_on_journal(&journal, &gate, &schedule, &cron, now_ms).await;
                     }
                 });
+                ticker.firing.insert(name, fire);
             }
             ClaimPath::Journal => {
                 ticker.journal_seen.insert(name, bucket);
@@ -359,7 +380,6 @@ pub async fn tick_schedules(
         }
     }
     run_each_shares(journal, gate, config, ticker, now_ms);
-    while journal_fires.join_next().await.is_some() {}
 }
 
 /// This node's shares of `target = each` ticks its copy of the journal

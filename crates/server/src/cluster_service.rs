@@ -180,6 +180,23 @@ impl ClusterService {
     }
 }
 
+/// Whether learner `id` is within `threshold` entries of this leader's log,
+/// as openraft judges a learner added with `blocking`; true when this node
+/// no longer leads (the promotion that follows then says so).
+fn learner_caught_up(
+    metrics: &openraft::RaftMetrics<u64, BasicNode>,
+    id: u64,
+    threshold: u64,
+) -> bool {
+    let Some(replication) = &metrics.replication else {
+        return true;
+    };
+    replication.get(&id).is_some_and(|matched| {
+        let matched = matched.as_ref().map_or(0, |log_id| log_id.index);
+        metrics.last_log_index.unwrap_or(0).saturating_sub(matched) <= threshold
+    })
+}
+
 /// `request` for member `id`, naming it as the node it is meant for, so a
 /// member whose recorded address reaches another node refuses it rather
 /// than passing it on again.
@@ -385,22 +402,39 @@ impl Cluster for ClusterService {
         // learner promoted while it lags would be needed by the new
         // quorum before it could answer, and every write would stall.
         if !voters.contains(&request.id) {
-            tracing::info!(node = request.id, addr = %request.addr, "adding learner");
-            let addr = membership.get_node(&request.id).map_or(&request.addr, |n| &n.addr);
-            let node = BasicNode { addr: addr.clone() };
-            match tokio::time::timeout(CATCH_UP_TIMEOUT, raft.add_learner(request.id, node, true))
+            let timed_out = || {
+                Status::from(Error::Unavailable(Unavailable::Peer(format!(
+                    "node {} did not catch up within {} s",
+                    request.id,
+                    CATCH_UP_TIMEOUT.as_secs()
+                ))))
+            };
+            if membership.get_node(&request.id).is_none() {
+                tracing::info!(node = request.id, addr = %request.addr, "adding learner");
+                let node = BasicNode { addr: request.addr.clone() };
+                match tokio::time::timeout(
+                    CATCH_UP_TIMEOUT,
+                    raft.add_learner(request.id, node, true),
+                )
                 .await
-            {
-                Ok(Ok(_)) => {}
-                Ok(Err(e)) => return Err(membership_error(e).into()),
-                Err(_) => {
-                    return Err(Error::Unavailable(Unavailable::Peer(format!(
-                        "node {} did not catch up within {} s",
-                        request.id,
-                        CATCH_UP_TIMEOUT.as_secs()
-                    )))
-                    .into());
+                {
+                    Ok(Ok(_)) => {}
+                    Ok(Err(e)) => return Err(membership_error(e).into()),
+                    Err(_) => return Err(timed_out()),
                 }
+            } else {
+                // Already a learner (a repeated join): wait for it to catch
+                // up without adding it again, which would write a new
+                // membership and restart every replication stream, a
+                // snapshot under way included.
+                let threshold = raft.config().replication_lag_threshold;
+                raft.wait(Some(CATCH_UP_TIMEOUT))
+                    .metrics(
+                        |metrics| learner_caught_up(metrics, request.id, threshold),
+                        "the learner to catch up",
+                    )
+                    .await
+                    .map_err(|_| timed_out())?;
             }
         }
         if !voters.contains(&request.id) {

@@ -198,14 +198,13 @@ impl RaftService {
         let leader_commit = rpc.leader_commit;
         let carries_entries = !rpc.entries.is_empty();
         let answer = self.journal.raft().append_entries(rpc).await;
-        // Noted only from an append openraft took: readiness compares it
-        // with what this node applied, and a refused one (a stale vote, a
-        // node of another cluster) must not hold this node not ready.
+        // Noted only from an append whose vote openraft accepted: readiness
+        // compares it with what this node applied, and one from a stale
+        // vote (a deposed leader, a node of another cluster) must not hold
+        // this node not ready. A conflict is the current leader's, probing
+        // for where the logs match: its commit index counts.
         if let Some(committed) = leader_commit
-            && matches!(
-                answer,
-                Ok(AppendEntriesResponse::Success | AppendEntriesResponse::PartialSuccess(_))
-            )
+            && matches!(&answer, Ok(response) if !matches!(response, AppendEntriesResponse::HigherVote(_)))
         {
             self.journal.note_leader_commit(committed.index);
         }
