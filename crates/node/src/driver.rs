@@ -613,6 +613,15 @@ async fn fire_on_journal(
 ) -> bool {
     for step in plan_ticks(schedule, cron, now_ms, TICK_TOLERANCE_MS) {
         let name = schedule.spec.name.clone();
+        // The plan is of the schedule as it was read: deleted, or put again
+        // (anew or with another timing) while its steps were proposed, the
+        // rest of it is not the schedule's any more.
+        let planned_from =
+            journal.read_stale(|state| state.schedule(&name).map(|s| s.created_at_ms));
+        if planned_from != Some(schedule.created_at_ms) {
+            tracing::info!(schedule = %name, "schedule put again or deleted; the rest of its plan is dropped");
+            return true;
+        }
         let command = match step {
             // A member that is down gets no job (nobody could run it, and
             // with overlap = skip it would block its later ticks); it is
