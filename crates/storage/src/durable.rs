@@ -62,10 +62,20 @@ pub(crate) fn sync_dir(dir: &Path) -> Result<(), StorageError> {
 /// directory that holds a name makes that name durable; without it the
 /// whole data directory, its vote and acknowledged entries with it, could
 /// vanish after a node's first start.
+///
+/// The directories it creates are the node user's alone (mode 0700,
+/// whatever the umask): the log and the snapshot hold every job's payload
+/// and result, which a tokens file keeps from other callers over the
+/// network, and other accounts on the machine must not read them off disk.
 pub(crate) fn create_dir_all_durably(path: &Path) -> Result<(), StorageError> {
+    use std::os::unix::fs::DirBuilderExt;
+
     let missing: Vec<&Path> =
         path.ancestors().take_while(|dir| !dir.as_os_str().is_empty() && !dir.exists()).collect();
-    std::fs::create_dir_all(path)
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(path)
         .map_err(|source| StorageError::CreateDir { path: path.to_path_buf(), source })?;
     let created = missing.len();
     for (index, dir) in missing.into_iter().enumerate() {
@@ -107,6 +117,20 @@ mod tests {
     use super::*;
 
     use std::io::Write;
+
+    #[test]
+    fn the_directories_it_creates_are_the_owners_alone() -> anyhow::Result<()> {
+        use std::os::unix::fs::PermissionsExt;
+
+        let dir = tempfile::tempdir()?;
+        let data = dir.path().join("srv").join("leasehold");
+        create_dir_all_durably(&data)?;
+        for created in [dir.path().join("srv"), data] {
+            let mode = std::fs::metadata(&created)?.permissions().mode();
+            assert_eq!(mode & 0o777, 0o700, "{}: {mode:o}", created.display());
+        }
+        Ok(())
+    }
 
     #[test]
     fn a_replaced_file_holds_the_new_bytes_and_no_temporary_is_left() -> anyhow::Result<()> {
