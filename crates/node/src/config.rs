@@ -250,9 +250,14 @@ impl Config {
         if self.election_timeout_max_ms <= self.election_timeout_min_ms {
             return invalid("election_timeout_max_ms", "must exceed election_timeout_min_ms");
         }
-        if self.quorum_timeout_ms == 0 || self.sweep_interval_ms == 0 || self.purge_interval_ms == 0
-        {
-            return invalid("quorum_timeout_ms", "timeouts and intervals must be positive");
+        if self.quorum_timeout_ms == 0 {
+            return invalid("quorum_timeout_ms", "must be positive");
+        }
+        if self.sweep_interval_ms == 0 {
+            return invalid("sweep_interval_ms", "must be positive");
+        }
+        if self.purge_interval_ms == 0 {
+            return invalid("purge_interval_ms", "must be positive");
         }
         for (index, queue) in self.executor_queues.iter().enumerate() {
             if leasehold_core::validate::queue_name("executor_queues", queue).is_err() {
@@ -273,11 +278,11 @@ impl Config {
                 });
             }
         }
-        if self.executor_concurrency == 0 || self.executor_timeout_ms == 0 {
-            return invalid(
-                "executor_concurrency",
-                "executor concurrency and timeout must be positive",
-            );
+        if self.executor_concurrency == 0 {
+            return invalid("executor_concurrency", "must be positive");
+        }
+        if self.executor_timeout_ms == 0 {
+            return invalid("executor_timeout_ms", "must be positive");
         }
         if self.clock_offset_ms != 0 && !self.fault_injection {
             return invalid("clock_offset_ms", "needs fault_injection = true");
@@ -337,7 +342,35 @@ impl Config {
                 "--tls-ca, --tls-cert and --tls-key go together: give all three or none",
             );
         }
-        self.check_exposure()
+        self.check_exposure()?;
+        self.check_advertise()
+    }
+
+    /// The address peers are told to reach this node at must be one they
+    /// can dial: a wildcard (`0.0.0.0`, `[::]`) names every host's own
+    /// port, so a node listening on one needs `advertise`.
+    fn check_advertise(&self) -> Result<(), ConfigError> {
+        let (field, addr) = match &self.advertise {
+            Some(advertise) => ("advertise", advertise.as_str()),
+            None => ("grpc", self.grpc.as_str()),
+        };
+        let host_port = addr.split_once("://").map_or(addr, |(_, rest)| rest);
+        let host_port = host_port.strip_suffix('/').unwrap_or(host_port);
+        let wildcard = match host_port.parse::<std::net::SocketAddr>() {
+            Ok(socket) => socket.ip().is_unspecified(),
+            Err(_) => false,
+        };
+        if !wildcard {
+            return Ok(());
+        }
+        let problem = match field {
+            "grpc" => format!(
+                "{addr} listens on every interface, and peers cannot dial it: set --advertise \
+                 (LEASEHOLD_ADVERTISE, `advertise`) to the address they reach this node at"
+            ),
+            _ => format!("{addr} is not an address peers can dial; give the one they reach"),
+        };
+        Err(ConfigError::Invalid { field: "advertise", problem })
     }
 
     /// The TLS files, when TLS is on.
@@ -546,9 +579,32 @@ mod tests {
         };
         let error = tls_only.validate().err().map(|e| e.to_string()).unwrap_or_default();
         assert!(error.contains("--tokens") && !error.contains("--tls-cert"), "{error}");
-        let secure = Config { tokens_file: Some("tokens.toml".into()), ..tls_only };
+        let secure = Config {
+            tokens_file: Some("tokens.toml".into()),
+            advertise: Some("node-1.example:7070".into()),
+            ..tls_only
+        };
         assert!(secure.validate().is_ok());
-        assert!(Config { insecure: true, ..exposed }.validate().is_ok());
+        let advertised = Some("10.1.2.3:7070".to_string());
+        assert!(
+            Config { insecure: true, advertise: advertised, ..exposed.clone() }.validate().is_ok()
+        );
+        // Listening everywhere, a node must say where peers reach it.
+        for (listen, advertise) in [
+            ("0.0.0.0:7070", None),
+            ("[::]:7070", None),
+            ("0.0.0.0:7070", Some("0.0.0.0:7070")),
+            ("10.1.2.3:7070", Some("http://[::]:7070")),
+        ] {
+            let config = Config {
+                grpc: listen.into(),
+                advertise: advertise.map(String::from),
+                insecure: true,
+                ..Config::default()
+            };
+            let error = config.validate().err().map(|e| e.to_string()).unwrap_or_default();
+            assert!(error.contains("advertise"), "{listen} {advertise:?}: {error}");
+        }
         for loopback in ["127.0.0.1:7070", "127.0.0.5:9", "[::1]:7070", "localhost:7070"] {
             assert!(is_loopback(loopback), "{loopback}");
             assert!(Config { grpc: loopback.into(), ..Config::default() }.validate().is_ok());
@@ -594,6 +650,20 @@ mod tests {
         }
         for runtime_threads in [None, Some(1), Some(MAX_RUNTIME_THREADS)] {
             assert!(Config { runtime_threads, ..Config::default() }.validate().is_ok());
+        }
+        type Zeroes = fn(&mut Config);
+        let zero: [(&str, Zeroes); 5] = [
+            ("quorum_timeout_ms", |c| c.quorum_timeout_ms = 0),
+            ("sweep_interval_ms", |c| c.sweep_interval_ms = 0),
+            ("purge_interval_ms", |c| c.purge_interval_ms = 0),
+            ("executor_concurrency", |c| c.executor_concurrency = 0),
+            ("executor_timeout_ms", |c| c.executor_timeout_ms = 0),
+        ];
+        for (field, set) in zero {
+            let mut config = Config::default();
+            set(&mut config);
+            let error = config.validate().err().map(|e| e.to_string()).unwrap_or_default();
+            assert!(error.contains(&format!("config {field}:")), "{field}: {error}");
         }
     }
 }

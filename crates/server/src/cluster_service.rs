@@ -254,6 +254,12 @@ pub fn check_addr(addr: &str) -> Result<(), String> {
     if authority.as_str() != host_port || host_port.contains('@') || authority.host().is_empty() {
         return Err(malformed());
     }
+    let host = authority.host().trim_start_matches('[').trim_end_matches(']');
+    if host.parse::<std::net::IpAddr>().is_ok_and(|ip| ip.is_unspecified()) {
+        return Err(format!(
+            "{host} is every interface, not an address peers can dial (set the node's --advertise)"
+        ));
+    }
     match authority.port_u16() {
         Some(port) if port > 0 => Ok(()),
         Some(_) => Err("port 0 cannot be dialled".into()),
@@ -579,6 +585,8 @@ mod tests {
             ("user@127.0.0.1:7070", "must be HOST:PORT"),
             (":7070", "must be HOST:PORT"),
             (long.as_str(), "limit 300"),
+            ("0.0.0.0:7070", "every interface"),
+            ("http://[::]:7070", "every interface"),
         ] {
             match check_addr(addr) {
                 Ok(()) => panic!("{addr:?} was accepted"),
