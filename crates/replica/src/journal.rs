@@ -63,6 +63,41 @@ struct Inner {
     batcher: std::sync::Mutex<Option<tokio::task::JoinHandle<()>>>,
     /// When the metrics last walked the queues, and how long it took.
     queue_walk: tokio::sync::Mutex<Option<(std::time::Instant, Duration)>>,
+    /// What this node's stamps of its current term may not run ahead of.
+    pace: std::sync::Mutex<Option<TermPace>>,
+}
+
+/// A leader's stamps within one term run no faster than its monotonic
+/// clock from the lowest agreed reading of the term: a step of the wall
+/// clock forward (NTP, an operator), small enough to stay within the
+/// bound of its peers, would otherwise move cluster time at once and cut
+/// that term's leases short by the step, up to twice the bound (from one
+/// side of the peers to the other). Steps back, and slowness, still show
+/// (cluster time never goes back; it waits). Across terms the bounded
+/// sweep covers the leaders' difference (docs/safety.md).
+#[derive(Clone, Copy, Debug)]
+struct TermPace {
+    term: u64,
+    /// The wall reading (ms) the pace runs from, and when it was read.
+    wall_ms: u64,
+    at: Instant,
+}
+
+impl TermPace {
+    /// The stamp for a wall reading `wall_ms` taken at `at` in `term`, and
+    /// the pace after it: the reading, capped by the pace when one of this
+    /// term runs; a lower reading becomes the pace.
+    fn stamp(pace: Option<TermPace>, term: u64, wall_ms: u64, at: Instant) -> (u64, TermPace) {
+        match pace {
+            Some(pace) if pace.term == term => {
+                let elapsed = u64::try_from(at.saturating_duration_since(pace.at).as_millis())
+                    .unwrap_or(u64::MAX);
+                let cap = pace.wall_ms.saturating_add(elapsed);
+                if wall_ms < cap { (wall_ms, TermPace { term, wall_ms, at }) } else { (cap, pace) }
+            }
+            _ => (wall_ms, TermPace { term, wall_ms, at }),
+        }
+    }
 }
 
 impl Inner {
@@ -169,6 +204,7 @@ impl Journal {
                 batches,
                 batcher: std::sync::Mutex::new(None),
                 queue_walk: tokio::sync::Mutex::new(None),
+                pace: std::sync::Mutex::new(None),
                 metrics,
                 clock_watch,
             }),
@@ -318,7 +354,27 @@ impl Journal {
     /// applies.
     pub fn cluster_now_ms(&self) -> u64 {
         let cluster_ms = self.read_stale(|state| state.cluster_time_ms());
-        cluster_ms.max(self.inner.clock.now_ms())
+        cluster_ms.max(self.paced_now_ms(false))
+    }
+
+    /// This node's clock as it would stamp now: as leader, no faster than
+    /// the term's pace ([`TermPace`]), which `advance` moves on.
+    fn paced_now_ms(&self, advance: bool) -> u64 {
+        let wall_ms = self.inner.clock.now_ms();
+        let (leads, term) = {
+            let metrics = self.inner.raft.metrics();
+            let metrics = metrics.borrow();
+            (metrics.state == openraft::ServerState::Leader, metrics.current_term)
+        };
+        if !leads {
+            return wall_ms;
+        }
+        let mut pace = self.inner.pace.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let (stamp, next) = TermPace::stamp(*pace, term, wall_ms, Instant::now());
+        if advance {
+            *pace = Some(next);
+        }
+        stamp
     }
 
     /// The time this node stamps a batch with: its clock, when it leads
@@ -372,7 +428,7 @@ impl Journal {
                         "clock agreed: stamping the held batch"
                     );
                 }
-                return Ok(Stamp { now_ms: self.inner.clock.now_ms(), agreed: true });
+                return Ok(Stamp { now_ms: self.paced_now_ms(true), agreed: true });
             }
             // Registered, then the verdict read again, so a measurement
             // landing in between is not missed; leadership and membership
@@ -1118,6 +1174,26 @@ async fn write_batch(journal: &Journal, mut batch: Vec<Pending>) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_terms_stamps_run_no_faster_than_the_monotonic_clock() {
+        let t0 = Instant::now();
+        let ms = |n: u64| t0 + Duration::from_millis(n);
+        let (first, pace) = TermPace::stamp(None, 3, 10_000, t0);
+        assert_eq!(first, 10_000, "the term's first stamp is the clock");
+        // 100 ms on, the clock stepped forward by 900: the stamp moves 100.
+        let (stamp, pace) = TermPace::stamp(Some(pace), 3, 11_000, ms(100));
+        assert_eq!(stamp, 10_100);
+        // Stepped back below the pace: the lower reading is the new pace.
+        let (stamp, pace) = TermPace::stamp(Some(pace), 3, 9_800, ms(200));
+        assert_eq!(stamp, 9_800);
+        // And forward again: from the lower reading, at the monotonic rate.
+        let (stamp, pace) = TermPace::stamp(Some(pace), 3, 10_500, ms(300));
+        assert_eq!(stamp, 9_900);
+        // A new term starts from its clock.
+        let (stamp, _) = TermPace::stamp(Some(pace), 4, 10_600, ms(400));
+        assert_eq!(stamp, 10_600);
+    }
 
     #[test]
     fn a_slow_queue_walk_is_taken_again_only_after_twenty_times_its_time() {
