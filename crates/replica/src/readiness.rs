@@ -15,6 +15,10 @@ use crate::journal::Journal;
 
 /// How long a readiness answer is reused.
 const CACHE_FOR: Duration = Duration::from_secs(1);
+/// How long the store probe may take before the `store` check fails: a
+/// disk that hangs (a failing device stuck in a sync) must read not
+/// ready, not leave `/readyz` and the health watch waiting with it.
+pub const PROBE_TIMEOUT: Duration = Duration::from_secs(2);
 /// How far the applied index may trail the last log index and still be ready.
 const MAX_APPLY_LAG: u64 = 1_000;
 /// How often [`track_leader`] looks whether this node knows a leader.
@@ -97,6 +101,9 @@ pub struct Readiness {
     cached: Arc<Cached<ReadinessReport>>,
     /// When [`track_leader`] last found a leader known (see [`leader_check`]).
     leader_seen: Arc<Mutex<Option<Instant>>>,
+    /// The store probe last started: one that has not answered is not
+    /// joined by another (each would hold a thread in the hung sync).
+    probing: Arc<Mutex<Option<tokio::task::AbortHandle>>>,
 }
 
 impl Readiness {
@@ -106,6 +113,7 @@ impl Readiness {
             journal,
             cached: Arc::new(Cached::new()),
             leader_seen: Arc::new(Mutex::new(None)),
+            probing: Arc::new(Mutex::new(None)),
         }
     }
 
@@ -123,13 +131,40 @@ impl Readiness {
         self.cached.get(CACHE_FOR, still_good, || self.report_now()).await
     }
 
+    /// The store probe, bounded by [`PROBE_TIMEOUT`]; while one that timed
+    /// out has still not answered, no other is started.
+    async fn probe_store(&self) -> Result<(), String> {
+        let mut probe = {
+            let mut probing = self.probing.lock().unwrap_or_else(PoisonError::into_inner);
+            if probing.as_ref().is_some_and(|probe| !probe.is_finished()) {
+                return Err(format!(
+                    "the store probe has not answered for more than {} s",
+                    PROBE_TIMEOUT.as_secs()
+                ));
+            }
+            let journal = self.journal.clone();
+            let probe = tokio::spawn(async move {
+                journal.log_store().probe().await.map_err(|e| e.to_string())
+            });
+            *probing = Some(probe.abort_handle());
+            probe
+        };
+        match tokio::time::timeout(PROBE_TIMEOUT, &mut probe).await {
+            Ok(Ok(answer)) => answer,
+            Ok(Err(stopped)) => Err(format!("the store probe stopped: {stopped}")),
+            Err(_) => {
+                Err(format!("the store probe did not answer within {} s", PROBE_TIMEOUT.as_secs()))
+            }
+        }
+    }
+
     /// The report made now, whatever is cached (and not cached).
     pub async fn report_now(&self) -> ReadinessReport {
         let mut checks = Vec::new();
         let probe = if self.journal.probe_fault() {
             Err("injected probe fault".to_string())
         } else {
-            self.journal.log_store().probe().await.map_err(|e| e.to_string())
+            self.probe_store().await
         };
         if let Err(why) = &probe {
             tracing::warn!(event = "probe.fail", error = %why, "store probe failed");
