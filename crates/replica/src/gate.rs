@@ -492,6 +492,7 @@ impl Gate {
                 let mut client = PeerClient::new(channel.ok()?);
                 let mut request = tonic::Request::new(signed);
                 request.set_timeout(window);
+                addressed_to(&mut request, id);
                 let reply = tokio::time::timeout(window, client.bus(request)).await.ok()?;
                 match reply {
                     Ok(reply) => Some((id, reply.into_inner())),
@@ -646,6 +647,9 @@ async fn send_adverts(gate: &Gate) {
             let Ok(channel) = channel else { return };
             let mut request = tonic::Request::new(signed);
             request.set_timeout(timeout);
+            // Named, so a member's address that reaches another node is
+            // refused there rather than answered with that node's clock.
+            addressed_to(&mut request, id);
             let mut client = PeerClient::new(channel);
             // The round trip measures the peer's clock (see clock_watch),
             // on the runtime's monotonic clock, which the watch ages by.
@@ -672,6 +676,15 @@ async fn send_adverts(gate: &Gate) {
         }
     });
     futures::future::join_all(sends).await;
+}
+
+/// Names `target` as the node `request` is meant for (the recipient
+/// refuses it if it is another).
+fn addressed_to<T>(request: &mut tonic::Request<T>, target: u64) {
+    request.metadata_mut().insert(
+        leasehold_security::secret::TARGET_NODE_HEADER,
+        tonic::metadata::AsciiMetadataValue::from(target),
+    );
 }
 
 #[cfg(test)]

@@ -8,6 +8,7 @@ use leasehold_proto::v1::peer_server::Peer;
 use tonic::{Request, Response, Status};
 
 use crate::auth::Caller;
+use crate::raft_service::meant_for;
 use leasehold_replica::Gate;
 use leasehold_replica::adverts::{MAX_TEXT_BYTES, Rejection, Sender};
 use leasehold_replica::bus::BusRefusal;
@@ -32,6 +33,9 @@ impl Peer for PeerService {
         request: Request<v1::Signed>,
     ) -> Result<Response<v1::AdvertAck>, Status> {
         let (node, by_certificate) = Caller::node_of(&request)?;
+        // Answered with this node's clock, which the sender records as the
+        // clock of the node it meant: not if it meant another.
+        meant_for(self.gate.node_id(), &request)?;
         let sender = Sender { node, by_certificate };
         match self.gate.accept_advert(request.get_ref(), sender) {
             Ok(_) => Ok(Response::new(v1::AdvertAck { now_ms: self.gate.now_ms() })),
@@ -60,6 +64,7 @@ impl Peer for PeerService {
 
     async fn bus(&self, request: Request<v1::Signed>) -> Result<Response<v1::BusReply>, Status> {
         let (node, by_certificate) = Caller::node_of(&request)?;
+        meant_for(self.gate.node_id(), &request)?;
         let sender = Sender { node, by_certificate };
         match self.gate.serve_bus(request.get_ref(), sender) {
             Ok(reply) => Ok(Response::new(reply)),

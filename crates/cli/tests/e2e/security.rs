@@ -26,6 +26,7 @@ use anyhow::{Context, Result, ensure};
 use futures::StreamExt;
 use leasehold_proto::v1;
 use leasehold_proto::v1::cluster_client::ClusterClient;
+use leasehold_proto::v1::peer_client::PeerClient;
 use leasehold_proto::v1::queue_client::QueueClient;
 use leasehold_proto::v1::raft_client::RaftClient;
 use leasehold_security::secret::{NODE_PROOF_HEADER, TARGET_NODE_HEADER};
@@ -378,8 +379,19 @@ async fn proof_story(sandbox: &Sandbox) -> Result<()> {
     ensure!(is_misrouted(&answer), "a vote request meant for node 5 was answered {answer:?}");
     let answer = RaftClient::new(misrouted.clone()).install_snapshot(garbage.clone()).await;
     ensure!(is_misrouted(&answer), "a snapshot meant for node 5 was answered {answer:?}");
-    let answer = first_streamed_answer(misrouted, garbage.clone()).await;
+    let answer = first_streamed_answer(misrouted.clone(), garbage.clone()).await;
     ensure!(is_misrouted(&answer), "an append stream meant for node 5 was answered {answer:?}");
+    // So are a peer's advert (answered with this node's clock, which the
+    // sender would record as node 5's) and bus message, and a cluster
+    // call passed on to node 5.
+    let mut peer = PeerClient::new(misrouted.clone());
+    let answer = peer.advertise(v1::Signed::default()).await;
+    ensure!(is_misrouted(&answer), "an advert meant for node 5 was answered {answer:?}");
+    let answer = peer.bus(v1::Signed::default()).await;
+    ensure!(is_misrouted(&answer), "a bus message meant for node 5 was answered {answer:?}");
+    let flags = v1::SetFlagsRequest { id: 1, journal_lease: None, dry_run: None };
+    let answer = ClusterClient::new(misrouted).set_flags(flags).await;
+    ensure!(is_misrouted(&answer), "flags passed on to node 5 were answered {answer:?}");
     let meant =
         wire(&addr, None, &[(NODE_PROOF_HEADER, proof.clone()), (TARGET_NODE_HEADER, "1".into())])?;
     let answer = RaftClient::new(meant.clone()).append_entries(garbage).await;
