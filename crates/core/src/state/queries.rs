@@ -27,35 +27,30 @@ impl State {
     /// those of `members` that registered with this state, are not
     /// draining, and carry every one of `tags`. In id order.
     pub fn each_targets(&self, members: &[u64], tags: &[String]) -> Vec<u64> {
-        let mut targets: Vec<u64> = members
-            .iter()
-            .copied()
-            .filter(|id| {
-                self.nodes.get(id).is_some_and(|node| {
-                    !node.draining && tags.iter().all(|tag| node.tags.contains(tag))
-                })
-            })
-            .collect();
-        targets.sort_unstable();
-        targets.dedup();
-        targets
+        self.members_with(members, tags, false)
     }
 
     /// Of `members`, the registered ones with every tag in `tags` that are
     /// draining: they would run a `target = each` tick but take none now.
     pub fn each_draining(&self, members: &[u64], tags: &[String]) -> Vec<u64> {
-        let mut draining: Vec<u64> = members
+        self.members_with(members, tags, true)
+    }
+
+    /// Of `members`, the registered ones with every tag in `tags` whose
+    /// draining mark is `draining`, sorted, once each.
+    fn members_with(&self, members: &[u64], tags: &[String], draining: bool) -> Vec<u64> {
+        let mut found: Vec<u64> = members
             .iter()
             .copied()
             .filter(|id| {
                 self.nodes.get(id).is_some_and(|node| {
-                    node.draining && tags.iter().all(|tag| node.tags.contains(tag))
+                    node.draining == draining && tags.iter().all(|tag| node.tags.contains(tag))
                 })
             })
             .collect();
-        draining.sort_unstable();
-        draining.dedup();
-        draining
+        found.sort_unstable();
+        found.dedup();
+        found
     }
 
     /// The voter a leader hands leadership to when it must stop leading (it
@@ -138,6 +133,10 @@ mod tests {
         assert_eq!(state.each_targets(&members, &tags(&["eu"])), vec![1, 2]);
         assert_eq!(state.each_targets(&members, &[]), vec![1, 2], "4 never registered");
         assert_eq!(state.each_targets(&[], &[]), Vec::<u64>::new());
+        // The draining member with the tags is away, not gone.
+        assert_eq!(state.each_draining(&members, &tags(&["gpu"])), vec![3]);
+        assert_eq!(state.each_draining(&members, &tags(&["eu", "x"])), Vec::<u64>::new());
+        assert_eq!(state.each_draining(&[1, 2], &[]), Vec::<u64>::new(), "3 is no member");
     }
 
     #[test]
