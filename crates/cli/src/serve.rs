@@ -34,12 +34,15 @@ pub struct ServeArgs {
     /// This node's tags (repeatable).
     #[arg(long = "tag", env = "LEASEHOLD_TAGS", value_delimiter = ',')]
     tags: Vec<String>,
-    /// Do not run command jobs on this node.
-    #[arg(long, env = "LEASEHOLD_NO_EXECUTOR")]
-    no_executor: bool,
+    /// Do not run command jobs on this node (`--no-executor false` runs
+    /// them whatever the config file says).
+    #[arg(long, env = "LEASEHOLD_NO_EXECUTOR", num_args = 0..=1, default_missing_value = "true",
+        value_parser = clap::builder::BoolishValueParser::new())]
+    no_executor: Option<bool>,
     /// Expose the Faults service (clock skew, store faults) for tests.
-    #[arg(long, env = "LEASEHOLD_FAULT_INJECTION", hide = true)]
-    fault_injection: bool,
+    #[arg(long, env = "LEASEHOLD_FAULT_INJECTION", hide = true, num_args = 0..=1,
+        default_missing_value = "true", value_parser = clap::builder::BoolishValueParser::new())]
+    fault_injection: Option<bool>,
     /// The cluster secret authenticating adverts and bus claims (prefer the
     /// environment variable or a file: a flag shows in the process list).
     #[arg(long, env = "LEASEHOLD_CLUSTER_SECRET", hide_env_values = true)]
@@ -68,8 +71,9 @@ pub struct ServeArgs {
     tokens_file: Option<PathBuf>,
     /// Listen beyond loopback without TLS and tokens. Anyone who reaches
     /// the port can then run commands on the fleet; never for a real fleet.
-    #[arg(long, env = "LEASEHOLD_INSECURE", value_parser = clap::builder::BoolishValueParser::new())]
-    insecure: bool,
+    #[arg(long, env = "LEASEHOLD_INSECURE", num_args = 0..=1, default_missing_value = "true",
+        value_parser = clap::builder::BoolishValueParser::new())]
+    insecure: Option<bool>,
     /// Worker threads of the node's async runtime (default: one per core);
     /// lower it where several nodes share a machine's cores.
     #[arg(long, env = "LEASEHOLD_RUNTIME_THREADS")]
@@ -158,11 +162,13 @@ fn resolve(args: &ServeArgs) -> anyhow::Result<Config> {
     if !args.tags.is_empty() {
         config.tags = args.tags.clone();
     }
-    if args.no_executor {
-        config.executor = false;
+    // Given (a flag, or its variable), each replaces the config file's
+    // value either way; `--insecure false` turns off what the file set.
+    if let Some(no_executor) = args.no_executor {
+        config.executor = !no_executor;
     }
-    if args.fault_injection {
-        config.fault_injection = true;
+    if let Some(on) = args.fault_injection {
+        config.fault_injection = on;
     }
     // A secret given by flag or environment replaces the config file's,
     // whichever of the two ways the file gave it; given both ways here,
@@ -187,8 +193,8 @@ fn resolve(args: &ServeArgs) -> anyhow::Result<Config> {
             *flag = Some(path.clone());
         }
     }
-    if args.insecure {
-        config.insecure = true;
+    if let Some(on) = args.insecure {
+        config.insecure = on;
     }
     if let Some(threads) = args.runtime_threads {
         config.runtime_threads = Some(threads);
@@ -266,6 +272,31 @@ mod tests {
     fn resolved(flags: &[&str]) -> anyhow::Result<Config> {
         let args = Serve::try_parse_from(std::iter::once("serve").chain(flags.iter().copied()))?;
         resolve(&args.args)
+    }
+
+    #[test]
+    fn a_true_false_flag_given_turns_the_files_setting_off_as_well_as_on() -> anyhow::Result<()> {
+        let dir = tempfile::tempdir()?;
+        let on = dir.path().join("on.toml");
+        std::fs::write(&on, "insecure = true\nfault_injection = true\nexecutor = false\n")?;
+        let on = on.display().to_string();
+        let config = resolved(&["--config", &on])?;
+        assert!(config.insecure && config.fault_injection && !config.executor, "the file's");
+        let config = resolved(&[
+            "--config",
+            &on,
+            "--insecure",
+            "false",
+            "--fault-injection=false",
+            "--no-executor",
+            "0",
+        ])?;
+        assert!(!config.insecure && !config.fault_injection && config.executor, "turned off");
+        let config = resolved(&["--insecure", "--no-executor", "--fault-injection"])?;
+        assert!(config.insecure && config.fault_injection && !config.executor, "bare flags");
+        let config = resolved(&[])?;
+        assert!(!config.insecure && !config.fault_injection && config.executor, "defaults");
+        Ok(())
     }
 
     #[test]
