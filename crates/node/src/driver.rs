@@ -285,24 +285,26 @@ pub async fn tick_schedules(
             continue;
         }
         let bucket = cron::bucket_of(newest_ms);
-        // The one decision of this claim, reused for everything below.
-        let decision = gate.decide_for_claim(&schedule.job_key(bucket, None), newest_ms);
         // A tick refused here on the bus went to the bus by its instant and
         // ran nowhere here; a leader now on the journal plans it by the
         // schedule's catch-up policy. (Had another node run it on the bus,
         // its record would be in the journal and the tick not due; one on
-        // its way is ordered against the fire by the log.)
+        // its way is ordered against the fire by the log.) Unless the bus
+        // table holds a claim of it or a later tick: a node of an older
+        // build may run a tick on the bus without a record in the journal,
+        // so such a tick is left to the bus.
         let refused_here = ticker.bus_refused.get(&name).is_some_and(|refused| bucket <= *refused);
-        // Unless the bus table holds a claim of it or a later tick: a node
-        // of an older build may run a tick on the bus without a record in
-        // the journal, so such a tick is left to the bus.
         let claimed_on_bus =
             || !matches!(gate.bus().high_water(&name, |claimed| claimed >= bucket), Ok(None));
-        let path = if journal_leader && refused_here && !claimed_on_bus() {
-            ClaimPath::Journal
-        } else {
-            decision.path
-        };
+        let take_on_journal = journal_leader && refused_here && !claimed_on_bus();
+        // Any other tick decided on the bus already is done here (a journal
+        // leader's plan does not skip them; see `journal_leader`).
+        if !take_on_journal && ticker.bus_done.get(&name).is_some_and(|done| bucket <= *done) {
+            continue;
+        }
+        // The one decision of this claim, reused for everything below.
+        let decision = gate.decide_for_claim(&schedule.job_key(bucket, None), newest_ms);
+        let path = if take_on_journal { ClaimPath::Journal } else { decision.path };
         match path {
             ClaimPath::Journal if leader => {
                 let cron_key = (schedule.spec.cron.clone(), schedule.spec.timezone.clone());
@@ -324,11 +326,6 @@ pub async fn tick_schedules(
                 ticker.journal_seen.insert(name, bucket);
             }
             ClaimPath::Bus => {
-                // Decided on the bus already (the pool moved back to it
-                // since this round's plan).
-                if ticker.bus_done.get(&name).is_some_and(|done| bucket <= *done) {
-                    continue;
-                }
                 ticker.bus_done.insert(name.clone(), bucket);
                 let facts = BusFacts {
                     warmed_up: gate.warmed_up(),
