@@ -471,12 +471,12 @@ impl Gate {
     /// and keeps its last instance watched (overlap = skip), so it gets no
     /// second one beside it when it is back.
     pub fn each_targets(&self, tags: &[String]) -> (Vec<u64>, Vec<u64>) {
-        let candidates = self.inner.journal.each_targets(tags);
+        let (candidates, draining) = self.inner.journal.each_members(tags);
         let online: BTreeSet<u64> = self.online_peers().into_iter().map(|(id, _)| id).collect();
         let me = self.node_id();
         let (live, mut away): (Vec<u64>, Vec<u64>) =
             candidates.into_iter().partition(|id| *id == me || online.contains(id));
-        away.extend(self.inner.journal.each_draining(tags));
+        away.extend(draining);
         away.sort_unstable();
         away.dedup();
         (live, away)

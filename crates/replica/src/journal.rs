@@ -605,19 +605,20 @@ impl Journal {
     /// The members a `target = each` tick whose job carries `tags` goes to,
     /// judged by core from the Raft membership and the registered nodes.
     pub fn each_targets(&self, tags: &[String]) -> Vec<u64> {
-        let metrics = self.inner.raft.metrics().borrow().clone();
-        let members: Vec<u64> =
-            metrics.membership_config.membership().nodes().map(|(id, _)| *id).collect();
-        self.read_stale(|state| state.each_targets(&members, tags))
+        self.each_members(tags).0
     }
 
-    /// The members a `target = each` tick whose job carries `tags` would go
-    /// to but for their draining.
-    pub fn each_draining(&self, tags: &[String]) -> Vec<u64> {
-        let metrics = self.inner.raft.metrics().borrow().clone();
-        let members: Vec<u64> =
-            metrics.membership_config.membership().nodes().map(|(id, _)| *id).collect();
-        self.read_stale(|state| state.each_draining(&members, tags))
+    /// [`Self::each_targets`], and the members a tick whose job carries
+    /// `tags` would go to but for their draining, from one read of each.
+    pub fn each_members(&self, tags: &[String]) -> (Vec<u64>, Vec<u64>) {
+        let members: Vec<u64> = {
+            let metrics = self.inner.raft.metrics();
+            let metrics = metrics.borrow();
+            metrics.membership_config.membership().nodes().map(|(id, _)| *id).collect()
+        };
+        self.read_stale(|state| {
+            (state.each_targets(&members, tags), state.each_draining(&members, tags))
+        })
     }
 
     /// Reads the local state machine as it is now (possibly behind the leader).
@@ -1122,14 +1123,16 @@ async fn write_batch(journal: &Journal, mut batch: Vec<Pending>) {
             return;
         }
     };
-    if agreed {
-        // Stamped as leader: a write forwarded by a node that is not a
-        // member (removed, its credentials not yet retired) is not taken.
-        // Judged here, as leader, and not when it arrived: a node may have
-        // been a follower then and won an election since.
-        let (taken, refused): (Vec<_>, Vec<_>) = batch
-            .into_iter()
-            .partition(|pending| pending.forwarded_by.is_none_or(|node| journal.is_member(node)));
+    // Stamped as leader: a write forwarded by a node that is not a member
+    // (removed, its credentials not yet retired) is not taken. Judged here,
+    // as leader, and not when it arrived: a node may have been a follower
+    // then and won an election since. (Looked for first, so a batch of
+    // members' writes is not split and copied.)
+    let from_stranger =
+        |pending: &Pending| pending.forwarded_by.is_some_and(|node| !journal.is_member(node));
+    if agreed && batch.iter().any(from_stranger) {
+        let (taken, refused): (Vec<_>, Vec<_>) =
+            batch.into_iter().partition(|pending| !from_stranger(pending));
         for pending in refused {
             let node = pending.forwarded_by.unwrap_or_default();
             let _ = pending.reply.send(Err(not_a_member(node).into()));
