@@ -276,6 +276,18 @@ pub enum Command {
         /// The schedule.
         spec: ScheduleSpec,
     },
+    /// `SweepBounded` that keeps each lease it takes back on its job, so
+    /// an ack with that lease's token still counts until the job is granted
+    /// again (SPEC §3: an expired lease not yet re-granted still counts).
+    /// A `SweepBounded` drops the lease, and such an ack is refused as
+    /// stale. A refresh, nack or release with a swept token is refused
+    /// either way: the job is ready for anyone, so the worker must stop. A
+    /// leader writes every `SweepBounded` as this once every member decodes
+    /// format 5.
+    SweepKeepingTokens {
+        /// The cluster's clock bound, from the proposing leader.
+        max_clock_offset_ms: u64,
+    },
 }
 
 /// The newest log format this build writes and reads. Format 1 is the
@@ -284,10 +296,11 @@ pub enum Command {
 /// and [`Command::SweepBounded`]; format 3 adds [`Command::AckLean`] and
 /// writes every ack as one; format 4 adds [`Command::FireEachTracked`] and
 /// [`Command::PutScheduleRetimed`] and writes every `FireEach` and
-/// `PutSchedule` as them. A leader writes the format every member
+/// `PutSchedule` as them; format 5 adds [`Command::SweepKeepingTokens`]
+/// and writes every sweep as one. A leader writes the format every member
 /// advertises ([`agreed_log_format`]), so no replica meets an entry it
 /// cannot decode.
-pub const LOG_FORMAT: u32 = 4;
+pub const LOG_FORMAT: u32 = 5;
 
 /// The newest format every member decodes: the least of this build's and
 /// each member's advertised one. A member that advertised no format (a
@@ -312,7 +325,10 @@ pub const MAX_CLOCK_OFFSET_MS: u64 = 60_000;
 pub const MAX_BATCH_COMMANDS: usize = 256;
 
 impl Command {
-    /// This command as a log of `format` writes it. At format 4 a
+    /// This command as a log of `format` writes it. At format 5 a
+    /// `SweepBounded` is a [`Command::SweepKeepingTokens`] (an ack with a
+    /// swept lease's token counts until the job is granted again); below 5
+    /// it is a plain `SweepBounded`. At format 4 a
     /// `FireEach` is a [`Command::FireEachTracked`] (it keeps watching the
     /// unfinished instances of members it does not target); below 4 a
     /// `FireEachTracked` is a plain `FireEach`. At format 3 an ack is
@@ -339,7 +355,15 @@ impl Command {
             Command::TriggerOnce { request_id: _, schedule, force, targets } if format < 2 => {
                 Command::Trigger { schedule, force, targets }
             }
-            Command::SweepBounded { .. } if format < 2 => Command::Sweep,
+            Command::SweepBounded { .. } | Command::SweepKeepingTokens { .. } if format < 2 => {
+                Command::Sweep
+            }
+            Command::SweepBounded { max_clock_offset_ms } if format >= 5 => {
+                Command::SweepKeepingTokens { max_clock_offset_ms }
+            }
+            Command::SweepKeepingTokens { max_clock_offset_ms } if format < 5 => {
+                Command::SweepBounded { max_clock_offset_ms }
+            }
             Command::FireEach { schedule, bucket, targets, offline: _ }
             | Command::FireEachTracked { schedule, bucket, targets, offline: _ }
                 if format < 2 =>
@@ -416,6 +440,7 @@ impl Command {
             | Command::Sweep
             | Command::Purge
             | Command::SweepBounded { .. }
+            | Command::SweepKeepingTokens { .. }
             | Command::SetDraining { .. } => 0,
             Command::Redrive { target: RedriveTarget::Queue(queue) } => text(queue),
             Command::Redrive { target: RedriveTarget::Ids(ids) } => numbers(ids),
@@ -789,6 +814,7 @@ mod tests {
                 },
             ),
             (25, Command::PutScheduleRetimed { spec: ScheduleSpec::default() }),
+            (26, Command::SweepKeepingTokens { max_clock_offset_ms: 1 }),
         ];
         for (number, command) in pinned {
             let bytes = bincode::serialize(&command).expect("encodes");
@@ -845,5 +871,22 @@ mod tests {
         assert_eq!(ruled(put.clone()).for_log_format(4), ruled(retimed.clone()));
         assert_eq!(ruled(retimed.clone()).for_log_format(3), ruled(put.clone()));
         assert_eq!(retimed.clone().for_log_format(1), put);
+    }
+
+    /// At format 5 a sweep keeps the tokens it takes back; below it the
+    /// older sweeps are written, down to the plain one at format 1.
+    #[test]
+    fn a_sweep_keeps_its_tokens_from_format_5() {
+        let bounded = Command::SweepBounded { max_clock_offset_ms: 500 };
+        let keeping = Command::SweepKeepingTokens { max_clock_offset_ms: 500 };
+        let ruled = |command: Command| Command::Ruled {
+            limits: Limits::default(),
+            command: Box::new(Command::Batch { commands: vec![command] }),
+        };
+        assert_eq!(ruled(bounded.clone()).for_log_format(5), ruled(keeping.clone()));
+        assert_eq!(ruled(keeping.clone()).for_log_format(4), ruled(bounded.clone()));
+        assert_eq!(keeping.clone().for_log_format(5), keeping);
+        assert_eq!(bounded.clone().for_log_format(4), bounded);
+        assert_eq!(keeping.for_log_format(1), Command::Sweep);
     }
 }

@@ -358,8 +358,13 @@ impl State {
                 self.nack(*job_id, *token, error, *retry_after_ms, limits)
             }
             Command::Release { job_id, token } => self.release(*job_id, *token),
-            Command::Sweep => self.sweep(0),
-            Command::SweepBounded { max_clock_offset_ms } => self.sweep(*max_clock_offset_ms),
+            Command::Sweep => self.sweep(0, false),
+            Command::SweepBounded { max_clock_offset_ms } => {
+                self.sweep(*max_clock_offset_ms, false)
+            }
+            Command::SweepKeepingTokens { max_clock_offset_ms } => {
+                self.sweep(*max_clock_offset_ms, true)
+            }
             Command::ClaimOnce { request_id, worker, queue, max, lease_ttl_ms, selector } => {
                 self.claim_once(epoch, request_id, worker, queue, *max, *lease_ttl_ms, selector)
             }
@@ -410,7 +415,7 @@ impl State {
     /// The job with this id, while retained (a copy: the state keeps jobs
     /// in a compact form of its own).
     pub fn job(&self, job_id: u64) -> Option<Job> {
-        self.jobs.get(&job_id).map(|job| job.to_job(job_id))
+        self.jobs.get(&job_id).map(|job| view(&job, job_id))
     }
 
     /// The queue of the job with this id, while retained (no copy).
@@ -436,7 +441,7 @@ impl State {
                     .jobs
                     .range(first_id..)
                     .take(limit)
-                    .map(|(id, job)| job.to_job(id))
+                    .map(|(id, job)| view(&job, id))
                     .collect();
             }
             (Some(queue), Some(state)) => match self.indexes.queues.get(queue.as_str()) {
@@ -455,7 +460,7 @@ impl State {
                 limit,
             ),
         };
-        ids.iter().filter_map(|&id| self.jobs.get(&id).map(|job| job.to_job(id))).collect()
+        ids.iter().filter_map(|&id| self.jobs.get(&id).map(|job| view(&job, id))).collect()
     }
 
     /// Counts per queue, for every queue that holds a job. Whether a ready
@@ -739,9 +744,13 @@ impl State {
         Response::Refreshed { renewed, lost }
     }
 
-    /// Finishes a job held under `token`. Acking again with the same token is
-    /// answered `Acked` again, so a worker whose first ack response was lost
-    /// can retry safely; the retry's result does not replace the first one.
+    /// Finishes a job held under `token`, or whose lease under `token` a
+    /// sweep took back and nobody has been granted since (SPEC §3: an
+    /// expired lease not yet re-granted still counts; only a
+    /// [`Command::SweepKeepingTokens`] keeps the token to check). Acking
+    /// again with the same token is answered `Acked` again, so a worker
+    /// whose first ack response was lost can retry safely; the retry's
+    /// result does not replace the first one.
     /// The tombstone keeps the payload only when `keep_payload` (a plain
     /// `Ack`; an `AckLean` drops it).
     fn ack(
@@ -754,7 +763,7 @@ impl State {
         let Some(job) = self.jobs.get(&job_id) else {
             return Response::Refused(Refusal::NotFound { job_id });
         };
-        if holds_current_lease(&job, token) {
+        if holds_current_lease(&job, token) || holds_swept_lease(&job, token) {
             let now_ms = self.cluster_time_ms;
             self.change_job(job_id, |job| {
                 // The lease stays on the tombstone: it is the audit record of
@@ -827,8 +836,9 @@ impl State {
     /// Takes back every lease that lapsed at or before cluster time, charging
     /// the attempt — once the current term's grace has passed; within it a
     /// sweep takes nothing. Leases still valid are untouched, so a repeated
-    /// sweep finds nothing.
-    fn sweep(&mut self, prior_term_margin_ms: u64) -> Response {
+    /// sweep finds nothing. With `keep_tokens` each job keeps the lease it
+    /// lost, so an ack under it still counts until the job is granted again.
+    fn sweep(&mut self, prior_term_margin_ms: u64, keep_tokens: bool) -> Response {
         let now_ms = self.cluster_time_ms;
         if now_ms < self.grace_end_ms() {
             return Response::Swept { requeued: Vec::new(), dead: Vec::new() };
@@ -855,7 +865,12 @@ impl State {
             let outcome = self.change_job(job_id, |job| {
                 // A lapsed lease is retried at once: the worker may simply
                 // have died, which says nothing about the job.
-                fail_attempt(job, LEASE_EXPIRED_ERROR.to_owned(), now_ms, |_| 0)
+                let lease = job.lease.take();
+                let outcome = fail_attempt(job, LEASE_EXPIRED_ERROR.to_owned(), now_ms, |_| 0);
+                if keep_tokens {
+                    job.lease = lease;
+                }
+                outcome
             });
             match outcome {
                 Some((JobState::Dead, _)) => dead.push(job_id),
@@ -1033,6 +1048,26 @@ fn holds_current_lease(job: &StoredJob, token: u64) -> bool {
     job.state == JobState::Claimed && job.lease().is_some_and(|lease| lease.token == token)
 }
 
+/// Whether `token` is the lease a sweep took back from a job that nobody
+/// has been granted since: the job is ready (or dead, its attempts spent)
+/// and still carries the lease ([`Command::SweepKeepingTokens`]). A nack,
+/// release or refresh drops or replaces the lease, so only a swept one is
+/// left on a ready or dead job.
+fn holds_swept_lease(job: &StoredJob, token: u64) -> bool {
+    matches!(job.state, JobState::Ready | JobState::Dead)
+        && job.lease().is_some_and(|lease| lease.token == token)
+}
+
+/// The job as reads show it: a ready or dead job's swept lease is kept only
+/// to judge a late ack, and nobody holds it, so it is not shown.
+fn view(stored: &StoredJob, job_id: u64) -> Job {
+    let mut job = stored.to_job(job_id);
+    if matches!(job.state, JobState::Ready | JobState::Dead) {
+        job.lease = None;
+    }
+    job
+}
+
 /// The refusal for a token that is not the job's current one.
 fn stale(job_id: u64, presented: u64) -> Response {
     Response::Refused(Refusal::StaleToken { job_id, presented })
@@ -1087,7 +1122,6 @@ fn check_job(job_id: u64, job: &Job, last_job_id: u64, last_token: u64) -> Resul
     }
     let live = job.attempts < job.max_attempts;
     match job.state {
-        JobState::Ready if job.lease.is_some() => fail("ready job holds a lease"),
         JobState::Ready if job.finished_at_ms.is_some() => fail("ready job has finished"),
         JobState::Ready if !live => fail("ready job has used all attempts"),
         JobState::Claimed if job.lease.is_none() => fail("claimed job has no lease"),
@@ -1095,7 +1129,6 @@ fn check_job(job_id: u64, job: &Job, last_job_id: u64, last_token: u64) -> Resul
         JobState::Claimed if !live => fail("claimed job has used all attempts"),
         JobState::Acked if job.lease.is_none() => fail("acked job lost its last lease"),
         JobState::Acked if job.finished_at_ms.is_none() => fail("acked job has no finish time"),
-        JobState::Dead if job.lease.is_some() => fail("dead job holds a lease"),
         JobState::Dead if job.finished_at_ms.is_none() => fail("dead job has no finish time"),
         JobState::Dead if live => fail("dead job has attempts left"),
         _ => Ok(()),

@@ -142,7 +142,8 @@ pub fn validate_command(command: &Command, limits: &Limits) -> Result<(), Valida
             job_id_field("job_id", *job_id)
         }
         Command::Sweep | Command::Purge => Ok(()),
-        Command::SweepBounded { max_clock_offset_ms } => {
+        Command::SweepBounded { max_clock_offset_ms }
+        | Command::SweepKeepingTokens { max_clock_offset_ms } => {
             if *max_clock_offset_ms > crate::command::MAX_CLOCK_OFFSET_MS {
                 return Err(ValidationError::invalid(
                     "max_clock_offset_ms",

@@ -86,6 +86,7 @@ enum Op {
     Nack(JobPick, TokenPick, Option<u64>),
     Release(JobPick, TokenPick),
     Sweep,
+    SweepKeepingTokens,
     RedriveQueue(usize),
     RedriveIds(Vec<usize>),
     Purge,
@@ -148,7 +149,8 @@ fn op() -> impl Strategy<Value = Op> {
         2 => (job_pick(), token_pick(), prop::option::of(0..10_000u64))
             .prop_map(|(pick, token, retry)| Op::Nack(pick, token, retry)),
         1 => (job_pick(), token_pick()).prop_map(|(pick, token)| Op::Release(pick, token)),
-        2 => Just(Op::Sweep),
+        1 => Just(Op::Sweep),
+        1 => Just(Op::SweepKeepingTokens),
         1 => (0..QUEUES.len()).prop_map(Op::RedriveQueue),
         1 => prop::collection::vec(any::<usize>(), 1..=3).prop_map(Op::RedriveIds),
         1 => Just(Op::Purge),
@@ -303,6 +305,7 @@ fn resolve(op: &Op, state: &State, clock_ms: u64, granted: &[u64]) -> Command {
             Command::Release { job_id, token }
         }
         Op::Sweep => Command::Sweep,
+        Op::SweepKeepingTokens => Command::SweepKeepingTokens { max_clock_offset_ms: 0 },
         Op::RedriveQueue(queue) => {
             Command::Redrive { target: RedriveTarget::Queue(QUEUES[*queue].to_owned()) }
         }
@@ -452,11 +455,14 @@ proptest! {
     fn one_live_lease_per_job(steps in steps()) {
         let mut live: BTreeMap<u64, u64> = BTreeMap::new();
         let mut acked_with: BTreeMap<u64, u64> = BTreeMap::new();
+        // Tokens a sweep that keeps them took back, until the job's next grant.
+        let mut swept: BTreeMap<u64, u64> = BTreeMap::new();
         for (index, record) in replay(&steps).records.iter().enumerate() {
             let context = format!("step {index}: {:?} -> {:?}", record.proposal.command, record.response);
             match (&record.proposal.command, &record.response) {
                 (_, Response::Claimed(grants)) => {
                     for grant in grants {
+                        swept.remove(&grant.job.id);
                         let previous = live.insert(grant.job.id, grant.lease.token);
                         prop_assert!(previous.is_none(), "{}: job still held under {:?}", context, previous);
                     }
@@ -479,17 +485,24 @@ proptest! {
                 ) => {
                     let current = live.get(job_id) == Some(token);
                     let retry = acked_with.get(job_id) == Some(token);
-                    prop_assert!(current || retry, "{}: ack with a token that is not current", context);
+                    let late = swept.get(job_id) == Some(token);
+                    prop_assert!(current || retry || late, "{}: ack with a token that is not current", context);
                     live.remove(job_id);
+                    swept.remove(job_id);
                     acked_with.insert(*job_id, *token);
                 }
                 (Command::Nack { job_id, token, .. }, Response::Nacked { .. })
                 | (Command::Release { job_id, token }, Response::Released) => {
                     prop_assert_eq!(live.remove(job_id), Some(*token), "{}", context);
                 }
-                (_, Response::Swept { requeued, dead }) => {
+                (command, Response::Swept { requeued, dead }) => {
+                    let keeps = matches!(command, Command::SweepKeepingTokens { .. });
                     for job_id in requeued.iter().chain(dead) {
-                        prop_assert!(live.remove(job_id).is_some(), "{}: swept a job not held", context);
+                        let token = live.remove(job_id);
+                        prop_assert!(token.is_some(), "{}: swept a job not held", context);
+                        if let (Some(token), true) = (token, keeps) {
+                            swept.insert(*job_id, token);
+                        }
                         let lease = record.before.job(*job_id).and_then(|job| job.lease.clone());
                         let lapsed = lease.is_some_and(|l| l.expires_at_ms <= record.after.cluster_time_ms());
                         prop_assert!(lapsed, "{}: swept a lease still valid", context);
@@ -504,6 +517,9 @@ proptest! {
                 ) => {
                     prop_assert_eq!(token, presented);
                     prop_assert_ne!(live.get(job_id), Some(presented), "{}: current token refused", context);
+                    if matches!(record.proposal.command, Command::Ack { .. } | Command::AckLean { .. }) {
+                        prop_assert_ne!(swept.get(job_id), Some(presented), "{}: swept token refused before a re-grant", context);
+                    }
                 }
                 _ => {}
             }
@@ -524,7 +540,7 @@ proptest! {
             // No sweep is due before the term's grace ends.
             let sweep_due = earliest_expiry.map(|e| e.max(state.grace_end_ms()));
             prop_assert_eq!(state.next_expiry_ms(0), sweep_due, "{}", context);
-            if matches!(record.proposal.command, Command::Sweep) {
+            if matches!(record.proposal.command, Command::Sweep | Command::SweepKeepingTokens { .. }) {
                 prop_assert!(
                     sweep_due.is_none_or(|e| e > state.cluster_time_ms()),
                     "{}: a lapsed lease survived the sweep", context

@@ -8,12 +8,18 @@
 //! must receive the job within TTL + 2 s of the first claim (the leader's
 //! sweep runs about every second). The old token's ack is refused with
 //! FAILED_PRECONDITION; the job's attempts went up by one.
+//!
+//! And (SPEC §3 "an expired lease not yet re-granted still counts"): a
+//! worker whose lease the sweep took back, with nobody granted the job
+//! since, still lands its ack; the job is then acked and never handed out.
 
 use std::time::Duration;
 
 use anyhow::{Context, Result, bail, ensure};
 use leasehold_proto::v1;
+use leasehold_proto::v1::queue_client::QueueClient;
 use tokio::time::Instant;
+use tonic::transport::Channel;
 
 use super::support::{Node, Sandbox, enqueue_job, phase};
 
@@ -26,6 +32,65 @@ const RECLAIM_WITHIN: Duration = Duration::from_millis(LEASE_TTL_MS + 2_000);
 async fn unrefreshed_lease_expires_and_is_reclaimed_with_larger_token() -> Result<()> {
     let sandbox = Sandbox::new("lease-expiry")?;
     sandbox.run(Duration::from_secs(40), story(&sandbox)).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_swept_lease_still_acks_until_the_job_is_granted_again() -> Result<()> {
+    let sandbox = Sandbox::new("swept-ack")?;
+    sandbox.run(Duration::from_secs(40), swept_story(&sandbox)).await
+}
+
+async fn get_job(stub: &mut QueueClient<Channel>, job_id: u64) -> Result<v1::Job> {
+    stub.get_job(v1::GetJobRequest { job_id, stale: false })
+        .await
+        .context("get job")?
+        .into_inner()
+        .job
+        .context("reply without a job")
+}
+
+async fn swept_story(sandbox: &Sandbox) -> Result<()> {
+    phase("start node 1, enqueue one job, claim it with a 1 s lease");
+    let node = Node::start(sandbox).await?;
+    let mut stub = node.stub()?;
+    let job_id = enqueue_job(&mut stub, QUEUE, b"late but done").await?;
+    let claim = v1::ClaimRequest {
+        worker: "worker-a".to_string(),
+        queue: QUEUE.to_string(),
+        max: 1,
+        lease_ttl_ms: Some(LEASE_TTL_MS),
+        ..Default::default()
+    };
+    let grants = stub.claim(claim.clone()).await.context("claim")?.into_inner();
+    let (_, lease) = only_grant(grants.grants, "worker-a")?;
+
+    phase("the sweep takes the lease back: ready again, one attempt charged, no lease shown");
+    let deadline = Instant::now() + RECLAIM_WITHIN + Duration::from_secs(5);
+    let swept = loop {
+        let job = get_job(&mut stub, job_id).await?;
+        if job.state == v1::JobState::Ready as i32 {
+            break job;
+        }
+        ensure!(Instant::now() < deadline, "lease never swept: {job:?}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    ensure!(swept.attempts == 1 && swept.lease.is_none(), "swept job {swept:?}");
+
+    phase("worker-a's late ack under the swept token is accepted");
+    stub.ack(v1::AckRequest { job_id, token: lease.token, ..Default::default() })
+        .await
+        .context("late ack under the swept token")?;
+    let acked = get_job(&mut stub, job_id).await?;
+    ensure!(acked.state == v1::JobState::Acked as i32, "state after the late ack {acked:?}");
+    ensure!(
+        acked.lease.as_ref().map(|l| l.token) == Some(lease.token),
+        "the tombstone does not name the acking lease: {acked:?}"
+    );
+
+    phase("the acked job is not handed out again");
+    let again = stub.claim(claim).await.context("claim after the ack")?.into_inner();
+    ensure!(again.grants.is_empty(), "acked job granted again: {:?}", again.grants);
+    Ok(())
 }
 
 fn only_grant(grants: Vec<v1::Grant>, who: &str) -> Result<(v1::Job, v1::Lease)> {

@@ -714,6 +714,69 @@ mod ack {
         assert_eq!(apply(&mut state, old.expires_at_ms, ack(id, new.token)), Response::Acked);
     }
 
+    /// SPEC §3: an expired lease not yet re-granted still counts. A sweep
+    /// that keeps tokens takes the job back (attempt charged, ready for
+    /// anyone) but an ack under the swept token lands until the next grant;
+    /// the other token commands are refused, and reads show no lease.
+    #[test]
+    fn a_swept_token_acks_until_the_job_is_granted_again() {
+        let keeping = Command::SweepKeepingTokens { max_clock_offset_ms: 0 };
+        let mut state = State::new();
+        let id = enqueue_one(&mut state, 1_000, spec("q"));
+        let old = claim_one(&mut state, 1_000, "q");
+        let at = old.expires_at_ms;
+        assert_eq!(
+            apply(&mut state, at, keeping.clone()),
+            Response::Swept { requeued: vec![id], dead: vec![] }
+        );
+        let swept = job(&state, id);
+        assert_eq!((swept.state, swept.attempts, swept.lease), (JobState::Ready, 1, None));
+        for command in [
+            refresh(vec![(id, old.token)], None),
+            nack(id, old.token, None),
+            release(id, old.token),
+        ] {
+            let before = state.clone();
+            let answer = apply(&mut state, at, command);
+            assert_ne!(answer, Response::Acked);
+            assert_eq!(state, before, "{answer:?} changed the state");
+        }
+        assert_eq!(apply(&mut state, at, ack(id, old.token + 1)), stale_refusal(id, old.token + 1));
+        assert_eq!(apply(&mut state, at + 1, ack(id, old.token)), Response::Acked);
+        let acked = job(&state, id);
+        assert_eq!(acked.state, JobState::Acked);
+        assert_eq!(acked.finished_at_ms, Some(at + 1));
+        assert_eq!(acked.lease.map(|lease| lease.token), Some(old.token));
+        assert!(claim(&mut state, at + 2, "q", 1).is_empty(), "an acked job is not granted");
+        // Retried, the ack is answered alike.
+        assert_eq!(apply(&mut state, at + 2, ack(id, old.token)), Response::Acked);
+
+        // Once the job is granted again the swept token is stale.
+        let mut state = State::new();
+        let id = enqueue_one(&mut state, 1_000, spec("q"));
+        let old = claim_one(&mut state, 1_000, "q");
+        apply(&mut state, old.expires_at_ms, keeping.clone());
+        let new = claim_one(&mut state, old.expires_at_ms, "q");
+        assert_eq!(
+            apply(&mut state, old.expires_at_ms, ack(id, old.token)),
+            stale_refusal(id, old.token)
+        );
+        assert_eq!(apply(&mut state, old.expires_at_ms, ack(id, new.token)), Response::Acked);
+
+        // A sweep that spent the last attempt keeps the token too: the run
+        // finished, so its ack counts.
+        let mut state = State::new();
+        let id = enqueue_one(&mut state, 1_000, JobSpec { max_attempts: Some(1), ..spec("q") });
+        let old = claim_one(&mut state, 1_000, "q");
+        assert_eq!(
+            apply(&mut state, old.expires_at_ms, keeping),
+            Response::Swept { requeued: vec![], dead: vec![id] }
+        );
+        assert_eq!(job(&state, id).lease, None);
+        assert_eq!(apply(&mut state, old.expires_at_ms, ack(id, old.token)), Response::Acked);
+        assert_eq!(job(&state, id).state, JobState::Acked);
+    }
+
     #[test]
     fn an_acked_job_is_never_claimed_again() {
         let mut state = State::new();
