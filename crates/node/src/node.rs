@@ -47,7 +47,7 @@ use crate::commands;
 use crate::config::{Config, ConfigError};
 use crate::driver::{self, DriverConfig};
 use crate::executor::{self, ExecutorConfig};
-use crate::secret::{keep_dev_secret, resolve_secret};
+use crate::secret::{ResolvedSecret, keep_dev_secret, resolve_secret};
 
 /// The listeners a node serves on. Tests bind port 0 and pass them in.
 pub struct Transport {
@@ -323,7 +323,8 @@ impl Node {
         .map_err(|e| NodeError::Serve(e.to_string()))??;
         let bus_table = log.bus_table()?;
         let peer_store = log.peer_store()?;
-        let secret = cluster_secret(&config)?;
+        let resolved = cluster_secret(&config)?;
+        let secret = resolved.secret.clone();
         let credentials = Credentials::load(&config, secret.clone())?;
         let peers = credentials.peers.clone();
 
@@ -331,6 +332,12 @@ impl Node {
             Raft::new(config.id, raft_config(&config)?, peers.clone(), log.clone(), state.clone())
                 .await
                 .map_err(raft_error)?;
+        if resolved.fresh
+            && let Err(error) = keep_fresh_secret(&config, &raft, &resolved).await
+        {
+            let _ = raft.shutdown().await;
+            return Err(error);
+        }
         // The leader sends each batch to its followers as its own sync
         // starts, rather than after it (leasehold_raft::ahead).
         let ahead = config.replicate_ahead.then(|| {
@@ -449,35 +456,71 @@ impl Node {
     }
 }
 
-/// The cluster secret (configured, kept, or generated and kept). A node
+/// The cluster secret (configured, kept, or generated; a generated one is
+/// kept by [`keep_fresh_secret`] once Raft has read the data dir). A node
 /// that is to join a cluster without TLS must be given the cluster's
 /// secret: it proves the node to its peers, and is never sent to it.
-fn cluster_secret(config: &Config) -> Result<ClusterSecret, NodeError> {
+fn cluster_secret(config: &Config) -> Result<ResolvedSecret, NodeError> {
     let secret = resolve_secret(config)?;
-    if secret.fresh {
-        if config.join.is_some() && config.tls_files().is_none() {
-            return Err(NodeError::Join(
-                "a node joining a cluster without TLS needs that cluster's secret: set \
-                 cluster_secret_file (LEASEHOLD_CLUSTER_SECRET_FILE) or LEASEHOLD_CLUSTER_SECRET \
-                 to the secret every member uses (a first node that generated one keeps it in \
-                 its data dir, file cluster-secret)"
-                    .into(),
-            ));
-        }
-        if let Err(error) = keep_dev_secret(&config.data, &secret.secret) {
-            tracing::warn!(%error, "could not keep the generated cluster secret in the data dir");
-        }
-        // With TLS the node certificates prove the nodes and vouch for
-        // their messages: nobody else needs this secret.
-        if config.tls_files().is_none() {
-            tracing::warn!(
-                file = %crate::secret::dev_secret_path(&config.data).display(),
-                "no cluster secret configured: generated one and kept it in the data dir; nodes \
-                 that join this one need it (cluster_secret_file), or use TLS"
-            );
+    if secret.fresh && config.join.is_some() && config.tls_files().is_none() {
+        return Err(NodeError::Join(
+            "a node joining a cluster without TLS needs that cluster's secret: set \
+             cluster_secret_file (LEASEHOLD_CLUSTER_SECRET_FILE) or LEASEHOLD_CLUSTER_SECRET \
+             to the secret every member uses (a first node that generated one keeps it in \
+             its data dir, file cluster-secret)"
+                .into(),
+        ));
+    }
+    Ok(secret)
+}
+
+/// Keeps a secret generated at this start in the data dir, unless the data
+/// dir says the node is a member of a cluster with others and has no TLS:
+/// then the others prove themselves with a secret this node was given
+/// before (in its configuration, now missing), and a new one would only
+/// have its peers refuse it. The node refuses to start instead, naming
+/// the setting.
+async fn keep_fresh_secret(
+    config: &Config,
+    raft: &Raft,
+    resolved: &ResolvedSecret,
+) -> Result<(), NodeError> {
+    // With TLS the node certificates prove the nodes and vouch for their
+    // messages: nobody else needs this secret.
+    let plaintext = config.tls_files().is_none();
+    if plaintext {
+        let me = config.id;
+        let others: Vec<u64> = raft
+            .with_raft_state(move |state| {
+                let membership = state.membership_state.effective().membership();
+                membership.nodes().map(|(id, _)| *id).filter(|id| *id != me).collect()
+            })
+            .await
+            .map_err(raft_error)?;
+        if !others.is_empty() {
+            return Err(NodeError::Config(ConfigError::Invalid {
+                field: "cluster_secret",
+                problem: format!(
+                    "the data dir {} holds a membership with nodes {others:?} but no cluster \
+                     secret is configured or kept there: set cluster_secret_file \
+                     (LEASEHOLD_CLUSTER_SECRET_FILE) or LEASEHOLD_CLUSTER_SECRET to the secret \
+                     the cluster uses (a new one would be refused by every peer)",
+                    config.data.display()
+                ),
+            }));
         }
     }
-    Ok(secret.secret)
+    if let Err(error) = keep_dev_secret(&config.data, &resolved.secret) {
+        tracing::warn!(%error, "could not keep the generated cluster secret in the data dir");
+    }
+    if plaintext {
+        tracing::warn!(
+            file = %crate::secret::dev_secret_path(&config.data).display(),
+            "no cluster secret configured: generated one and kept it in the data dir; nodes \
+             that join this one need it (cluster_secret_file), or use TLS"
+        );
+    }
+    Ok(())
 }
 
 /// The node's clock, skewed at start under fault injection.

@@ -10,7 +10,10 @@
 //! new ports and a new data directory: it must exit non-zero with a message
 //! naming id 2, and the cluster must look exactly as it did before (both
 //! pictures taken once the cluster has applied nothing for a while, so a
-//! write the impostor caused would show).
+//! write the impostor caused would show). Last, node 3 started again
+//! without the cluster secret (and without `--join`) must refuse to start
+//! and keep no secret of its own: one made up would be refused by every
+//! peer.
 
 use std::net::SocketAddr;
 use std::process::Command;
@@ -175,5 +178,31 @@ async fn story(sandbox: &Sandbox) -> Result<()> {
         "digest moved after the refusal: {after:?}"
     );
     ensure!(after == after_write, "members changed: {after_write:?} before, {after:?} after");
+
+    phase("node 3 restarted without the cluster secret or --join refuses, keeping no new one");
+    let node3 = cluster.node_mut(3)?;
+    node3.kill()?;
+    let mut command = Command::new(binary());
+    command
+        .arg("serve")
+        .args(["--id", "3"])
+        .args(["--grpc", &node3.grpc.to_string()])
+        .args(["--http", &node3.http.to_string()])
+        .arg("--data")
+        .arg(&node3.data)
+        .env_remove("LEASEHOLD_CLUSTER_SECRET")
+        .env_remove("LEASEHOLD_ADDR")
+        .env("NO_COLOR", "1");
+    let log = sandbox.log_file("node-3-without-secret");
+    let mut process = Process::spawn("node 3 without its secret", command, &log)?;
+    let status = process.wait_exit(deadline_in(REFUSAL_TIMEOUT)).await?;
+    let output = std::fs::read_to_string(&log).context("reading node 3's log")?;
+    ensure!(!status.success(), "node 3 started without its secret: {status}; log {output:?}");
+    ensure!(
+        output.contains("cluster_secret") && output.contains("LEASEHOLD_CLUSTER_SECRET"),
+        "the refusal does not name the secret's settings: {output:?}"
+    );
+    let kept = node3.data.join("cluster-secret");
+    ensure!(!kept.exists(), "a new secret was kept at {}", kept.display());
     Ok(())
 }
