@@ -651,32 +651,34 @@ impl StateMachineStore {
                 path: self.dir.join(SNAPSHOT_FILE),
                 source,
             };
-            write_snapshot_header(file, &meta_bytes).map_err(io)?;
-            // The body, field by field: what encoding a `SnapshotBodyRef`
-            // writes (bincode puts a struct's fields, and a map's length
-            // and entries, one after another).
-            let head_bytes = encode(
-                "snapshot",
-                &(&last_applied, &last_membership, &head.counters, &head.job_count),
-            )?;
-            file.write_all(&head_bytes).map_err(io)?;
-            let mut bytes = head_bytes.len() as u64;
-            let (jobs, holds) = self.stream_frozen_jobs("snapshot", head.ticket, |chunk| {
-                bytes = bytes.saturating_add(chunk.len() as u64);
-                file.write_all(chunk).map_err(io)
-            })??;
-            longest.merge(holds);
-            if jobs != head.job_count {
-                return Err(StorageError::Inconsistent {
-                    tree: SNAPSHOT_FILE,
-                    key: SNAPSHOT_DATA_KEY.to_string(),
-                    detail: format!("froze {} jobs but read {jobs}", head.job_count),
-                });
-            }
-            let tail_bytes = encode("snapshot", &tail)?;
-            file.write_all(&tail_bytes).map_err(io)?;
-            bytes = bytes.saturating_add(tail_bytes.len() as u64);
-            Ok((jobs, bytes))
+            write_snapshot_file_with(file, &meta_bytes, io, |file| {
+                // The body, field by field: what encoding a `SnapshotBodyRef`
+                // writes (bincode puts a struct's fields, and a map's length
+                // and entries, one after another).
+                let head_bytes = encode(
+                    "snapshot",
+                    &(&last_applied, &last_membership, &head.counters, &head.job_count),
+                )?;
+                file.write_all(&head_bytes).map_err(io)?;
+                let mut bytes = head_bytes.len() as u64;
+                let (jobs, holds) =
+                    self.stream_frozen_jobs("snapshot", head.ticket, |chunk| {
+                        bytes = bytes.saturating_add(chunk.len() as u64);
+                        file.write_all(chunk).map_err(io)
+                    })??;
+                longest.merge(holds);
+                if jobs != head.job_count {
+                    return Err(StorageError::Inconsistent {
+                        tree: SNAPSHOT_FILE,
+                        key: SNAPSHOT_DATA_KEY.to_string(),
+                        detail: format!("froze {} jobs but read {jobs}", head.job_count),
+                    });
+                }
+                let tail_bytes = encode("snapshot", &tail)?;
+                file.write_all(&tail_bytes).map_err(io)?;
+                bytes = bytes.saturating_add(tail_bytes.len() as u64);
+                Ok((jobs, bytes))
+            })
         })?;
         let stats = SnapshotBuildStats {
             longest_lock_hold: longest.wall,
@@ -699,8 +701,7 @@ impl StateMachineStore {
             let path = dir.join(SNAPSHOT_FILE);
             durable::replace_file_with(&dir, SNAPSHOT_FILE, |file| {
                 let io = |source| StorageError::Io { what: "write", path: path.clone(), source };
-                write_snapshot_header(file, &meta_bytes).map_err(io)?;
-                match body {
+                write_snapshot_file_with(file, &meta_bytes, io, |file| match body {
                     ReceivedBody::Bytes(bytes) => {
                         file.write_all(&bytes).map_err(io)?;
                         Ok(bytes.len() as u64)
@@ -714,7 +715,7 @@ impl StateMachineStore {
                         received.file().seek(SeekFrom::Start(base)).map_err(read)?;
                         std::io::copy(received.file(), file).map_err(io)
                     }
-                }
+                })
             })
         })
         .await
@@ -787,15 +788,77 @@ fn index_of(log_id: &Option<LogId<NodeId>>) -> u64 {
     log_id.as_ref().map_or(0, |log_id| log_id.index)
 }
 
-/// The first bytes of a snapshot file (and its format's version).
-const SNAPSHOT_MAGIC: &[u8; 8] = b"LHSNAP01";
+/// The first bytes of a snapshot file (and its format's version): format
+/// 2 has a checksum in its header.
+const SNAPSHOT_MAGIC: &[u8; 8] = b"LHSNAP02";
+/// The first bytes of a snapshot file of format 1, without a checksum
+/// (written by earlier versions; still read).
+const SNAPSHOT_MAGIC_V1: &[u8; 8] = b"LHSNAP01";
+/// Where the checksum is in a format-2 header: after the magic and the
+/// meta's length.
+const CHECKSUM_AT: u64 = 16;
+/// The length of a format-2 header: magic, meta length (`u64`), checksum
+/// (`u32`).
+const HEADER_V2: u64 = CHECKSUM_AT + 4;
 
-/// Writes a snapshot file's header: the magic, the encoded meta's length
-/// (little-endian `u64`) and the encoded meta. The body follows to the end.
-fn write_snapshot_header(file: &mut impl Write, meta: &[u8]) -> std::io::Result<()> {
-    file.write_all(SNAPSHOT_MAGIC)?;
-    file.write_all(&(meta.len() as u64).to_le_bytes())?;
-    file.write_all(meta)
+/// Writes a whole snapshot file: its header (the magic, the encoded meta's
+/// length as a little-endian `u64`, and a CRC-32 of everything after the
+/// header, little-endian `u32`), the encoded meta, then the body, which
+/// `body` writes and which runs to the end. The checksum is filled in once
+/// the body is written; the caller syncs the file after.
+fn write_snapshot_file_with<F, T>(
+    file: &mut F,
+    meta: &[u8],
+    io: impl Fn(std::io::Error) -> StorageError,
+    body: impl FnOnce(&mut Checksummed<'_, F>) -> Result<T, StorageError>,
+) -> Result<T, StorageError>
+where
+    F: Write + Seek,
+{
+    file.write_all(SNAPSHOT_MAGIC).map_err(&io)?;
+    file.write_all(&(meta.len() as u64).to_le_bytes()).map_err(&io)?;
+    file.write_all(&[0; 4]).map_err(&io)?;
+    let mut summed = Checksummed { inner: file, hasher: crc32fast::Hasher::new() };
+    summed.write_all(meta).map_err(&io)?;
+    let written = body(&mut summed)?;
+    let checksum = summed.hasher.finalize();
+    let end = file.stream_position().map_err(&io)?;
+    file.seek(SeekFrom::Start(CHECKSUM_AT)).map_err(&io)?;
+    file.write_all(&checksum.to_le_bytes()).map_err(&io)?;
+    file.seek(SeekFrom::Start(end)).map_err(&io)?;
+    Ok(written)
+}
+
+/// A writer that keeps a CRC-32 of what passes through it.
+struct Checksummed<'a, W> {
+    inner: &'a mut W,
+    hasher: crc32fast::Hasher,
+}
+
+impl<W: Write> Write for Checksummed<'_, W> {
+    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+        let written = self.inner.write(bytes)?;
+        self.hasher.update(&bytes[..written]);
+        Ok(written)
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.inner.flush()
+    }
+}
+
+/// The CRC-32 of `file` from `from` to its end.
+fn checksum_from(file: &mut File, from: u64) -> std::io::Result<u32> {
+    file.seek(SeekFrom::Start(from))?;
+    let mut hasher = crc32fast::Hasher::new();
+    let mut buffer = vec![0u8; 1 << 20];
+    loop {
+        let read = file.read(&mut buffer)?;
+        if read == 0 {
+            return Ok(hasher.finalize());
+        }
+        hasher.update(&buffer[..read]);
+    }
 }
 
 /// The persisted snapshot: its meta and where its body is (the snapshot
@@ -812,7 +875,8 @@ fn read_stored_snapshot(
 
 /// The snapshot file, if one was ever written: its meta, and the file
 /// positioned at the body, which starts at `base` and is `len` bytes long.
-/// Only the header and the meta are read.
+/// The whole file is read once to check its checksum (a file of format 1
+/// has none: only its header and meta are read).
 fn open_snapshot_file(dir: &Path) -> Result<Option<(Meta, File, u64, u64)>, StorageError> {
     let path = dir.join(SNAPSHOT_FILE);
     let mut file = match File::open(&path) {
@@ -827,20 +891,41 @@ fn open_snapshot_file(dir: &Path) -> Result<Option<(Meta, File, u64, u64)>, Stor
         detail: detail.to_string(),
     };
     let file_len = file.metadata().map_err(io)?.len();
-    let header = SNAPSHOT_MAGIC.len() as u64 + 8;
-    let mut head = [0u8; SNAPSHOT_MAGIC.len() + 8];
-    if file_len < header {
+    let mut head = [0u8; HEADER_V2 as usize];
+    let magic = SNAPSHOT_MAGIC.len();
+    if file_len < CHECKSUM_AT {
         return Err(damaged("not a snapshot file (bad magic)"));
     }
-    file.read_exact(&mut head).map_err(io)?;
-    if &head[..SNAPSHOT_MAGIC.len()] != SNAPSHOT_MAGIC {
+    file.read_exact(&mut head[..CHECKSUM_AT as usize]).map_err(io)?;
+    let checked = if &head[..magic] == SNAPSHOT_MAGIC {
+        true
+    } else if &head[..magic] == SNAPSHOT_MAGIC_V1 {
+        false
+    } else {
         return Err(damaged("not a snapshot file (bad magic)"));
+    };
+    let header = if checked { HEADER_V2 } else { CHECKSUM_AT };
+    if file_len < header {
+        return Err(damaged("header cut short"));
     }
     let mut length = [0u8; 8];
-    length.copy_from_slice(&head[SNAPSHOT_MAGIC.len()..]);
+    length.copy_from_slice(&head[magic..CHECKSUM_AT as usize]);
     let meta_len = u64::from_le_bytes(length);
     if meta_len > file_len - header {
         return Err(damaged("meta length past the end of the file"));
+    }
+    if checked {
+        file.read_exact(&mut head[CHECKSUM_AT as usize..]).map_err(io)?;
+        let mut stored = [0u8; 4];
+        stored.copy_from_slice(&head[CHECKSUM_AT as usize..]);
+        let stored = u32::from_le_bytes(stored);
+        let actual = checksum_from(&mut file, header).map_err(io)?;
+        if actual != stored {
+            return Err(damaged(&format!(
+                "checksum {actual:08x} where the header says {stored:08x}: the file is damaged"
+            )));
+        }
+        file.seek(SeekFrom::Start(header)).map_err(io)?;
     }
     let meta: Meta =
         decode_from(SNAPSHOT_FILE, "meta", &mut Read::by_ref(&mut file).take(meta_len), meta_len)?;
@@ -1024,12 +1109,15 @@ mod tests {
     }
 
     fn write_snapshot_file_parts(
-        file: &mut impl Write,
+        file: &mut Vec<u8>,
         meta: &[u8],
         bytes: &[u8],
-    ) -> std::io::Result<()> {
-        write_snapshot_header(file, meta)?;
-        file.write_all(bytes)
+    ) -> Result<(), StorageError> {
+        let io = |source| StorageError::Io { what: "write", path: PathBuf::new(), source };
+        let mut cursor = std::io::Cursor::new(std::mem::take(file));
+        write_snapshot_file_with(&mut cursor, meta, io, |body| body.write_all(bytes).map_err(io))?;
+        *file = cursor.into_inner();
+        Ok(())
     }
 
     #[test]
@@ -1339,11 +1427,36 @@ mod tests {
         std::fs::write(dir.path().join(SNAPSHOT_FILE), &file)?;
         let read = read_snapshot_file(dir.path())?;
         assert_eq!(read, Some((meta, bytes)));
-        for damaged in [&b"LHSNAP0"[..], &file[1..], &file[..20]] {
+        for damaged in [&b"LHSNAP0"[..], &file[1..], &file[..20], &file[..30]] {
             std::fs::write(dir.path().join(SNAPSHOT_FILE), damaged)?;
             let error = read_snapshot_file(dir.path()).expect_err("damaged");
             assert!(error.to_string().contains("`snapshot`"), "{error}");
         }
+        // One bit flipped anywhere after the header, in the meta or the
+        // body, is caught by the checksum, whether or not it still decodes.
+        for at in [HEADER_V2 as usize, file.len() / 2, file.len() - 1] {
+            let mut flipped = file.clone();
+            flipped[at] ^= 0x10;
+            std::fs::write(dir.path().join(SNAPSHOT_FILE), &flipped)?;
+            let error = read_snapshot_file(dir.path()).expect_err("a flipped bit");
+            assert!(error.to_string().contains("checksum"), "byte {at}: {error}");
+        }
+        Ok(())
+    }
+
+    /// A snapshot file of format 1 (no checksum), as earlier versions wrote
+    /// it, still reads.
+    #[test]
+    fn a_snapshot_file_without_a_checksum_still_reads() -> anyhow::Result<()> {
+        let dir = tempfile::tempdir()?;
+        let (_, meta, bytes) = one_job_snapshot("old file");
+        let meta_bytes = encode("meta", &meta)?;
+        let mut file = SNAPSHOT_MAGIC_V1.to_vec();
+        file.extend((meta_bytes.len() as u64).to_le_bytes());
+        file.extend(&meta_bytes);
+        file.extend(&bytes);
+        std::fs::write(dir.path().join(SNAPSHOT_FILE), &file)?;
+        assert_eq!(read_snapshot_file(dir.path())?, Some((meta, bytes)));
         Ok(())
     }
 }
