@@ -240,6 +240,8 @@ pub enum Leaf {
     Release(JobPick, TokenPick),
     /// `Sweep`.
     Sweep,
+    /// `SweepKeepingTokens` (log format 5).
+    SweepKeepingTokens,
     /// `Purge`.
     Purge,
     /// `Redrive` of a queue.
@@ -416,6 +418,7 @@ impl Resolver<'_> {
                 Command::Release { job_id, token }
             }
             Leaf::Sweep => Command::Sweep,
+            Leaf::SweepKeepingTokens => Command::SweepKeepingTokens { max_clock_offset_ms: 0 },
             Leaf::Purge => Command::Purge,
             Leaf::RedriveQueue(queue) => {
                 Command::Redrive { target: RedriveTarget::Queue(queue.resolve(&QUEUES)) }
@@ -585,6 +588,9 @@ struct Model {
     live: BTreeMap<u64, u64>,
     /// Acked job → token of the lease that acked it.
     acked: BTreeMap<u64, u64>,
+    /// Job → token of the lease a sweep that keeps tokens took back, until
+    /// the job is granted again, acked or redriven.
+    swept: BTreeMap<u64, u64>,
     /// Schedule → fire mark.
     marks: BTreeMap<String, u64>,
     /// Schedule → (fired, skipped) counters.
@@ -633,6 +639,7 @@ impl Model {
                     assert_eq!(lease.granted_at_ms, self.cluster_time_ms, "{context}: grant time");
                     assert!(lease.expires_at_ms >= lease.granted_at_ms, "{context}: expiry");
                     assert!(grant.job.not_before_ms <= self.cluster_time_ms, "{context}: not due");
+                    self.swept.remove(&lease.job_id);
                     let previous = self.live.insert(lease.job_id, lease.token);
                     assert!(previous.is_none(), "{context}: job still held under {previous:?}");
                     assert!(!self.acked.contains_key(&lease.job_id), "{context}: acked regranted");
@@ -656,17 +663,30 @@ impl Model {
             ) => {
                 let current = self.live.get(job_id) == Some(token);
                 let retry = self.acked.get(job_id) == Some(token);
-                assert!(current || retry, "{context}: ack with a token that is not current");
+                let late = self.swept.get(job_id) == Some(token);
+                assert!(
+                    current || retry || late,
+                    "{context}: ack with a token that is not current"
+                );
                 self.live.remove(job_id);
+                self.swept.remove(job_id);
                 self.acked.insert(*job_id, *token);
             }
             (Command::Nack { job_id, token, .. }, Response::Nacked { .. })
             | (Command::Release { job_id, token }, Response::Released) => {
                 assert_eq!(self.live.remove(job_id), Some(*token), "{context}");
             }
-            (Command::Sweep, Response::Swept { requeued, dead }) => {
+            (
+                command @ (Command::Sweep | Command::SweepKeepingTokens { .. }),
+                Response::Swept { requeued, dead },
+            ) => {
+                let keeps = matches!(command, Command::SweepKeepingTokens { .. });
                 for job_id in requeued.iter().chain(dead) {
-                    assert!(self.live.remove(job_id).is_some(), "{context}: swept a job not held");
+                    let token = self.live.remove(job_id);
+                    assert!(token.is_some(), "{context}: swept a job not held");
+                    if let (Some(token), true) = (token, keeps) {
+                        self.swept.insert(*job_id, token);
+                    }
                 }
             }
             (
@@ -678,6 +698,9 @@ impl Model {
             ) => {
                 assert_eq!(token, presented, "{context}");
                 assert_ne!(self.live.get(job_id), Some(presented), "{context}: current refused");
+                if matches!(command, Command::Ack { .. } | Command::AckLean { .. }) {
+                    assert_ne!(self.swept.get(job_id), Some(presented), "{context}: swept refused");
+                }
             }
             (Command::PutSchedule { spec }, Response::ScheduleChanged) => {
                 self.marks.entry(spec.name.clone()).or_insert(0);
@@ -736,6 +759,10 @@ impl Model {
     fn compare(&mut self, state: &State, context: &str) {
         assert_eq!(state.last_token(), self.highest_token, "{context}: last token");
         assert_eq!(state.last_job_id(), self.highest_job_id, "{context}: last job id");
+        // A redrive (the only way back to no attempts) drops a kept lease.
+        self.swept.retain(|job_id, _| {
+            state.job(*job_id).is_some_and(|job| job.attempts > 0 || job.state != JobState::Ready)
+        });
         for job in state.jobs(&JobFilter::default(), 0, usize::MAX) {
             let held = self.live.get(&job.id);
             if job.state == JobState::Claimed {

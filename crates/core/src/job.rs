@@ -9,7 +9,9 @@ use crate::lease::Lease;
 
 /// Where a job is in its life: `Ready → Claimed → Acked`, `Claimed → Ready`
 /// (nack with retry, lease expiry, release), and `→ Dead` once attempts reach
-/// `max_attempts`.
+/// `max_attempts`. A job whose lease a sweep took back goes `Ready → Acked`
+/// or `Dead → Acked` when the ack under that lease comes late, before the
+/// job is granted again (log format 5).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 pub enum JobState {
     /// Waiting to be claimed (possibly not yet due: see `not_before_ms`).
@@ -18,7 +20,8 @@ pub enum JobState {
     Claimed,
     /// Done; kept as a tombstone until retention passes.
     Acked,
-    /// Failed `max_attempts` times; waits for a redrive.
+    /// Failed `max_attempts` times; waits for a redrive (or a late ack
+    /// under the lease whose lapse killed it).
     Dead,
 }
 
@@ -116,8 +119,11 @@ pub struct Job {
     pub last_error: Option<String>,
     /// Where the job is in its life.
     pub state: JobState,
-    /// The current lease while `Claimed`; kept after expiry until swept or
-    /// re-granted, so an ack with that token still counts.
+    /// The current lease while `Claimed` (kept after expiry until swept or
+    /// re-granted), the lease that finished an `Acked` job, and on a
+    /// `Ready` or `Dead` job the lease a sweep took back, kept so an ack
+    /// under it still counts until the job is granted again or redriven
+    /// (reads do not show that one).
     pub lease: Option<Lease>,
     /// Cluster time of the enqueue.
     pub enqueued_at_ms: u64,

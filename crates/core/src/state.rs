@@ -602,7 +602,7 @@ impl State {
         self.jobs.check()?;
         for (job_id, stored) in self.jobs.iter() {
             let job = &stored.to_job(job_id);
-            check_job(job_id, job, self.last_job_id, self.last_token)?;
+            check_job(job_id, job, self.last_job_id, self.last_token, self.cluster_time_ms)?;
             if StoredJob::from_job(job.clone(), stored.queue.clone()) != *stored {
                 return Err(format!("job {job_id}: not stored in its canonical compact form"));
             }
@@ -904,6 +904,9 @@ impl State {
             }
             self.change_job(job_id, |job| {
                 // last_error stays: it tells the operator why the job died.
+                // A lease a sweep kept goes: the job starts a new life, and
+                // an ack from the run that let it die no longer counts.
+                job.lease = None;
                 job.state = JobState::Ready;
                 job.attempts = 0;
                 job.not_before_ms = now_ms;
@@ -1043,16 +1046,17 @@ fn new_job(job_id: u64, spec: &JobSpec, now_ms: u64, limits: &Limits) -> Job {
 }
 
 /// Whether `token` is the current lease of a claimed job. A lapsed lease
-/// counts until a sweep takes it back or it is re-granted.
+/// counts until a sweep takes it back or it is re-granted (after a sweep
+/// that keeps tokens, an ack under it still counts: [`holds_swept_lease`]).
 fn holds_current_lease(job: &StoredJob, token: u64) -> bool {
     job.state == JobState::Claimed && job.lease().is_some_and(|lease| lease.token == token)
 }
 
 /// Whether `token` is the lease a sweep took back from a job that nobody
 /// has been granted since: the job is ready (or dead, its attempts spent)
-/// and still carries the lease ([`Command::SweepKeepingTokens`]). A nack,
-/// release or refresh drops or replaces the lease, so only a swept one is
-/// left on a ready or dead job.
+/// and still carries the lease ([`Command::SweepKeepingTokens`]). A nack or
+/// release drops the lease, a claim replaces it and a redrive drops it, so
+/// only a swept one is left on a ready or dead job.
 fn holds_swept_lease(job: &StoredJob, token: u64) -> bool {
     matches!(job.state, JobState::Ready | JobState::Dead)
         && job.lease().is_some_and(|lease| lease.token == token)
@@ -1098,7 +1102,13 @@ fn fail_attempt(
 }
 
 /// Checks the fields of one job against its state and the counters.
-fn check_job(job_id: u64, job: &Job, last_job_id: u64, last_token: u64) -> Result<(), String> {
+fn check_job(
+    job_id: u64,
+    job: &Job,
+    last_job_id: u64,
+    last_token: u64,
+    cluster_time_ms: u64,
+) -> Result<(), String> {
     let fail = |what: &str| Err(format!("job {job_id} ({}): {what}", job.state.as_str()));
     if job.id != job_id {
         return fail(&format!("stored under id {job_id} but names id {}", job.id));
@@ -1121,7 +1131,14 @@ fn check_job(job_id: u64, job: &Job, last_job_id: u64, last_token: u64) -> Resul
         }
     }
     let live = job.attempts < job.max_attempts;
+    // A ready or dead job keeps only a lease a sweep took back: one that
+    // had lapsed, and whose lapse is the job's last failure.
+    let swept = job.lease.as_ref().is_none_or(|lease| {
+        lease.expires_at_ms <= cluster_time_ms
+            && job.last_error.as_deref() == Some(LEASE_EXPIRED_ERROR)
+    });
     match job.state {
+        JobState::Ready | JobState::Dead if !swept => fail("holds a lease no sweep took back"),
         JobState::Ready if job.finished_at_ms.is_some() => fail("ready job has finished"),
         JobState::Ready if !live => fail("ready job has used all attempts"),
         JobState::Claimed if job.lease.is_none() => fail("claimed job has no lease"),

@@ -523,6 +523,10 @@ proptest! {
                 }
                 _ => {}
             }
+            // A redrive (the only way back to no attempts) drops a kept lease.
+            swept.retain(|job_id, _| {
+                record.after.job(*job_id).is_none_or(|job| job.attempts > 0 || job.state != JobState::Ready)
+            });
             // The model and the state agree on who holds what.
             let state = &record.after;
             let mut earliest_expiry: Option<u64> = None;

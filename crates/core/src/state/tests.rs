@@ -769,12 +769,25 @@ mod ack {
         let id = enqueue_one(&mut state, 1_000, JobSpec { max_attempts: Some(1), ..spec("q") });
         let old = claim_one(&mut state, 1_000, "q");
         assert_eq!(
-            apply(&mut state, old.expires_at_ms, keeping),
+            apply(&mut state, old.expires_at_ms, keeping.clone()),
             Response::Swept { requeued: vec![], dead: vec![id] }
         );
         assert_eq!(job(&state, id).lease, None);
         assert_eq!(apply(&mut state, old.expires_at_ms, ack(id, old.token)), Response::Acked);
         assert_eq!(job(&state, id).state, JobState::Acked);
+
+        // A redrive starts the dead job's life anew: the ack of the run
+        // that let it die no longer counts.
+        let mut state = State::new();
+        let id = enqueue_one(&mut state, 1_000, JobSpec { max_attempts: Some(1), ..spec("q") });
+        let old = claim_one(&mut state, 1_000, "q");
+        apply(&mut state, old.expires_at_ms, keeping);
+        let redrive = Command::Redrive { target: RedriveTarget::Ids(vec![id]) };
+        assert_eq!(apply(&mut state, old.expires_at_ms, redrive), Response::Redriven(1));
+        assert_eq!(
+            apply(&mut state, old.expires_at_ms, ack(id, old.token)),
+            stale_refusal(id, old.token)
+        );
     }
 
     #[test]
