@@ -37,6 +37,13 @@ const ANSWERS_QUEUED: usize = 8;
 /// then, not kept for a client that may never read them. Long-polls count
 /// as running.
 pub const SESSION_IDLE: Duration = Duration::from_secs(600);
+/// How long a session goes on after the node starts to shut down: it
+/// reads no further frame, but the frames already running finish and
+/// their answers are sent (an ack or a claim that took effect is
+/// answered, not cut off with "shutting down"), for at most this long.
+/// Whatever runs longer is dropped. Within the node's own grace for its
+/// serving tasks, and longer than a write's round on a slow disk.
+pub const SESSION_CLOSE_GRACE: Duration = Duration::from_secs(5);
 
 /// The answers of a session, as tonic sends them.
 pub type SessionStream = Pin<Box<dyn Stream<Item = Result<v1::SessionResponse, Status>> + Send>>;
@@ -152,9 +159,11 @@ impl QueueService {
     /// Reads frames and runs up to [`MAX_SESSION_IN_FLIGHT`] of them at a
     /// time until the client closes its side (then answers what is still
     /// running), the client goes away, the frames break off, the session
-    /// idles out, or the node shuts down. Every wait is a branch of one
-    /// `select!`, so shutdown and a departed client are seen even while an
-    /// answer waits for a client that does not read.
+    /// idles out, or the node shuts down (then it answers what is still
+    /// running, for at most [`SESSION_CLOSE_GRACE`], and ends saying why).
+    /// Every wait is a branch of one `select!`, so shutdown and a departed
+    /// client are seen even while an answer waits for a client that does
+    /// not read.
     async fn serve_session(
         self,
         credentials: Readmission,
@@ -170,9 +179,16 @@ impl QueueService {
         tokio::pin!(closing);
         let idle = tokio::time::sleep(SESSION_IDLE);
         tokio::pin!(idle);
+        // Armed when the node starts to shut down.
+        let close_by = tokio::time::sleep(SESSION_IDLE);
+        tokio::pin!(close_by);
+        let mut shutting_down = false;
         let mut reading = true;
         loop {
             if !reading && running.is_empty() && ready.is_none() {
+                if shutting_down {
+                    let _ = end.send(shutting_down_status());
+                }
                 return;
             }
             tokio::select! {
@@ -220,11 +236,13 @@ impl QueueService {
                     let _ = end.send(status);
                     return;
                 }
-                () = &mut closing => {
-                    let status = Status::unavailable(
-                        "node shutting down: the session ended; open one on another node",
-                    );
-                    let _ = end.send(status);
+                () = &mut closing, if !shutting_down => {
+                    shutting_down = true;
+                    reading = false;
+                    close_by.as_mut().reset(tokio::time::Instant::now() + SESSION_CLOSE_GRACE);
+                }
+                () = &mut close_by, if shutting_down => {
+                    let _ = end.send(shutting_down_status());
                     return;
                 }
                 () = answers.closed() => return,
@@ -305,6 +323,11 @@ impl QueueService {
         }
         answer
     }
+}
+
+/// Why a session ended when its node shut down.
+fn shutting_down_status() -> Status {
+    Status::unavailable("node shutting down: the session ended; open one on another node")
 }
 
 /// `message` as a request from `caller`, as the auth layer would have

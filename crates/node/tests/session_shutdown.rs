@@ -1,0 +1,86 @@
+//! Goal: a node that shuts down answers the session frames it is already
+//! running before it ends the session, so a write that took effect is
+//! answered as done, not cut off with "node shutting down" (which a worker
+//! must take for "outcome unknown": an ack it would repeat, a claim whose
+//! leases nobody then holds).
+//!
+//! Method: one node in this process; its log store reports every append
+//! synced [`SYNC_DELAY`] late (a slow disk), so an enqueue sent on a
+//! session is still running when the node is told to stop. The enqueue
+//! must be answered with its job id, the job must be in the state, and
+//! only then does the session end, saying the node shut down. A session
+//! that ends at once on shutdown answers the enqueue "node shutting down"
+//! (checked).
+
+use std::time::Duration;
+
+use anyhow::{Context, Result, anyhow, ensure};
+use leasehold_client::Client;
+use leasehold_node::config::{Config, SecretText};
+use leasehold_node::{Node, NodeHandle, Transport};
+use leasehold_proto::v1;
+use support::phase;
+use tokio::net::TcpListener;
+
+mod support;
+
+/// How late the node's appends are reported synced.
+const SYNC_DELAY: Duration = Duration::from_millis(1_500);
+
+async fn start(dir: &std::path::Path) -> Result<NodeHandle> {
+    let grpc = TcpListener::bind("127.0.0.1:0").await?;
+    let http = TcpListener::bind("127.0.0.1:0").await?;
+    let config = Config {
+        id: 1,
+        grpc: grpc.local_addr()?.to_string(),
+        http: http.local_addr()?.to_string(),
+        data: dir.join("node-1"),
+        executor: false,
+        // No sweeps from the driver: the story's write is the only one.
+        sweep_interval_ms: 3_600_000,
+        cluster_secret: Some(SecretText("session-shutdown-test-secret-0123456789".into())),
+        ..Config::default()
+    };
+    Node::start(config, Transport { grpc, http }).await.map_err(|e| anyhow!("node 1: {e}"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_answers_its_running_frames_before_the_node_stops() -> Result<()> {
+    tokio::time::timeout(Duration::from_secs(60), story()).await.context("story timed out")?
+}
+
+async fn story() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    phase("start node 1 and open a session");
+    let node = start(dir.path()).await?;
+    support::wait_for("node 1 leads", Duration::from_secs(20), || node.journal().is_leader())
+        .await?;
+    let client = Client::connect(&format!("http://{}", node.grpc_addr()))?;
+    let session = client.session().await?;
+    session.ack(1, 1).await.err().context("an ack of no job is refused")?;
+
+    phase("an enqueue is under way on a slow disk when the node is told to stop");
+    node.log_store().set_sync_delay(SYNC_DELAY);
+    let journal = node.journal().clone();
+    let spec = v1::JobSpec { queue: "q".into(), payload: b"late".to_vec(), ..Default::default() };
+    let enqueue =
+        tokio::spawn(async move { session.enqueue(vec![spec]).await.map(|r| (r, session)) });
+    tokio::time::sleep(SYNC_DELAY / 3).await;
+    ensure!(!enqueue.is_finished(), "the enqueue finished before the shutdown");
+    let stopping = tokio::spawn(node.shutdown(Duration::from_secs(20)));
+
+    phase("the enqueue is answered done, then the session ends saying why");
+    let (results, session) = enqueue.await?.context("the running enqueue was cut off")?;
+    let job_id = results.first().map(|r| r.job_id).context("no enqueue result")?;
+    ensure!(
+        journal.read_stale(|state| state.job(job_id).is_some()),
+        "job {job_id} was answered but is not in the state"
+    );
+    let after = session.ack(job_id, 1).await.err().context("a frame after the shutdown")?;
+    ensure!(
+        after.code() == tonic::Code::Unavailable && after.to_string().contains("shutting down"),
+        "the session ended with {after}"
+    );
+    stopping.await?.map_err(|e| anyhow!("shutdown: {e}"))?;
+    Ok(())
+}
