@@ -6,7 +6,9 @@
 //! framing, on both sides.
 //!
 //! Calls on one session may run concurrently (clone nothing: `&Session`
-//! is enough); each waits for its own answer. A session is not retried:
+//! is enough); each waits for its own answer. At most as many are sent
+//! and unanswered as the node runs at once (16); a further call waits
+//! here, unsent, for a place. A session is not retried:
 //! when it ends (its node stops, the connection drops, it idled for ten
 //! minutes) every waiting call fails, and so does every later one, with
 //! the node's status when it gave one and UNAVAILABLE otherwise. Open
@@ -21,14 +23,20 @@ use std::time::Duration;
 use leasehold_proto::v1;
 use leasehold_proto::v1::session_request::Call;
 use leasehold_proto::v1::session_response::Result as Answer;
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc, oneshot};
 use tokio_stream::wrappers::ReceiverStream;
 
 use crate::client::{Client, ClientError, new_request_id};
 
-/// Frames the client queues before a call waits to send its own; the node
-/// runs up to 16 of a session's frames at once.
+/// Frames the client queues before a call waits to send its own.
 const FRAMES_QUEUED: usize = 64;
+
+/// Calls of one session sent and not yet answered: as many as the node
+/// runs at once (its `MAX_SESSION_IN_FLIGHT`). A call beyond them waits
+/// here, unsent, rather than in the node's unread frames: a frame the node
+/// reads only after its caller gave up would still run there, and a claim
+/// would grant leases nobody holds.
+const IN_FLIGHT: usize = 16;
 
 /// A call waiting for its answer.
 type Waiting = oneshot::Sender<Result<Answer, ClientError>>;
@@ -38,6 +46,11 @@ type Waiting = oneshot::Sender<Result<Answer, ClientError>>;
 struct Shared {
     /// Calls sent and not yet answered, by frame id.
     waiting: HashMap<u64, Waiting>,
+    /// A place among the [`IN_FLIGHT`] for each frame sent and not yet
+    /// answered, by frame id: given back when its answer comes (or the
+    /// session ends), not when its caller stops waiting, since the node
+    /// still runs the frame then.
+    in_flight: HashMap<u64, OwnedSemaphorePermit>,
     /// Why the session ended, once it has.
     ended: Option<tonic::Status>,
 }
@@ -48,6 +61,7 @@ struct Shared {
 pub struct Session {
     frames: mpsc::Sender<v1::SessionRequest>,
     shared: Arc<Mutex<Shared>>,
+    places: Arc<Semaphore>,
     next_id: AtomicU64,
     call_timeout: Duration,
 }
@@ -87,6 +101,7 @@ impl Client {
         let session = Session {
             frames,
             shared,
+            places: Arc::new(Semaphore::new(IN_FLIGHT)),
             next_id: AtomicU64::new(1),
             call_timeout: self.call_timeout(),
         };
@@ -175,7 +190,21 @@ impl Session {
 
     /// Sends `call` as a frame and waits up to `timeout` for its answer,
     /// sending included (a node that stops reading holds the send back).
+    /// Before that it waits, up to `timeout` too, for a place among the
+    /// session's calls in flight; a call that gets none is not sent.
     async fn call(&self, call: Call, timeout: Duration) -> Result<Answer, ClientError> {
+        let place = match tokio::time::timeout(timeout, self.places.clone().acquire_owned()).await {
+            Ok(Ok(place)) => place,
+            Ok(Err(_)) => return Err(tonic::Status::unavailable("the session is closed").into()),
+            Err(_) => {
+                return Err(tonic::Status::deadline_exceeded(format!(
+                    "{IN_FLIGHT} calls of this session were in flight for {} ms; this one was \
+                     not sent",
+                    timeout.as_millis()
+                ))
+                .into());
+            }
+        };
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let (answered, answer) = oneshot::channel();
         {
@@ -184,15 +213,18 @@ impl Session {
                 return Err(ended_error(ended));
             }
             shared.waiting.insert(id, answered);
+            shared.in_flight.insert(id, place);
         }
         // However this call ends (answered, failed, timed out, or dropped
-        // by its caller), its entry goes.
-        let _forget = Forget { shared: &self.shared, id };
+        // by its caller), its entry goes; and its place, unless its frame
+        // went to the node (the answer gives that back).
+        let mut forget = Forget { shared: &self.shared, id, sent: false };
         let exchange = async {
             let frame = v1::SessionRequest { id, call: Some(call) };
             if self.frames.send(frame).await.is_err() {
                 return Err(tonic::Status::unavailable("the session is closed").into());
             }
+            forget.sent = true;
             match answer.await {
                 Ok(answer) => answer,
                 Err(_) => Err(tonic::Status::unavailable("the session ended").into()),
@@ -209,15 +241,21 @@ impl Session {
     }
 }
 
-/// Removes a call's entry from the waiting calls when the call ends.
+/// Removes a call's entry from the waiting calls when the call ends, and
+/// its place in flight if its frame was never sent.
 struct Forget<'a> {
     shared: &'a Mutex<Shared>,
     id: u64,
+    sent: bool,
 }
 
 impl Drop for Forget<'_> {
     fn drop(&mut self) {
-        lock(self.shared).waiting.remove(&self.id);
+        let mut shared = lock(self.shared);
+        shared.waiting.remove(&self.id);
+        if !self.sent {
+            shared.in_flight.remove(&self.id);
+        }
     }
 }
 
@@ -230,7 +268,11 @@ async fn read_answers(
     let ended = loop {
         match answers.message().await {
             Ok(Some(answer)) => {
-                let waiting = lock(&shared).waiting.remove(&answer.id);
+                let waiting = {
+                    let mut shared = lock(&shared);
+                    shared.in_flight.remove(&answer.id);
+                    shared.waiting.remove(&answer.id)
+                };
                 // An answer nobody waits for (its call timed out) is dropped.
                 if let Some(waiting) = waiting {
                     let _ = waiting.send(answer_of(answer.result));
@@ -244,6 +286,7 @@ async fn read_answers(
     for (_, waiting) in shared.waiting.drain() {
         let _ = waiting.send(Err(ended_error(&ended)));
     }
+    shared.in_flight.clear();
     shared.ended = Some(ended);
 }
 

@@ -59,6 +59,68 @@ async fn a_session_holds_each_frame_to_its_calls_role_and_ends_when_the_node_sto
     sandbox.run(Duration::from_secs(120), session_story(&sandbox)).await
 }
 
+/// Goal: a session's calls beyond the node's frames in flight wait in the
+/// SDK, unsent, so a claim the node reads late still reaches its caller.
+///
+/// Method: one plain node; 16 long-poll claims of [`FIRST_WAIT`] on an
+/// empty queue fill the node's frames in flight, and a 17th claim of
+/// [`LAST_WAIT`] follows. A job is enqueued [`JOB_AFTER`] in, after the
+/// first 16 gave up and while the 17th runs on the node. The 17th must be
+/// answered with it. An SDK that sends the 17th at once has it read by
+/// the node only when the others end, and gives up on it (its call
+/// timeout, 10 s, plus its wait) before the node grants it the job: the
+/// job's lease is then held by nobody (checked).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_beyond_the_frames_in_flight_waits_unsent() -> Result<()> {
+    let sandbox = Sandbox::new("session-in-flight")?;
+    sandbox.run(Duration::from_secs(60), in_flight_story(&sandbox)).await
+}
+
+/// The long-poll of the 16 claims that fill the node's frames in flight:
+/// longer than the SDK's call timeout (10 s).
+const FIRST_WAIT: Duration = Duration::from_secs(12);
+/// The long-poll of the 17th claim: its call, waited out in the SDK for
+/// a place, must still be sent ([`FIRST_WAIT`] within 10 s plus this).
+const LAST_WAIT: Duration = Duration::from_secs(4);
+/// When the job comes: after an SDK that sent the 17th at once gave up
+/// on it (10 s + [`LAST_WAIT`]), and while the node still runs it (until
+/// [`FIRST_WAIT`] + [`LAST_WAIT`]).
+const JOB_AFTER: Duration = Duration::from_secs(15);
+
+async fn in_flight_story(sandbox: &Sandbox) -> Result<()> {
+    const QUEUE: &str = "in-flight";
+    phase("start a node; 16 long-poll claims fill a session's frames in flight");
+    let node = Node::start(sandbox).await?;
+    let client = Client::connect(&node.addr())?;
+    let session = client.session().await?;
+    let claim = |wait: Duration| v1::ClaimRequest {
+        worker: "w".into(),
+        queue: QUEUE.into(),
+        max: 1,
+        lease_ttl_ms: Some(60_000),
+        wait_ms: u64::try_from(wait.as_millis()).unwrap_or(u64::MAX),
+        ..Default::default()
+    };
+    let started = tokio::time::Instant::now();
+    let first = futures::future::join_all((0..16).map(|_| session.claim(claim(FIRST_WAIT))));
+    let last = session.claim(claim(LAST_WAIT));
+    let enqueue = async {
+        tokio::time::sleep_until(started + JOB_AFTER).await;
+        client.enqueue(vec![job(QUEUE, b"late")]).await
+    };
+    let (first, last, enqueued) = tokio::join!(first, last, enqueue);
+    phase("the first 16 found nothing; the 17th got the job");
+    let job_id = enqueued?.first().map(|r| r.job_id).context("no enqueue result")?;
+    for answer in first {
+        ensure!(answer?.grants.is_empty(), "a claim of an empty queue was granted");
+    }
+    let last = last.context("the 17th claim")?;
+    let granted: Vec<u64> =
+        last.grants.iter().filter_map(|g| g.job.as_ref()).map(|j| j.id).collect();
+    ensure!(granted == vec![job_id], "the 17th claim got {granted:?}, not job {job_id}");
+    Ok(())
+}
+
 /// A client of `node` with the client certificate and the token of `role`.
 fn client_as(node: &Node, certs: &Path, role: &str) -> Result<Client> {
     let tls = ClientTls::from_files(
