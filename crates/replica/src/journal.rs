@@ -948,6 +948,16 @@ impl Journal {
         let result = match request {
             // Through the batcher, so the followers' forwarded batches and
             // the leader's own proposals share one entry and one fsync.
+            // Only a leader takes one: merged into a batch of this node's
+            // own proposals, a forwarded write may not be forwarded again,
+            // so on a node that no longer leads it would fail them too.
+            ForwardRequest::Write(_)
+                if self.inner.raft.metrics().borrow().state != openraft::ServerState::Leader =>
+            {
+                let me = self.inner.config.node_id;
+                Err(Unavailable::Peer(format!("node {me} does not lead now: ask the leader"))
+                    .into())
+            }
             ForwardRequest::Write(proposal) => {
                 self.enqueue_proposal(*proposal, Some(from)).await.map(ForwardResponse::Written)
             }
@@ -1123,6 +1133,17 @@ async fn write_batch(journal: &Journal, mut batch: Vec<Pending>) {
             return;
         }
     };
+    // A proposer that gave up meanwhile (its call was cancelled, or it
+    // waited out its bound in the queue and was told the outcome is
+    // unknown) has its write dropped here: written later, a keyless
+    // enqueue would be a second copy of one its client sent again, and a
+    // claim would grant leases nobody holds.
+    if batch.iter().any(|pending| pending.reply.is_closed()) {
+        batch.retain(|pending| !pending.reply.is_closed());
+        if batch.is_empty() {
+            return;
+        }
+    }
     // Stamped as leader: a write forwarded by a node that is not a member
     // (removed, its credentials not yet retired) is not taken. Judged here,
     // as leader, and not when it arrived: a node may have been a follower
