@@ -24,6 +24,8 @@ impl fmt::Debug for SecretText {
 /// count it could use, low enough that a typo cannot exhaust the process's
 /// thread limit.
 pub const MAX_RUNTIME_THREADS: usize = 1024;
+/// The longest a timeout or interval setting may be: a day, in ms.
+pub const MAX_INTERVAL_MS: u64 = 86_400_000;
 
 /// Everything a node needs to start. Field names are the TOML keys.
 #[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
@@ -250,14 +252,16 @@ impl Config {
         if self.election_timeout_max_ms <= self.election_timeout_min_ms {
             return invalid("election_timeout_max_ms", "must exceed election_timeout_min_ms");
         }
-        if self.quorum_timeout_ms == 0 {
-            return invalid("quorum_timeout_ms", "must be positive");
-        }
-        if self.sweep_interval_ms == 0 {
-            return invalid("sweep_interval_ms", "must be positive");
-        }
-        if self.purge_interval_ms == 0 {
-            return invalid("purge_interval_ms", "must be positive");
+        // Each is added to a clock reading: beyond a day is a typo, and
+        // near u64::MAX it would overflow the instant it is added to.
+        for (field, value) in [
+            ("quorum_timeout_ms", self.quorum_timeout_ms),
+            ("sweep_interval_ms", self.sweep_interval_ms),
+            ("purge_interval_ms", self.purge_interval_ms),
+        ] {
+            if value == 0 || value > MAX_INTERVAL_MS {
+                return invalid(field, &format!("must be 1 ..= {MAX_INTERVAL_MS} (a day)"));
+            }
         }
         for (index, queue) in self.executor_queues.iter().enumerate() {
             if leasehold_core::validate::queue_name("executor_queues", queue).is_err() {
@@ -281,8 +285,11 @@ impl Config {
         if self.executor_concurrency == 0 {
             return invalid("executor_concurrency", "must be positive");
         }
-        if self.executor_timeout_ms == 0 {
-            return invalid("executor_timeout_ms", "must be positive");
+        if self.executor_timeout_ms == 0 || self.executor_timeout_ms > MAX_INTERVAL_MS {
+            return invalid(
+                "executor_timeout_ms",
+                &format!("must be 1 ..= {MAX_INTERVAL_MS} (a day)"),
+            );
         }
         if self.clock_offset_ms != 0 && !self.fault_injection {
             return invalid("clock_offset_ms", "needs fault_injection = true");
@@ -665,5 +672,19 @@ mod tests {
             let error = config.validate().err().map(|e| e.to_string()).unwrap_or_default();
             assert!(error.contains(&format!("config {field}:")), "{field}: {error}");
         }
+        let huge: [(&str, Zeroes); 4] = [
+            ("quorum_timeout_ms", |c| c.quorum_timeout_ms = u64::MAX),
+            ("sweep_interval_ms", |c| c.sweep_interval_ms = MAX_INTERVAL_MS + 1),
+            ("purge_interval_ms", |c| c.purge_interval_ms = u64::MAX),
+            ("executor_timeout_ms", |c| c.executor_timeout_ms = u64::MAX),
+        ];
+        for (field, set) in huge {
+            let mut config = Config::default();
+            set(&mut config);
+            let error = config.validate().err().map(|e| e.to_string()).unwrap_or_default();
+            assert!(error.contains(&format!("config {field}:")), "{field}: {error}");
+        }
+        let day = Config { quorum_timeout_ms: MAX_INTERVAL_MS, ..Config::default() };
+        assert!(day.validate().is_ok());
     }
 }
