@@ -31,6 +31,11 @@ use crate::client::{Client, ClientError, new_request_id};
 /// Frames the client queues before a call waits to send its own.
 const FRAMES_QUEUED: usize = 64;
 
+/// The largest frame a node takes (its Queue service's request limit): a
+/// larger one would end the whole session (RESOURCE_EXHAUSTED), failing
+/// every call on it, so the SDK refuses such a call alone, unsent.
+const MAX_FRAME_BYTES: usize = 16 * 1024 * 1024;
+
 /// Calls of one session sent and not yet answered: as many as the node
 /// runs at once (its `MAX_SESSION_IN_FLIGHT`). A call beyond them waits
 /// here, unsent, rather than in the node's unread frames: a frame the node
@@ -193,6 +198,16 @@ impl Session {
     /// Before that it waits, up to `timeout` too, for a place among the
     /// session's calls in flight; a call that gets none is not sent.
     async fn call(&self, call: Call, timeout: Duration) -> Result<Answer, ClientError> {
+        // The call's bytes, and at most 16 for the frame's id and field
+        // header around it.
+        let bytes = call.encoded_len().saturating_add(16);
+        if bytes > MAX_FRAME_BYTES {
+            return Err(tonic::Status::resource_exhausted(format!(
+                "the call is {bytes} bytes as a session frame, over the node's limit of \
+                 {MAX_FRAME_BYTES}: not sent (the session goes on); send less at once"
+            ))
+            .into());
+        }
         let place = match tokio::time::timeout(timeout, self.places.clone().acquire_owned()).await {
             Ok(Ok(place)) => place,
             Ok(Err(_)) => return Err(tonic::Status::unavailable("the session is closed").into()),

@@ -233,6 +233,18 @@ async fn session_story(sandbox: &Sandbox) -> Result<()> {
     phase("a frame over the size limit ends the session with RESOURCE_EXHAUSTED");
     oversized_frame(&mut stub).await?;
 
+    phase("the SDK refuses a call over the frame limit alone, unsent; its session goes on");
+    let session = admin.session().await?;
+    let big = v1::JobSpec { payload: vec![0; 17 * 1024 * 1024], ..job("sessions.big", b"") };
+    let error = refusal("a 17 MiB enqueue", session.enqueue(vec![big]).await)?;
+    ensure!(
+        error.code() == tonic::Code::ResourceExhausted
+            && error.to_string().contains(&(16 * 1024 * 1024).to_string()),
+        "a 17 MiB enqueue was refused with {error}"
+    );
+    let after = session.enqueue(vec![job("sessions.big", b"after")]).await?;
+    ensure!(after.len() == 1, "the session's next call was answered {after:?}");
+
     phase("a worker token can neither settle nor hand back a command job, nor replay its claim");
     command_jobs(&admin, &client_as(&node, &certs, "worker")?, &worker).await?;
 
