@@ -233,6 +233,13 @@ const GUARD_EVERY: Duration = Duration::from_millis(250);
 /// while it still leads.
 const HAND_OVER_EVERY: Duration = Duration::from_secs(1);
 
+/// How long a leader whose clock no majority has measured (neither agreed
+/// nor skewed) goes on leading before it hands over: it may not stamp, so
+/// it refuses every write meanwhile. Long enough that a gap of a few
+/// adverts (one is sent every second, and a measurement counts for five)
+/// does not move leadership, and each hand-over costs an election.
+pub const UNMEASURED_HAND_OVER_AFTER: Duration = Duration::from_secs(10);
+
 /// Keeps a node whose clock is skewed out of leadership until `shutdown`:
 /// it does not stand for election, and if it leads it stops sending
 /// heartbeats and hands over. openraft 0.9 has no step-down, and left to
@@ -248,6 +255,15 @@ const HAND_OVER_EVERY: Duration = Duration::from_secs(1);
 /// if the last one failed. It stamps nothing meanwhile (the journal refuses).
 /// When the clock is back within the bound, both come back on by
 /// themselves (unless the node drains, which keeps it from standing).
+///
+/// A leader whose clock no majority has measured (an unknown verdict: its
+/// adverts' round trips fail, or its offset sits at the bound within their
+/// uncertainty) is not wrong, but it may not stamp either, so it refuses
+/// every write. After [`UNMEASURED_HAND_OVER_AFTER`] of that it hands over
+/// the same way, keeping its heartbeats and its right to stand: a voter
+/// that can stamp then leads. If none can, leadership moves on each time
+/// the wait runs out, which costs an election each time and no writes
+/// (there were none).
 pub async fn guard_elections(
     journal: crate::Journal,
     mut shutdown: tokio::sync::watch::Receiver<bool>,
@@ -260,6 +276,8 @@ pub async fn guard_elections(
     let mut hand_overs = HandOvers::default();
     // The term this node leads in and when the guard first saw it lead.
     let mut leading_since: Option<(u64, Instant)> = None;
+    // Since when this node has led with a clock it may not stamp by.
+    let mut unmeasured_since: Option<Instant> = None;
     loop {
         tokio::select! {
             biased;
@@ -291,9 +309,26 @@ pub async fn guard_elections(
             _ => None,
         };
         let lease_over = leading_since.is_none_or(|(_, since)| since.elapsed() > lease);
-        if skewed && leads && lease_over {
+        let unmeasured = leads && !skewed && !verdict.may_stamp();
+        unmeasured_since = match unmeasured_since {
+            Some(since) if unmeasured => Some(since),
+            _ if unmeasured => Some(Instant::now()),
+            _ => None,
+        };
+        let unmeasured_too_long =
+            unmeasured_since.is_some_and(|since| since.elapsed() >= UNMEASURED_HAND_OVER_AFTER);
+        if (skewed || unmeasured_too_long) && leads && lease_over {
+            if !skewed && !hand_overs.is_under_way() {
+                tracing::warn!(
+                    event = "clock.unmeasured",
+                    why = %describe(&verdict, journal.clock_watch().bound_ms()),
+                    "this leader's clock has not been measured by a majority for {} s, so it \
+                     stamps nothing: asking another voter to lead",
+                    UNMEASURED_HAND_OVER_AFTER.as_secs()
+                );
+            }
             hand_overs.start_if_due(&journal);
-        } else if !(skewed && leads) {
+        } else if !((skewed || unmeasured) && leads) {
             // Stood aside, or right again: the next skew starts afresh.
             hand_overs = HandOvers::default();
         }
@@ -313,16 +348,23 @@ struct HandOvers {
 type Ended = (Instant, Option<u64>);
 
 impl HandOvers {
+    /// Whether a hand-over is under way or ended less than
+    /// `HAND_OVER_EVERY` ago (so none starts now).
+    fn is_under_way(&self) -> bool {
+        if self.task.as_ref().is_some_and(|task| !task.is_finished()) {
+            return true;
+        }
+        let last = self.last.lock().map(|last| *last).unwrap_or_default();
+        last.is_some_and(|(ended, _)| ended.elapsed() < HAND_OVER_EVERY)
+    }
+
     /// Starts a hand-over unless one is under way or the last ended less
     /// than `HAND_OVER_EVERY` ago.
     fn start_if_due(&mut self, journal: &crate::Journal) {
-        if self.task.as_ref().is_some_and(|task| !task.is_finished()) {
+        if self.is_under_way() {
             return;
         }
         let last = self.last.lock().map(|last| *last).unwrap_or_default();
-        if last.is_some_and(|(ended, _)| ended.elapsed() < HAND_OVER_EVERY) {
-            return;
-        }
         let avoid = last.and_then(|(_, failed)| failed);
         let (journal, record) = (journal.clone(), self.last.clone());
         self.task = Some(tokio::spawn(async move {

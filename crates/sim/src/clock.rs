@@ -26,6 +26,9 @@ pub struct HostClock {
     pub drift_ppm: i64,
     /// Steps ahead taken so far, milliseconds (a clock set forward).
     pub jumped_ms: u64,
+    /// The host measures no peer's clock (its adverts' round trips fail):
+    /// its verdict on its own clock is unknown.
+    pub unmeasured: bool,
 }
 
 impl HostClock {
@@ -80,6 +83,13 @@ impl Clocks {
         }))
     }
 
+    /// Whether host `node` measures its peers' clocks (see
+    /// [`HostClock::unmeasured`]).
+    pub fn set_unmeasured(&self, node: NodeId, unmeasured: bool) {
+        let mut clocks = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        clocks.entry(node).or_default().unmeasured = unmeasured;
+    }
+
     /// Sets host `node`'s clock `step_ms` further ahead.
     pub fn jump(&self, node: NodeId, step_ms: u64) {
         let mut clocks = self.0.lock().unwrap_or_else(PoisonError::into_inner);
@@ -94,7 +104,7 @@ mod tests {
 
     #[test]
     fn a_clock_is_real_time_shifted_stretched_and_stepped() {
-        let clock = HostClock { skew_ms: -100, drift_ppm: 1_000, jumped_ms: 0 };
+        let clock = HostClock { skew_ms: -100, drift_ppm: 1_000, ..HostClock::default() };
         assert_eq!(clock.now_ms(0), EPOCH_MS - 100);
         // 1,000 ppm over 10 s is 10 ms fast.
         assert_eq!(clock.now_ms(10_000), EPOCH_MS + 10_000 + 10 - 100);

@@ -712,6 +712,9 @@ async fn measure_peers(id: NodeId, journal: Journal, clocks: Clocks, registry: R
     let mut tick = tokio::time::interval(MEASURE_EVERY);
     loop {
         tick.tick().await;
+        if clocks.host_clock(id).unmeasured {
+            continue;
+        }
         let peers: Vec<NodeId> =
             registry.lock().keys().copied().filter(|peer| *peer != id).collect();
         for peer in peers {
@@ -774,7 +777,7 @@ pub fn run(plan: &Plan) -> Result<Run, ClusterError> {
                     // would use that up in a long run.
                     drift_ppm = 0;
                 }
-                let clock = HostClock { skew_ms, drift_ppm, jumped_ms: 0 };
+                let clock = HostClock { skew_ms, drift_ppm, ..HostClock::default() };
                 (id, clock)
             })
             .collect(),

@@ -22,6 +22,7 @@ use leasehold_core::claim_path::{ClaimPath, GateFlags};
 use leasehold_core::{Command, Grant, JobSpec, Limits, Proposal, Response};
 use leasehold_raft::{NetworkFactory, NodeId, Raft, TypeConfig};
 use leasehold_replica::bus::Bus;
+use leasehold_replica::clock_watch::guard_elections;
 use leasehold_replica::gate::run_adverts;
 use leasehold_replica::journal::DEFAULT_BATCHES_IN_FLIGHT;
 use leasehold_replica::stores::BusStore;
@@ -226,6 +227,9 @@ async fn measure_peers(id: NodeId, journal: Journal, clocks: Clocks) {
     let mut tick = tokio::time::interval(MEASURE_EVERY);
     loop {
         tick.tick().await;
+        if clocks.host_clock(id).unmeasured {
+            continue;
+        }
         for peer in (1..=NODES).filter(|peer| *peer != id) {
             let sent_at = Instant::now();
             let sent_wall_ms = journal.clock().now_ms();
@@ -441,13 +445,20 @@ pub fn last_log_index(raft: &Raft) -> u64 {
 
 /// Builds the simulation seeded with `seed` and starts its three hosts.
 pub fn start(seed: u64, peers: Peers, skews: Skews) -> anyhow::Result<Simulation> {
-    start_hosts(seed, peers, skews, None)
+    start_hosts(seed, peers, skews, None, false)
+}
+
+/// [`start`] with [`Peers::Grpc`], every host also running the node's
+/// clock guard (`guard_elections`): a host whose clock is skewed, or that
+/// leads unmeasured, stands aside and hands over as a node does.
+pub fn start_guarded(seed: u64, skews: Skews) -> anyhow::Result<Simulation> {
+    start_hosts(seed, Peers::Grpc, skews, None, true)
 }
 
 /// [`start`] with [`Peers::Gate`], every host also running the node's
 /// duties (`duties`).
 pub fn start_with_duties(seed: u64, skews: Skews, duties: Duties) -> anyhow::Result<Simulation> {
-    start_hosts(seed, Peers::Gate, skews, Some(duties))
+    start_hosts(seed, Peers::Gate, skews, Some(duties), false)
 }
 
 fn start_hosts(
@@ -455,6 +466,7 @@ fn start_hosts(
     peers: Peers,
     skews: Skews,
     duties: Option<Duties>,
+    guarded: bool,
 ) -> anyhow::Result<Simulation> {
     let mut rng = StdRng::seed_from_u64(seed);
     let mut sim = turmoil::Builder::new()
@@ -475,7 +487,7 @@ fn start_hosts(
                 };
                 let skew_ms = if ahead { magnitude_ms } else { -magnitude_ms };
                 let drift_ppm = rng.gen_range(-500..=500);
-                (id, HostClock { skew_ms, drift_ppm, jumped_ms: 0 })
+                (id, HostClock { skew_ms, drift_ppm, ..HostClock::default() })
             })
             .collect(),
     );
@@ -544,6 +556,13 @@ fn start_hosts(
                     }
                 };
 
+                let (guard_journal, guard_shutdown) = (journal.clone(), shutdown.clone());
+                let guard = async move {
+                    if guarded {
+                        guard_elections(guard_journal, guard_shutdown).await;
+                    }
+                    std::future::pending::<()>().await;
+                };
                 let measured = async move {
                     match gate {
                         Some(gate) => run_adverts(gate, shutdown).await,
@@ -557,6 +576,7 @@ fn start_hosts(
                     served = serve(id, raft, cuts) => served?,
                     served = services => served?,
                     () = measured => {}
+                    () = guard => {}
                 }
                 Ok(())
             }

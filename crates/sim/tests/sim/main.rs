@@ -29,6 +29,8 @@
 //! - `seeded_journal`: the journal on turmoil, stamping with its host's
 //!   simulated clock, replays from its seed.
 //! - `sweep`: many short seeds, none with a safety anomaly (`scripts/sim.sh`).
+//! - `unmeasured`: a leader whose clock no majority measures hands
+//!   leadership over, and a voter that can stamp takes writes again.
 
 mod cluster;
 mod conformance;
@@ -46,3 +48,4 @@ mod raft;
 mod readiness;
 mod seeded_journal;
 mod sweep;
+mod unmeasured;
