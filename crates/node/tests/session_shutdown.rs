@@ -11,6 +11,11 @@
 //! only then does the session end, saying the node shut down. A session
 //! that ends at once on shutdown answers the enqueue "node shutting down"
 //! (checked).
+//!
+//! And a long-poll claim waiting on another session when the node is told
+//! to stop grants nothing more: it fails UNAVAILABLE, and the job the
+//! enqueue wrote during the shutdown stays ready. A claim that went on
+//! polling through the session's grace takes that job (checked).
 
 use std::time::Duration;
 
@@ -58,6 +63,15 @@ async fn story() -> Result<()> {
     let client = Client::connect(&format!("http://{}", node.grpc_addr()))?;
     let session = client.session().await?;
     session.ack(1, 1).await.err().context("an ack of no job is refused")?;
+    let poller = client.session().await?;
+    let claim = v1::ClaimRequest {
+        worker: "w".into(),
+        queue: "q".into(),
+        max: 1,
+        wait_ms: 20_000,
+        ..Default::default()
+    };
+    let polling = tokio::spawn(async move { poller.claim(claim).await });
 
     phase("an enqueue is under way on a slow disk when the node is told to stop");
     node.log_store().set_sync_delay(SYNC_DELAY);
@@ -75,6 +89,16 @@ async fn story() -> Result<()> {
     ensure!(
         journal.read_stale(|state| state.job(job_id).is_some()),
         "job {job_id} was answered but is not in the state"
+    );
+    let polled = polling.await?;
+    ensure!(
+        matches!(&polled, Err(e) if e.code() == tonic::Code::Unavailable),
+        "the long-poll claim at shutdown was answered {polled:?}"
+    );
+    let state = journal.read_stale(|state| state.job(job_id).map(|job| job.state));
+    ensure!(
+        state == Some(leasehold_core::JobState::Ready),
+        "job {job_id} is {state:?} after the shutdown"
     );
     let after = session.ack(job_id, 1).await.err().context("a frame after the shutdown")?;
     ensure!(

@@ -60,6 +60,11 @@ impl QueueService {
         self
     }
 
+    /// Whether the node has started to shut down.
+    fn is_closing(&self) -> bool {
+        self.closing.as_ref().is_some_and(|closing| *closing.borrow())
+    }
+
     /// Validates `command` (once: the edge's one check before proposing;
     /// apply checks again, as every replica must) and proposes it.
     async fn submit(&self, command: Command) -> Result<Response, Error> {
@@ -341,6 +346,12 @@ impl QueueService {
         let deadline = tokio::time::Instant::now() + wait;
         let mut applied = self.journal.state_machine().subscribe();
         loop {
+            // A node shutting down grants nothing more (a session answers
+            // its running frames for a little while, but a claim granted
+            // then might not be answered in time).
+            if self.is_closing() {
+                return Err(Error::Unavailable(Unavailable::ShuttingDown).into());
+            }
             if remembered() {
                 // Answered with every lease the first try granted, whatever
                 // this try's `max`: a follower forwarding it must be able to

@@ -41,9 +41,11 @@ pub const SESSION_IDLE: Duration = Duration::from_secs(600);
 /// reads no further frame, but the frames already running finish and
 /// their answers are sent (an ack or a claim that took effect is
 /// answered, not cut off with "shutting down"), for at most this long.
-/// Whatever runs longer is dropped. Within the node's own grace for its
-/// serving tasks, and longer than a write's round on a slow disk.
-pub const SESSION_CLOSE_GRACE: Duration = Duration::from_secs(5);
+/// Whatever runs longer is dropped. Long-poll claims stop at once (a
+/// node shutting down grants nothing more). Below the node's own grace
+/// for its serving tasks (5 s), and longer than a write's round on a slow
+/// disk.
+pub const SESSION_CLOSE_GRACE: Duration = Duration::from_secs(3);
 
 /// The answers of a session, as tonic sends them.
 pub type SessionStream = Pin<Box<dyn Stream<Item = Result<v1::SessionResponse, Status>> + Send>>;
