@@ -26,7 +26,7 @@ use leasehold_proto::v1::session_response::Result as Answer;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc, oneshot};
 use tokio_stream::wrappers::ReceiverStream;
 
-use crate::client::{Client, ClientError, new_request_id};
+use crate::client::{Client, ClientError};
 
 /// Frames the client queues before a call waits to send its own.
 const FRAMES_QUEUED: usize = 64;
@@ -127,18 +127,14 @@ impl Session {
     }
 
     /// Claims up to `max` jobs, long-polling up to `wait_ms`; answers the
-    /// grants and how long the node held the call (`waited_ms`). A request
-    /// id is made when the request has none, but it is not handed back: to
-    /// repeat the claim on a new session after this one broke and get the
-    /// same leases, set `request_id` yourself ([`crate::new_request_id`])
-    /// and repeat the same request.
-    pub async fn claim(
-        &self,
-        mut request: v1::ClaimRequest,
-    ) -> Result<v1::ClaimResponse, ClientError> {
-        if request.request_id.is_empty() {
-            request.request_id = new_request_id();
-        }
+    /// grants and how long the node held the call (`waited_ms`). To repeat
+    /// the claim on a new session after this one broke and get the same
+    /// leases, set `request_id` yourself ([`crate::new_request_id`]) and
+    /// repeat the same request. Without one the node remembers nothing of
+    /// the claim (a session is not retried, so an id made here could never
+    /// be used, and each would be kept in the replicated state for ten
+    /// minutes).
+    pub async fn claim(&self, request: v1::ClaimRequest) -> Result<v1::ClaimResponse, ClientError> {
         let timeout = self.call_timeout + Duration::from_millis(request.wait_ms);
         match self.call(Call::Claim(request), timeout).await? {
             Answer::Claim(reply) => Ok(reply),

@@ -490,10 +490,24 @@ async fn keep_fresh_secret(
     let plaintext = config.tls_files().is_none();
     if plaintext {
         let me = config.id;
+        // The membership, and the node its saved vote names: a joining
+        // learner votes for its leader (it saves the leader's vote) before
+        // any membership entry reaches it, a large snapshot's transfer long.
         let others: Vec<u64> = raft
             .with_raft_state(move |state| {
                 let membership = state.membership_state.effective().membership();
-                membership.nodes().map(|(id, _)| *id).filter(|id| *id != me).collect()
+                let vote = state.vote_ref().leader_id();
+                // A pristine node's vote is the default (term 0), no one.
+                let voted = vote.voted_for().filter(|_| vote.get_term() > 0);
+                let mut others: Vec<u64> = membership
+                    .nodes()
+                    .map(|(id, _)| *id)
+                    .chain(voted)
+                    .filter(|id| *id != me)
+                    .collect();
+                others.sort_unstable();
+                others.dedup();
+                others
             })
             .await
             .map_err(raft_error)?;
@@ -501,7 +515,7 @@ async fn keep_fresh_secret(
             return Err(NodeError::Config(ConfigError::Invalid {
                 field: "cluster_secret",
                 problem: format!(
-                    "the data dir {} holds a membership with nodes {others:?} but no cluster \
+                    "the data dir {} names nodes {others:?} of its cluster but no cluster \
                      secret is configured or kept there: set cluster_secret_file \
                      (LEASEHOLD_CLUSTER_SECRET_FILE) or LEASEHOLD_CLUSTER_SECRET to the secret \
                      the cluster uses (a new one would be refused by every peer)",
