@@ -16,10 +16,7 @@ use std::time::Duration;
 
 use anyhow::{Context, Result, anyhow, ensure};
 use leasehold_core::{Command, JobSpec, Response};
-use leasehold_node::config::{Config, SecretText};
-use leasehold_node::{Node, NodeHandle, Transport};
 use support::phase;
-use tokio::net::TcpListener;
 
 mod support;
 
@@ -27,25 +24,6 @@ mod support;
 const SYNC_DELAY: Duration = Duration::from_millis(1_500);
 /// When the second proposer gives up: while the first write still syncs.
 const GIVE_UP_AFTER: Duration = Duration::from_millis(400);
-
-async fn start(dir: &std::path::Path) -> Result<NodeHandle> {
-    let grpc = TcpListener::bind("127.0.0.1:0").await?;
-    let http = TcpListener::bind("127.0.0.1:0").await?;
-    let config = Config {
-        id: 1,
-        grpc: grpc.local_addr()?.to_string(),
-        http: http.local_addr()?.to_string(),
-        data: dir.join("node-1"),
-        executor: false,
-        // No sweeps or purges from the driver: the story's writes are the
-        // only ones.
-        sweep_interval_ms: 3_600_000,
-        purge_interval_ms: 3_600_000,
-        cluster_secret: Some(SecretText("abandoned-writes-test-secret-0123456789".into())),
-        ..Config::default()
-    };
-    Node::start(config, Transport { grpc, http }).await.map_err(|e| anyhow!("node 1: {e}"))
-}
 
 fn enqueue(payload: &[u8]) -> Command {
     let spec = JobSpec { queue: "q".into(), payload: payload.to_vec(), ..Default::default() };
@@ -60,7 +38,7 @@ async fn a_write_whose_proposer_gave_up_in_the_queue_is_not_written() -> Result<
 async fn story() -> Result<()> {
     let dir = tempfile::tempdir()?;
     phase("start node 1 on a slow disk");
-    let node = start(dir.path()).await?;
+    let node = support::start_alone(dir.path()).await?;
     let journal = node.journal().clone();
     support::wait_for("node 1 leads", Duration::from_secs(20), || journal.is_leader()).await?;
     node.log_store().set_sync_delay(SYNC_DELAY);

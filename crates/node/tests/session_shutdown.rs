@@ -21,33 +21,13 @@ use std::time::Duration;
 
 use anyhow::{Context, Result, anyhow, ensure};
 use leasehold_client::Client;
-use leasehold_node::config::{Config, SecretText};
-use leasehold_node::{Node, NodeHandle, Transport};
 use leasehold_proto::v1;
 use support::phase;
-use tokio::net::TcpListener;
 
 mod support;
 
 /// How late the node's appends are reported synced.
 const SYNC_DELAY: Duration = Duration::from_millis(1_500);
-
-async fn start(dir: &std::path::Path) -> Result<NodeHandle> {
-    let grpc = TcpListener::bind("127.0.0.1:0").await?;
-    let http = TcpListener::bind("127.0.0.1:0").await?;
-    let config = Config {
-        id: 1,
-        grpc: grpc.local_addr()?.to_string(),
-        http: http.local_addr()?.to_string(),
-        data: dir.join("node-1"),
-        executor: false,
-        // No sweeps from the driver: the story's write is the only one.
-        sweep_interval_ms: 3_600_000,
-        cluster_secret: Some(SecretText("session-shutdown-test-secret-0123456789".into())),
-        ..Config::default()
-    };
-    Node::start(config, Transport { grpc, http }).await.map_err(|e| anyhow!("node 1: {e}"))
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_session_answers_its_running_frames_before_the_node_stops() -> Result<()> {
@@ -57,7 +37,7 @@ async fn a_session_answers_its_running_frames_before_the_node_stops() -> Result<
 async fn story() -> Result<()> {
     let dir = tempfile::tempdir()?;
     phase("start node 1 and open a session");
-    let node = start(dir.path()).await?;
+    let node = support::start_alone(dir.path()).await?;
     support::wait_for("node 1 leads", Duration::from_secs(20), || node.journal().is_leader())
         .await?;
     let client = Client::connect(&format!("http://{}", node.grpc_addr()))?;

@@ -17,11 +17,9 @@ use std::time::Duration;
 
 use anyhow::{Context, Result, bail, ensure};
 use leasehold_proto::v1;
-use leasehold_proto::v1::queue_client::QueueClient;
 use tokio::time::Instant;
-use tonic::transport::Channel;
 
-use super::support::{Node, Sandbox, enqueue_job, phase};
+use super::support::{Node, Sandbox, enqueue_job, get_job, phase};
 
 const QUEUE: &str = "expiry";
 const LEASE_TTL_MS: u64 = 1_000;
@@ -38,15 +36,6 @@ async fn unrefreshed_lease_expires_and_is_reclaimed_with_larger_token() -> Resul
 async fn a_swept_lease_still_acks_until_the_job_is_granted_again() -> Result<()> {
     let sandbox = Sandbox::new("swept-ack")?;
     sandbox.run(Duration::from_secs(40), swept_story(&sandbox)).await
-}
-
-async fn get_job(stub: &mut QueueClient<Channel>, job_id: u64) -> Result<v1::Job> {
-    stub.get_job(v1::GetJobRequest { job_id, stale: false })
-        .await
-        .context("get job")?
-        .into_inner()
-        .job
-        .context("reply without a job")
 }
 
 async fn swept_story(sandbox: &Sandbox) -> Result<()> {

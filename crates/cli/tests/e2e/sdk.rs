@@ -27,7 +27,9 @@ use tokio::task::JoinHandle;
 use tokio::time::Instant;
 use tonic::transport::Channel;
 
-use super::support::{Check, Node, Sandbox, binary, deadline_in, enqueue_job, phase, wait_until};
+use super::support::{
+    Check, Node, Sandbox, binary, deadline_in, enqueue_job, get_job, phase, wait_until,
+};
 
 /// The clock stories' proxy, compiled here too (it lives in their private
 /// module, and one copy in the binary twice costs less than opening it up);
@@ -71,15 +73,6 @@ impl Drop for RunningWorker {
     fn drop(&mut self) {
         self.task.abort();
     }
-}
-
-async fn get_job(stub: &mut QueueClient<Channel>, job_id: u64) -> Result<v1::Job> {
-    stub.get_job(v1::GetJobRequest { job_id, stale: false })
-        .await
-        .context("get job")?
-        .into_inner()
-        .job
-        .context("reply without a job")
 }
 
 fn claim_request(worker: &str, queue: &str, lease_ttl_ms: u64) -> v1::ClaimRequest {

@@ -1009,6 +1009,16 @@ pub fn job(queue: &str, payload: &[u8]) -> v1::JobSpec {
     v1::JobSpec { queue: queue.to_string(), payload: payload.to_vec(), ..Default::default() }
 }
 
+/// Job `job_id` as a linearizable read through `stub` answers it.
+pub async fn get_job(stub: &mut QueueClient<Channel>, job_id: u64) -> Result<v1::Job> {
+    stub.get_job(v1::GetJobRequest { job_id, stale: false })
+        .await
+        .context("get job")?
+        .into_inner()
+        .job
+        .context("reply without a job")
+}
+
 /// Enqueues one job of `payload` into `queue` through `stub`; its id.
 pub async fn enqueue_job(
     stub: &mut QueueClient<Channel>,

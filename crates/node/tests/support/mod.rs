@@ -6,7 +6,7 @@
 use std::time::{Duration, Instant};
 
 use anyhow::{Result, anyhow, bail};
-use leasehold_node::config::Config;
+use leasehold_node::config::{Config, SecretText};
 use leasehold_node::{Node, NodeHandle, Transport};
 use tokio::net::TcpListener;
 
@@ -38,4 +38,24 @@ pub async fn wait_for(what: &str, within: Duration, mut check: impl FnMut() -> b
 /// The index of the last entry in `node`'s log (0 when empty).
 pub fn last_index(node: &NodeHandle) -> u64 {
     node.raft().metrics().borrow().last_log_index.unwrap_or(0)
+}
+
+/// Starts node 1 alone on loopback ports with its data under `dir`: no
+/// executor, and no sweeps or purges from its driver, so a story's own
+/// writes are the only ones.
+pub async fn start_alone(dir: &std::path::Path) -> Result<NodeHandle> {
+    let grpc = TcpListener::bind("127.0.0.1:0").await?;
+    let http = TcpListener::bind("127.0.0.1:0").await?;
+    let config = Config {
+        id: 1,
+        grpc: grpc.local_addr()?.to_string(),
+        http: http.local_addr()?.to_string(),
+        data: dir.join("node-1"),
+        executor: false,
+        sweep_interval_ms: 3_600_000,
+        purge_interval_ms: 3_600_000,
+        cluster_secret: Some(SecretText("single-node-test-secret-0123456789".into())),
+        ..Config::default()
+    };
+    Node::start(config, Transport { grpc, http }).await.map_err(|e| anyhow!("node 1: {e}"))
 }
