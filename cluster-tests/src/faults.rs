@@ -244,7 +244,9 @@ const RESTART_LIMIT: Duration = Duration::from_secs(30);
 
 /// A claim as `process`, recorded in the history like a worker's (with the
 /// leases granted and the node's hold); with `ack`, each lease granted is
-/// acked at once, the ack recorded too. Answers how many were granted.
+/// settled at once as a worker would ([`settle`]: acked, or nacked when the
+/// job is a poison one), that call recorded too. Answers how many were
+/// granted.
 async fn claim_recorded(
     history: &History,
     process: &str,
@@ -284,21 +286,47 @@ async fn claim_recorded(
                 token: Some(lease.token),
                 ..OpValue::default()
             };
-            history.invoke(process, OpFunction::Ack, base.clone());
-            let acked = tokio::time::timeout(
-                Duration::from_secs(12),
-                client.ack(lease.job_id, lease.token),
-            )
-            .await;
-            let (kind, message) = match acked {
-                Ok(Ok(_)) => (OpType::Ok, None),
+            let limit = Duration::from_secs(12);
+            let (f, ended) = match settle(grant.job.as_ref()) {
+                OpFunction::Nack => {
+                    history.invoke(process, OpFunction::Nack, base.clone());
+                    let request = v1::NackRequest {
+                        job_id: lease.job_id,
+                        token: lease.token,
+                        error: "chaos: a poison job".to_string(),
+                        retry_after_ms: Some(100),
+                    };
+                    let nacked = tokio::time::timeout(limit, client.nack(request)).await;
+                    (OpFunction::Nack, nacked.map(|r| r.map(|_| ())))
+                }
+                _ => {
+                    history.invoke(process, OpFunction::Ack, base.clone());
+                    let acked =
+                        tokio::time::timeout(limit, client.ack(lease.job_id, lease.token)).await;
+                    (OpFunction::Ack, acked)
+                }
+            };
+            let (kind, message) = match ended {
+                Ok(Ok(())) => (OpType::Ok, None),
                 Ok(Err(error)) => (OpType::Info, Some(error.to_string())),
                 Err(_) => (OpType::Info, Some("timed out".to_string())),
             };
-            history.record(process, kind, OpFunction::Ack, OpValue { message, ..base });
+            history.record(process, kind, f, OpValue { message, ..base });
         }
     }
     Ok(granted)
+}
+
+/// How a fault's own claimer settles a grant of `job`: as every worker
+/// does, an ack, except that a poison job (the workload's
+/// [`crate::workload::POISON_PREFIX`]) is never acked but nacked. Its ack
+/// would often count: the claimer's answer may come after the lease lapsed,
+/// and an ack under a lease a sweep took back still finishes the job until
+/// it is granted again (SPEC §3), a dead one too.
+fn settle(job: Option<&v1::Job>) -> OpFunction {
+    let poison =
+        job.is_some_and(|job| job.payload.starts_with(crate::workload::POISON_PREFIX.as_bytes()));
+    if poison { OpFunction::Nack } else { OpFunction::Ack }
 }
 
 /// Reads the leases a drained node holds, as `reader`.
@@ -953,8 +981,9 @@ impl Nemesis {
                 }
                 // The workers may not be talking to this node just now: a
                 // claimer of its own that only reaches it makes sure some
-                // claim is answered after its lease lapsed. It acks what it
-                // gets (refused, once the job went to someone else). Its
+                // claim is answered after its lease lapsed. It settles what
+                // it gets as a worker would: acks it (refused once the job
+                // went to someone else) or nacks a poison job. Its
                 // connection is made first: a TLS handshake under the delay
                 // would take several delays.
                 let client = security.client(&addrs.join(","), Role::Worker)?;
@@ -1223,5 +1252,23 @@ impl Nemesis {
             Some(error) => Err(error),
             None => Ok(()),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn job(payload: &str) -> v1::Job {
+        v1::Job { payload: payload.as_bytes().to_vec(), ..v1::Job::default() }
+    }
+
+    #[test]
+    fn a_fault_claimer_nacks_a_poison_job_and_acks_the_others() {
+        let poison = format!("{}7-p0-414", crate::workload::POISON_PREFIX);
+        assert_eq!(settle(Some(&job(&poison))), OpFunction::Nack);
+        assert_eq!(settle(Some(&job("job-7-p0-415"))), OpFunction::Ack);
+        assert_eq!(settle(Some(&job("handover-3-0"))), OpFunction::Ack);
+        assert_eq!(settle(None), OpFunction::Ack);
     }
 }
