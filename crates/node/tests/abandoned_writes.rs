@@ -9,8 +9,9 @@
 //! holds the journal's one write in flight and a second waits in the
 //! queue behind it. The second's proposer gives up after
 //! [`GIVE_UP_AFTER`]. Once the first is written and the journal idle, the
-//! state must hold the first job only. A journal that writes every queued
-//! proposal holds both (checked).
+//! state must hold the first job only, and the node must count one write
+//! abandoned. A journal that writes every queued proposal holds both
+//! (checked).
 
 use std::time::Duration;
 
@@ -66,6 +67,8 @@ async fn story() -> Result<()> {
         "jobs written: {:?}",
         payloads.iter().map(|p| String::from_utf8_lossy(p).into_owned()).collect::<Vec<_>>()
     );
+    let abandoned = journal.metrics().writes_abandoned.get();
+    ensure!(abandoned == 1, "writes counted abandoned: {abandoned}");
     node.shutdown(Duration::from_secs(10)).await.map_err(|e| anyhow!("shutdown: {e}"))?;
     Ok(())
 }

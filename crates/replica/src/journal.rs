@@ -1103,10 +1103,6 @@ async fn batch_proposals(
 /// Writes `batch` (a lone proposal as it is, several as one `Batch`
 /// entry) and answers every proposer.
 async fn write_batch(journal: &Journal, mut batch: Vec<Pending>) {
-    // Forwarded writes must not be forwarded again; the batch carrying one
-    // answers UNAVAILABLE if leadership moved, and its proposers repeat
-    // only what a repeat cannot double (see `write`).
-    let may_forward = batch.iter().all(|p| p.forwarded_by.is_none());
     let metrics = journal.metrics();
     for pending in &batch {
         metrics.observe_stage(Stage::Queue, pending.queued.elapsed());
@@ -1139,7 +1135,9 @@ async fn write_batch(journal: &Journal, mut batch: Vec<Pending>) {
     // enqueue would be a second copy of one its client sent again, and a
     // claim would grant leases nobody holds.
     if batch.iter().any(|pending| pending.reply.is_closed()) {
+        let before = batch.len();
         batch.retain(|pending| !pending.reply.is_closed());
+        metrics.writes_abandoned.inc_by((before - batch.len()) as u64);
         if batch.is_empty() {
             return;
         }
@@ -1163,6 +1161,12 @@ async fn write_batch(journal: &Journal, mut batch: Vec<Pending>) {
             return;
         }
     }
+    // Forwarded writes must not be forwarded again; the batch carrying one
+    // answers UNAVAILABLE if leadership moved, and its proposers repeat
+    // only what a repeat cannot double (see `write`). Judged on what is
+    // left of the batch: a forwarded write dropped above (its caller gone,
+    // or a stranger's) does not keep the others from being forwarded.
+    let may_forward = batch.iter().all(|p| p.forwarded_by.is_none());
     if batch.len() == 1
         && let Some(pending) = batch.pop()
     {

@@ -190,6 +190,10 @@ pub struct Metrics {
     pub lease_expiries: Counter,
     /// Sweeps committed by this node while leader.
     pub sweeps: Counter,
+    /// Writes dropped unwritten from a batch this node formed: their
+    /// caller gave up (cancelled, or told the outcome is unknown) while
+    /// they waited for their turn.
+    pub writes_abandoned: Counter,
     /// Ticks fired or skipped (by this node while leader), by reason.
     pub ticks: Family<TickLabels, Counter>,
     /// Lag from a tick's instant to its job being enqueued, seconds.
@@ -268,6 +272,12 @@ impl Metrics {
         );
         let sweeps = Counter::default();
         registry.register("sweeps", "Sweeps committed while leader", sweeps.clone());
+        let writes_abandoned = Counter::default();
+        registry.register(
+            "writes_abandoned",
+            "Writes dropped unwritten because their caller gave up while they waited in the queue",
+            writes_abandoned.clone(),
+        );
         let ticks = Family::<TickLabels, Counter>::default();
         registry.register("ticks", "Schedule ticks fired or skipped, by reason", ticks.clone());
         let fire_lag_seconds = Histogram::new(exponential_buckets(0.001, 2.0, 16));
@@ -366,6 +376,7 @@ impl Metrics {
             leases_granted,
             lease_expiries,
             sweeps,
+            writes_abandoned,
             ticks,
             fire_lag_seconds,
             queue_jobs,
