@@ -815,11 +815,8 @@ impl Journal {
                 self.inner.metrics.observe_stage(Stage::Write, started.elapsed());
                 Ok(written.data)
             }
-            Err(RaftError::APIError(ClientWriteError::ForwardToLeader(forward))) => {
-                match forward.leader_id {
-                    None => Err(Unavailable::NoLeader.into()),
-                    Some(_) => Err(Unavailable::LeadershipChanging.into()),
-                }
+            Err(RaftError::APIError(ClientWriteError::ForwardToLeader(_))) => {
+                Err(refused_by_the_core())
             }
             Err(RaftError::APIError(ClientWriteError::ChangeMembershipError(e))) => {
                 Err(Error::Internal(e.to_string()))
@@ -982,6 +979,17 @@ impl Journal {
             },
         }
     }
+}
+
+/// What a write's proposers hear when openraft's core answers
+/// ForwardToLeader: always "leadership is changing", never "no leader is
+/// known yet", whether or not the core names a leader. The core may have
+/// appended the entry before it lost leadership, so the write may still
+/// commit, and clients take "no leader is known yet" for a refusal given
+/// before anything was proposed (the SDK repeats it, and reports it as
+/// nothing written: docs/sdk.md).
+fn refused_by_the_core() -> Error {
+    Unavailable::LeadershipChanging.into()
 }
 
 /// Why a leader does not take a write node `node` forwarded: it is not a
@@ -1202,6 +1210,17 @@ async fn write_batch(journal: &Journal, mut batch: Vec<Pending>) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_write_the_core_turned_away_is_not_reported_as_never_proposed() {
+        // The SDK's prefixes of refusals given before proposing
+        // (leasehold_client::refused_before_proposing).
+        let message = refused_by_the_core().to_string();
+        for before in ["draining:", "no leader is known yet", "clock:"] {
+            assert!(!message.starts_with(before), "{message}");
+        }
+        assert_eq!(message, "leadership is changing");
+    }
 
     #[test]
     fn a_terms_stamps_run_no_faster_than_the_monotonic_clock() {
