@@ -241,7 +241,9 @@ pub(crate) fn outcome_unknown(error: &ClientError) -> bool {
 fn failure_message(error: &anyhow::Error, addr: Option<&str>, writes: bool) -> String {
     let client = error.chain().find_map(|e| e.downcast_ref::<ClientError>());
     match client {
-        Some(client) if no_node_answered(client) => unreachable_message(error, client, addr),
+        Some(client) if no_node_answered(client) => {
+            unreachable_message(error, client, addr, writes)
+        }
         Some(client) if writes && outcome_unknown(client) => format!(
             "{error:#}; the write may have been applied all the same: look before repeating it \
              (an enqueue with --key is never applied twice)"
@@ -251,8 +253,14 @@ fn failure_message(error: &anyhow::Error, addr: Option<&str>, writes: bool) -> S
 }
 
 /// The one-line message for a command that reached no node: the addresses
-/// tried, the cause as the system said it, and what to check.
-fn unreachable_message(error: &anyhow::Error, client: &ClientError, addr: Option<&str>) -> String {
+/// tried, the cause as the system said it, and what to check; for a
+/// command that writes (`writes`), whether the write may have been applied.
+fn unreachable_message(
+    error: &anyhow::Error,
+    client: &ClientError,
+    addr: Option<&str>,
+    writes: bool,
+) -> String {
     // The deepest cause is what the system said ("Connection refused").
     let mut cause = first_cause(client);
     while let Some(next) = cause.source() {
@@ -273,10 +281,10 @@ fn unreachable_message(error: &anyhow::Error, client: &ClientError, addr: Option
     // Failed while connecting (refused, unroutable, a name that did not
     // resolve, a connect timeout, a TLS handshake): the call never left.
     // Anything else (a timeout, a connection that broke) may have come
-    // after a node took a write, so the user is told to look before
-    // repeating it.
+    // after a node took a write, so the user of a command that writes is
+    // told to look before repeating it; a read has nothing to look for.
     let never_sent = client.never_sent();
-    let maybe_applied = if never_sent {
+    let maybe_applied = if never_sent || !writes {
         ""
     } else {
         "; a write may have been applied before the answer was lost: look before \
@@ -405,19 +413,23 @@ mod tests {
                 };
             ClientError::Status(tonic::Status::from_error(source))
         };
-        let message = |kind| {
+        let message = |kind, writes| {
             let error = anyhow::Error::new(failed(kind));
             let client = error.downcast_ref::<ClientError>().map(|client| {
                 assert!(no_node_answered(client));
-                unreachable_message(&error, client, Some("127.0.0.1:7070"))
+                unreachable_message(&error, client, Some("127.0.0.1:7070"), writes)
             });
             client.unwrap_or_default()
         };
-        let refused = message(std::io::ErrorKind::ConnectionRefused);
+        let refused = message(std::io::ErrorKind::ConnectionRefused, true);
         assert!(refused.contains("no node answered"), "{refused}");
         assert!(!refused.contains("may have been applied"), "{refused}");
-        let lost = message(std::io::ErrorKind::ConnectionReset);
+        let lost = message(std::io::ErrorKind::ConnectionReset, true);
         assert!(lost.contains("may have been applied"), "{lost}");
+        // A read whose connection broke wrote nothing to look for.
+        let read = message(std::io::ErrorKind::ConnectionReset, false);
+        assert!(read.contains("no node answered"), "{read}");
+        assert!(!read.contains("may have been applied"), "{read}");
     }
 
     #[test]
