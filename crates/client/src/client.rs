@@ -556,8 +556,9 @@ impl Client {
                             || refused_before_proposing(&status)) =>
                 {
                     tracing::debug!(%status, tried, "retrying after a transient failure");
-                    // A try that never connected cannot have applied.
-                    if !connect_failure(&status) {
+                    // A try that never connected cannot have applied, nor
+                    // one the node refused before proposing anything.
+                    if !connect_failure(&status) && !refused_before_proposing(&status) {
                         in_transit.get_or_insert(status);
                     }
                     self.rotate();
@@ -1245,6 +1246,40 @@ mod tests {
         first_server.abort();
         second_server.abort();
         Ok(())
+    }
+
+    /// How a [`Repeat::Differs`] call ends whose tries are answered
+    /// `answers`, in order.
+    async fn differs_after(answers: Vec<tonic::Status>) -> Result<(), ClientError> {
+        let client = Client::connect("127.0.0.1:7070")
+            .map_err(|e| ClientError::Status(tonic::Status::internal(e.to_string())))?
+            .with_retry(quick_retries(3));
+        let answers = std::sync::Mutex::new(answers.into_iter());
+        client
+            .retrying_as(Repeat::Differs, || {
+                let next = answers.lock().ok().and_then(|mut answers| answers.next());
+                let answer = next.unwrap_or_else(|| tonic::Status::internal("more tries"));
+                async move { Err::<tonic::Response<()>, _>(answer) }
+            })
+            .await
+    }
+
+    #[tokio::test]
+    async fn a_repeat_refused_after_a_refusal_before_proposing_is_a_plain_refusal() {
+        let stale = || tonic::Status::failed_precondition("job 1: token 2 is not current");
+        // The first try wrote nothing: the repeat's refusal is the answer.
+        let error =
+            differs_after(vec![tonic::Status::unavailable("no leader is known yet"), stale()]);
+        match error.await {
+            Err(ClientError::Status(status)) => {
+                assert_eq!(status.code(), tonic::Code::FailedPrecondition, "{status:?}");
+            }
+            other => panic!("expected the refusal, got {other:?}"),
+        }
+        // A first try that went unanswered may have applied: unknown.
+        let lost = tonic::Status::unavailable("no quorum: not committed within 5000 ms");
+        let error = differs_after(vec![lost, stale()]).await;
+        assert!(matches!(error, Err(ClientError::OutcomeUnknown { .. })), "{error:?}");
     }
 
     #[test]
