@@ -243,6 +243,29 @@ pub struct ClientBuilder {
     tls: Option<ClientTls>,
     metadata: Vec<(String, String)>,
     plaintext_token: bool,
+    keepalive: Keepalive,
+}
+
+/// How a client finds out that a connection died without closing (a
+/// node's machine lost, a link that swallows packets): it pings the node
+/// every `interval`, idle or not, and drops the connection when a ping is
+/// not answered within `timeout`. The next call connects again, and a
+/// session on that connection ends, so its calls fail at once instead of
+/// each waiting out its own timeout.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Keepalive {
+    /// Between pings.
+    pub interval: Duration,
+    /// How long a ping may go unanswered.
+    pub timeout: Duration,
+}
+
+impl Default for Keepalive {
+    /// A ping every 10 s, 10 s to answer it: a dead connection is found
+    /// within 20 s, inside a lease's default TTL of 30 s.
+    fn default() -> Keepalive {
+        Keepalive { interval: Duration::from_secs(10), timeout: Duration::from_secs(10) }
+    }
 }
 
 /// The header names only: their values are credentials (a token, a node
@@ -255,6 +278,7 @@ impl std::fmt::Debug for ClientBuilder {
             .field("tls", &self.tls)
             .field("headers", &headers)
             .field("plaintext_token", &self.plaintext_token)
+            .field("keepalive", &self.keepalive)
             .finish()
     }
 }
@@ -279,6 +303,13 @@ impl ClientBuilder {
     /// cross in the clear. Without it such a client is refused when built.
     pub fn allow_plaintext_token(mut self) -> ClientBuilder {
         self.plaintext_token = true;
+        self
+    }
+
+    /// Pings each node as `keepalive` says ([`Keepalive::default`] unless
+    /// set).
+    pub fn keepalive(mut self, keepalive: Keepalive) -> ClientBuilder {
+        self.keepalive = keepalive;
         self
     }
 
@@ -361,7 +392,10 @@ impl ClientBuilder {
             let mut endpoint = Endpoint::from_shared(uri)
                 .map_err(|source| ClientError::Address { addr: addr.to_string(), source })?
                 .connect_timeout(Duration::from_secs(2))
-                .tcp_nodelay(true);
+                .tcp_nodelay(true)
+                .http2_keep_alive_interval(self.keepalive.interval)
+                .keep_alive_timeout(self.keepalive.timeout)
+                .keep_alive_while_idle(true);
             if let Some(tls) = &tls {
                 endpoint = endpoint
                     .tls_config(tls.clone())
@@ -445,6 +479,7 @@ impl Client {
             tls: None,
             metadata: Vec::new(),
             plaintext_token: false,
+            keepalive: Keepalive::default(),
         }
     }
 

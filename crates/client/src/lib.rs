@@ -20,8 +20,8 @@ pub mod session;
 pub mod worker;
 
 pub use client::{
-    AuthChannel, Client, ClientBuilder, ClientError, ClientTls, RetryPolicy, new_request_id,
-    refused_before_proposing,
+    AuthChannel, Client, ClientBuilder, ClientError, ClientTls, Keepalive, RetryPolicy,
+    new_request_id, refused_before_proposing,
 };
 pub use guard::{CancelReason, LeaseGuard};
 pub use session::Session;

@@ -777,3 +777,69 @@ mod example {
         Ok(())
     }
 }
+
+mod dead_link {
+    //! The link to a node dies without closing (the proxy in front of it
+    //! swallows every answer from some moment on, as behind a lost machine
+    //! or a link that drops packets). The client's pings go unanswered, so
+    //! it drops the connection, and a session on it ends: its calls fail
+    //! within a few pings, saying the session ended, rather than each
+    //! waiting out its own timeout on a connection nothing will ever answer
+    //! again (and, 16 calls on, every call failing "in flight" for good).
+    //! Checked once against a client without pings: the call waited out its
+    //! 10 s timeout.
+
+    use leasehold_client::Keepalive;
+
+    use super::super::support::job;
+    use super::*;
+
+    const QUEUE: &str = "sdk-dead-link";
+    /// A ping every 300 ms, 300 ms to answer it.
+    const KEEPALIVE: Keepalive =
+        Keepalive { interval: Duration::from_millis(300), timeout: Duration::from_millis(300) };
+    /// Far under the client's call timeout (10 s), far over a few pings.
+    const FAILS_WITHIN: Duration = Duration::from_secs(5);
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_session_on_a_link_that_died_without_closing_ends() -> Result<()> {
+        let sandbox = Sandbox::new("sdk-dead-link")?;
+        sandbox.run(Duration::from_secs(60), story(&sandbox)).await
+    }
+
+    async fn story(sandbox: &Sandbox) -> Result<()> {
+        phase("a session through a proxy in front of a node");
+        let node = Node::start(sandbox).await?;
+        let proxy = proxy::Proxy::start(node.grpc, Duration::ZERO).await?;
+        let client = Client::builder(&proxy.addr())
+            .keepalive(KEEPALIVE)
+            .build()
+            .map_err(|e| anyhow!("client: {e}"))?;
+        let session = client.session().await.map_err(|e| anyhow!("session: {e}"))?;
+        session
+            .enqueue(vec![job(QUEUE, b"before the cut")])
+            .await
+            .map_err(|e| anyhow!("an enqueue before the cut: {e}"))?;
+
+        phase("no answer comes back any more: a call on the session fails within seconds");
+        proxy.cut_answers();
+        let started = Instant::now();
+        let cut = session.enqueue(vec![job(QUEUE, b"after the cut")]).await;
+        let took = started.elapsed();
+        let error = match cut {
+            Ok(results) => bail!("answered through a link that answers nothing: {results:?}"),
+            Err(error) => error.to_string(),
+        };
+        ensure!(took < FAILS_WITHIN, "the call failed only after {took:?}: {error}");
+        ensure!(error.contains("session ended"), "the call failed otherwise: {error}");
+
+        phase("the session stays ended: the next call fails at once");
+        let started = Instant::now();
+        let next = session.enqueue(vec![job(QUEUE, b"later")]).await;
+        let took = started.elapsed();
+        proxy.stop().await;
+        ensure!(next.is_err(), "a call on the ended session was answered");
+        ensure!(took < Duration::from_secs(1), "the next call failed only after {took:?}");
+        Ok(())
+    }
+}
