@@ -532,9 +532,13 @@ impl Client {
     /// The same client, following leader hints (the default) or not. A
     /// client that does not stays on its first address until that node
     /// fails, and its writes are forwarded by whichever node it is on — to
-    /// keep linearizable reads spread over the followers, say.
+    /// keep linearizable reads spread over the followers, say. Clones of
+    /// one client share where they are; the client this answers has a
+    /// place of its own (starting where this one is), so hints another
+    /// clone follows do not move it.
     pub fn follow_leader_hints(mut self, follow: bool) -> Client {
         self.follow_hints = follow;
+        self.current = Arc::new(AtomicUsize::new(self.current.load(Ordering::Relaxed)));
         self
     }
 
@@ -1099,6 +1103,9 @@ mod tests {
         let pinned = client.clone().follow_leader_hints(false);
         pinned.follow_leader(&hint("127.0.0.1:7070"));
         assert_eq!(at(&pinned), 2, "a client told not to follow hints stays");
+        client.follow_leader(&hint("127.0.0.1:7070"));
+        assert_eq!(at(&client), 0, "the client it was made from follows");
+        assert_eq!(at(&pinned), 2, "and does not move the pinned one with it");
     }
 
     /// Lists the Client method of every RPC; naming a method that does not
