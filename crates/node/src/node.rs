@@ -624,9 +624,12 @@ fn serve(
         .http2_max_header_list_size(Some(limits::MAX_HEADER_LIST_BYTES))
         .layer(layers)
         .add_optional_service(faults)
-        .add_service(health)
-        .add_service(reflection_v1)
-        .add_service(reflection_v1alpha)
+        // Health is open to anyone, reflection to any reader: their
+        // requests are a service name or a symbol, so they take as little
+        // as the Cluster service's.
+        .add_service(health.max_decoding_message_size(limits::MAX_SMALL_REQUEST_BYTES))
+        .add_service(reflection_v1.max_decoding_message_size(limits::MAX_SMALL_REQUEST_BYTES))
+        .add_service(reflection_v1alpha.max_decoding_message_size(limits::MAX_SMALL_REQUEST_BYTES))
         .add_service(
             QueueServer::new(queue.clone())
                 .max_decoding_message_size(limits::MAX_QUEUE_REQUEST_BYTES)

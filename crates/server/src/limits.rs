@@ -23,7 +23,8 @@ pub const MAX_QUEUE_RESPONSE_BYTES: usize = 512 * 1024 * 1024;
 /// plus names).
 pub const MAX_SCHEDULES_REQUEST_BYTES: usize = 1024 * 1024;
 /// Largest request the Cluster, Peer and Faults services decode: they
-/// carry ids, addresses and flags only.
+/// carry ids, addresses and flags only; and the health and reflection
+/// services (a service name, a symbol).
 pub const MAX_SMALL_REQUEST_BYTES: usize = 64 * 1024;
 /// Largest Raft envelope a node decodes (only nodes reach the Raft
 /// service: the limit bounds what a peer may send, not a stranger).
@@ -47,9 +48,12 @@ pub fn request_limit(service: &str) -> Option<usize> {
     match service {
         "leasehold.v1.Queue" => Some(MAX_QUEUE_REQUEST_BYTES),
         "leasehold.v1.Schedules" => Some(MAX_SCHEDULES_REQUEST_BYTES),
-        "leasehold.v1.Cluster" | "leasehold.v1.Peer" | "leasehold.v1.Faults" => {
-            Some(MAX_SMALL_REQUEST_BYTES)
-        }
+        "leasehold.v1.Cluster"
+        | "leasehold.v1.Peer"
+        | "leasehold.v1.Faults"
+        | "grpc.health.v1.Health"
+        | "grpc.reflection.v1.ServerReflection"
+        | "grpc.reflection.v1alpha.ServerReflection" => Some(MAX_SMALL_REQUEST_BYTES),
         "leasehold.v1.Raft" => Some(MAX_RAFT_MESSAGE_BYTES),
         _ => None,
     }

@@ -19,7 +19,9 @@
 //! compared with the one before it. Then the limits' edges (a message of
 //! exactly each decode limit, a 256 KiB payload, 1,000 jobs, TTL 1 s and
 //! 12 h, a 64-char queue) must be accepted, so the refusals are not off by
-//! one. Mismatches are collected and judged last, so one run shows all of
+//! one; and the health and reflection services, open to anyone and any
+//! reader, decode 64 KiB and no more (checked against a node without their
+//! limits: both answered a message one byte over). Mismatches are collected and judged last, so one run shows all of
 //! them. The table also checks its own coverage: every RPC has at least
 //! one malformed and one oversized case.
 //!
@@ -504,6 +506,49 @@ async fn story(sandbox: &Sandbox) -> Result<()> {
         }
     }
     ensure!(observer.look().await? == after, "a message at the limit changed state");
+
+    phase("health, open to anyone, and reflection take 64 KiB at most, like Cluster");
+    let health = "/grpc.health.v1.Health/Check";
+    let check = Call::encode(health, &tonic_health::pb::HealthCheckRequest::default());
+    if let Err(status) = send(&channel, &check.clone().padded_to(SMALL_LIMIT_BYTES), None).await {
+        mismatches.push(format!("{health} at exactly {SMALL_LIMIT_BYTES} bytes: {status:?}"));
+    }
+    let limit = SMALL_LIMIT_BYTES.to_string();
+    let over_health = send(&channel, &check.padded_to(SMALL_LIMIT_BYTES + 1), None).await;
+    let refused = over_health.as_ref().err().is_some_and(|status| {
+        status.code() == Code::ResourceExhausted && status.message().contains(&limit)
+    });
+    if !refused {
+        mismatches.push(format!(
+            "{health} at {SMALL_LIMIT_BYTES} + 1 bytes: got {over_health:?}; expected \
+             RESOURCE_EXHAUSTED naming {limit}"
+        ));
+    }
+    // Reflection is a stream: tonic's reflection service ends it without
+    // a word when a request does not decode, so an oversized list of the
+    // services gets no answer at all (within the limit it gets the list).
+    let list = tonic_reflection::pb::v1::ServerReflectionRequest {
+        host: String::new(),
+        message_request: Some(
+            tonic_reflection::pb::v1::server_reflection_request::MessageRequest::ListServices(
+                String::new(),
+            ),
+        ),
+    };
+    for path in [
+        "/grpc.reflection.v1.ServerReflection/ServerReflectionInfo",
+        "/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo",
+    ] {
+        let within = Call::encode(path, &list).padded_to(SMALL_LIMIT_BYTES);
+        if let Err(status) = send(&channel, &within, None).await {
+            mismatches.push(format!("{path} at exactly {SMALL_LIMIT_BYTES} bytes: {status:?}"));
+        }
+        let over = Call::encode(path, &list).padded_to(SMALL_LIMIT_BYTES + 1);
+        if let Ok(()) = send(&channel, &over, None).await {
+            mismatches.push(format!("{path} at {SMALL_LIMIT_BYTES} + 1 bytes was answered"));
+        }
+    }
+    ensure!(observer.look().await? == after, "a health or reflection call changed state");
 
     phase("the field limits' edges are accepted");
     let edges = stub
