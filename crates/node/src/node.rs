@@ -105,6 +105,10 @@ pub enum NodeError {
     /// A serving task failed.
     #[error("serve: {0}")]
     Serve(String),
+    /// The Raft core stopped on a fatal error (a storage fault) before the
+    /// node was shut down.
+    #[error("the Raft core stopped on a fatal error: {0}")]
+    RaftFailed(String),
 }
 
 /// A running node.
@@ -1147,7 +1151,18 @@ impl NodeHandle {
             }
         }
         self.journal.shutdown().await;
+        // Read before stopping Raft, which then reports itself stopped: a
+        // core that quit on a fatal error meanwhile (a storage fault during
+        // a drain, say) makes this shutdown a failure, so the process does
+        // not exit 0 as if it had drained cleanly.
+        let fatal = match &self.journal.raft().metrics().borrow().running_state {
+            Err(fatal) => Some(fatal.to_string()),
+            Ok(()) => None,
+        };
         self.journal.raft().shutdown().await.map_err(raft_error)?;
+        if let Some(fatal) = fatal {
+            return Err(NodeError::RaftFailed(fatal));
+        }
         match failure {
             Some(e) => Err(NodeError::Serve(e)),
             None => Ok(()),

@@ -466,6 +466,58 @@ async fn fail_stop_story(sandbox: &Sandbox) -> Result<()> {
     single.kill()
 }
 
+/// A storage fault during a drain is still a storage fault: the drain goes
+/// on (it releases what it can, then stops the servers), but the process
+/// exits non-zero, so a supervisor or a rolling restart does not take the
+/// broken disk for a clean stop.
+///
+/// Mutation check: with the shutdown not asking whether the Raft core had
+/// stopped on a fatal error, the node exits 0 and the story fails.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_store_fault_during_a_drain_exits_non_zero() -> Result<()> {
+    let sandbox = Sandbox::new("lifecycle-drain-fault")?;
+    sandbox.run(Duration::from_secs(90), drain_fault_story(&sandbox)).await
+}
+
+async fn drain_fault_story(sandbox: &Sandbox) -> Result<()> {
+    phase("start one node with fault injection and a 3 s drain grace; a 30 s command runs");
+    let settings =
+        Settings { drain_grace_ms: Some(3_000), fault_injection: true, ..Settings::default() };
+    let mut single = start_single(sandbox, "single", &settings).await?;
+    let mut stub = single.stub()?;
+    let pid_file = sandbox.path().join("command-pid");
+    let script = format!("echo $$ > '{}'; sleep 30", pid_file.display());
+    enqueue_one(&mut stub, job(EXEC_QUEUE, script.as_bytes())).await?;
+    wait_until("the command to start", deadline_in(Duration::from_secs(20)), || {
+        let started = pid_file.exists();
+        async move {
+            Ok(if started { Check::Done(()) } else { Check::NotYet("no pid file".into()) })
+        }
+    })
+    .await?;
+
+    phase("SIGTERM: the node drains, waiting for the command");
+    let mut faults = FaultsClient::new(channel(&single)?);
+    single.signal(Signal::SIGTERM)?;
+    let http = single.http;
+    wait_until("readiness to say draining", deadline_in(READINESS_FLIP_TIMEOUT), || async move {
+        let readyz = http_get(http, "/readyz").await?;
+        Ok(if readyz.status == 503 && readyz.body.contains("draining: failed") {
+            Check::Done(())
+        } else {
+            Check::NotYet(format!("{readyz:?}"))
+        })
+    })
+    .await?;
+
+    phase("the store fails while it drains: its next write stops Raft, and the exit is non-zero");
+    faults.set_store_fault(v1::SetFaultRequest { on: true }).await.context("SetStoreFault on")?;
+    let status = single.wait_exit(deadline_in(Duration::from_secs(40))).await?;
+    eprintln!("node exited {status} after a drain on a failing store");
+    ensure!(!status.success(), "a drain on a failing store reported success: {status}");
+    Ok(())
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn readiness_flips_on_store_fault_and_on_quorum_loss() -> Result<()> {
     let sandbox = Sandbox::new("lifecycle-readiness")?;
