@@ -70,6 +70,25 @@ pub enum StorageError {
         /// The version this build writes and reads.
         supported: u32,
     },
+    /// The data directory was used (its raft log was created, or it holds a
+    /// snapshot) but its raft log is gone or empty: starting on a new, empty
+    /// log would forget the node's vote and let it vote twice in a term.
+    #[error(
+        "data directory {path}: the raft log in {log} is missing or empty, but this directory \
+         was used before ({why}): a node started on a new log would forget its vote and \
+         could vote twice in one term. Restore the whole data directory from its backup, or \
+         replace the node as after a lost disk: `leasehold cluster remove ID` on a live node, \
+         delete this data directory, and start the node again with --join \
+         (docs/operations.md, \"Removing and replacing nodes\")"
+    )]
+    LogMissing {
+        /// The data directory.
+        path: PathBuf,
+        /// The raft log's directory.
+        log: PathBuf,
+        /// What shows the directory was used.
+        why: &'static str,
+    },
     /// The log is purged past the state the snapshot on disk holds: the
     /// entries between are gone from both. openraft 0.9 purges the log a
     /// received snapshot covers without waiting for the snapshot to be

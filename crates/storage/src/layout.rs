@@ -18,6 +18,7 @@
 //! | [`META_TREE`] | [`VOTE_KEY`], [`COMMITTED_KEY`], [`LAST_PURGED_KEY`] | bincode `Vote` / `LogId`: as [`LOG_TREE`] |
 //! | [`SNAPSHOT_TREE`] | [`SNAPSHOT_META_KEY`], [`SNAPSHOT_DATA_KEY`] | bincode `SnapshotMeta` / snapshot bytes (data directories from before the snapshot file; read until a file replaces them) |
 //! | [`PROBE_TREE`] | [`PROBE_KEY`] | versions before the raft log: the last probe's nonce (no longer written) |
+//! | [`LOG_ISSUED_TREE`] | [`LOG_ISSUED_KEY`] | an empty value, written once this directory's raft log is created (or found): an open that then finds no log refuses rather than start a new one |
 //!
 //! Old log keys are big-endian so sled's byte order is index order: a range
 //! scan walks the log forwards, which is the order the migration copies it.
@@ -42,6 +43,12 @@ pub const SNAPSHOT_TREE: &str = "snapshot";
 pub const SNAPSHOT_FILE: &str = "snapshot";
 /// Where versions before the raft log wrote the readiness probe's record.
 pub const PROBE_TREE: &str = "probe";
+
+/// Where a data directory records that its raft log was created, so that
+/// a log deleted later is noticed ([`LOG_ISSUED_KEY`]).
+pub const LOG_ISSUED_TREE: &str = "raft_log";
+/// The key of [`LOG_ISSUED_TREE`] present once the raft log exists.
+pub const LOG_ISSUED_KEY: &str = "created";
 
 /// The bus's local claim table: never replicated, never in a snapshot.
 pub const BUS_TREE: &str = "bus";

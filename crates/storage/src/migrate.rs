@@ -29,7 +29,10 @@ use serde::de::DeserializeOwned;
 use crate::StorageError;
 use crate::codec::decode;
 use crate::durable::sync_dir;
-use crate::layout::{COMMITTED_KEY, LAST_PURGED_KEY, LOG_TREE, META_TREE, VOTE_KEY, log_index};
+use crate::layout::{
+    COMMITTED_KEY, LAST_PURGED_KEY, LOG_ISSUED_KEY, LOG_ISSUED_TREE, LOG_TREE, META_TREE,
+    SNAPSHOT_FILE, SNAPSHOT_TREE, VOTE_KEY, log_index,
+};
 use crate::log_store::log_config;
 use crate::wal::{Flushed, Health, LOG_FORMAT_VERSION, LogFormat, LogTypes, Stored, StoredEntry};
 
@@ -68,6 +71,16 @@ pub(crate) fn open_log(
         sync_dir(data_dir)?;
     }
 
+    // Whether this directory held a log before: then a missing or empty
+    // one is refused rather than started anew (it would forget the vote).
+    let issued = db.open_tree(LOG_ISSUED_TREE)?;
+    let used = if issued.contains_key(LOG_ISSUED_KEY)? {
+        Some("it recorded creating that log")
+    } else if data_dir.join(SNAPSHOT_FILE).exists() || !db.open_tree(SNAPSHOT_TREE)?.is_empty() {
+        Some("it holds a snapshot")
+    } else {
+        None
+    };
     create(data_dir, dir)?;
     let mut log = open_raw(dir)?;
     if legacy {
@@ -85,7 +98,21 @@ pub(crate) fn open_log(
         );
     } else if mark(&log, dir)?.is_none() {
         // A new log (or one whose creation stopped before its mark).
+        if let Some(why) = used {
+            return Err(StorageError::LogMissing {
+                path: data_dir.to_path_buf(),
+                log: dir.to_path_buf(),
+                why,
+            });
+        }
         write_mark(&mut log, dir, health, None)?;
+    }
+    // Recorded once the log is marked (and for a directory of an earlier
+    // build, on its first open here), and flushed: a log missing after
+    // this is refused above.
+    if !issued.contains_key(LOG_ISSUED_KEY)? {
+        issued.insert(LOG_ISSUED_KEY, &[])?;
+        issued.flush()?;
     }
     Ok(log)
 }
@@ -290,6 +317,56 @@ mod tests {
         let marked = mark(&log, &dir)?;
         assert_eq!(marked, Some(LogFormat { version: 1, migrated_entries: Some(5) }));
         assert!(logs.is_empty() && meta.is_empty());
+        Ok(())
+    }
+
+    #[test]
+    fn a_log_gone_from_a_used_directory_is_refused_not_started_anew() -> anyhow::Result<()> {
+        let data = tempfile::tempdir()?;
+        let db = sled::Config::new().path(data.path()).open()?;
+        let dir = data.path().join(RAFT_LOG_DIR);
+        let health = Arc::new(Health::default());
+        let mut log = open_log(&db, data.path(), &dir, &health)?;
+        log.save_vote(Stored(Vote::new(7, 2_u64)))?;
+        sync(&mut log, &dir, &health, "test")?;
+        drop(log);
+
+        // The log deleted (or its chunk files): refused, naming the way out.
+        std::fs::remove_dir_all(&dir)?;
+        let refused = open_log(&db, data.path(), &dir, &health).err();
+        let Some(StorageError::LogMissing { why, .. }) = &refused else {
+            panic!("a used directory without its log opened: {refused:?}");
+        };
+        assert_eq!(*why, "it recorded creating that log");
+        let message = refused.map(|e| e.to_string()).unwrap_or_default();
+        assert!(message.contains("vote twice") && message.contains("--join"), "{message}");
+        // The empty log directory the refused open left is refused again.
+        assert!(open_log(&db, data.path(), &dir, &health).is_err(), "refused once only");
+        Ok(())
+    }
+
+    #[test]
+    fn a_directory_of_an_earlier_build_is_judged_by_its_snapshot() -> anyhow::Result<()> {
+        // Its log exists but the record of creating it does not: the first
+        // open here records it, so a later loss is refused.
+        let data = tempfile::tempdir()?;
+        let db = sled::Config::new().path(data.path()).open()?;
+        let dir = data.path().join(RAFT_LOG_DIR);
+        let health = Arc::new(Health::default());
+        drop(open_log(&db, data.path(), &dir, &health)?);
+        db.drop_tree(LOG_ISSUED_TREE)?;
+        drop(open_log(&db, data.path(), &dir, &health)?);
+        assert!(db.open_tree(LOG_ISSUED_TREE)?.contains_key(LOG_ISSUED_KEY)?, "recorded");
+
+        // No record, no log, but a snapshot file: used all the same.
+        db.drop_tree(LOG_ISSUED_TREE)?;
+        std::fs::remove_dir_all(&dir)?;
+        std::fs::write(data.path().join(SNAPSHOT_FILE), b"a snapshot")?;
+        let refused = open_log(&db, data.path(), &dir, &health).err();
+        assert!(
+            matches!(refused, Some(StorageError::LogMissing { why: "it holds a snapshot", .. })),
+            "{refused:?}"
+        );
         Ok(())
     }
 

@@ -1233,6 +1233,11 @@ mod tests {
             let tree = db.open_tree(SNAPSHOT_TREE)?;
             tree.insert(SNAPSHOT_META_KEY, encode("meta", &meta)?)?;
             tree.insert(SNAPSHOT_DATA_KEY, bytes)?;
+            // Such a version kept its vote in sled too (migrated on open):
+            // a directory holding a snapshot and no log is refused.
+            let vote = openraft::Vote::new(1, 1_u64);
+            db.open_tree(crate::layout::META_TREE)?
+                .insert(crate::layout::VOTE_KEY, encode("vote", &vote)?)?;
             db.flush()?;
         }
         let mut store = open_again(dir.path())?;
