@@ -4,7 +4,7 @@
 //!
 //! | where | what |
 //! | --- | --- |
-//! | [`RAFT_LOG_DIR`]`/` | the Raft log: raft-log's chunk files `r-<offset>.wal` and its `LOCK`; entries, vote, committed and purged log ids as records of one stream, each bincode inside a CRC32-checked record (see `wal`) |
+//! | [`RAFT_LOG_DIR`]`/` | the Raft log: raft-log's chunk files `r-<offset>.wal` and its `LOCK`; entries, vote, committed and purged log ids as records of one stream, each bincode behind its length and the length's complement, inside a CRC32-checked record (see `wal`) |
 //! | [`SNAPSHOT_FILE`] | the current snapshot (magic `LHSNAP02`, the meta's length as a little-endian `u64`, a CRC-32 of everything after the header as a little-endian `u32`, bincode `SnapshotMeta`, then the snapshot bytes; files of magic `LHSNAP01`, without the CRC, are still read) |
 //! | `snapshot.receiving.N` | a snapshot's body being received from the leader, chunk by chunk; removed once installed or given up, and at start |
 //! | `snapshot.tmp` | a snapshot being written (built, or copied in from a receive) before it is renamed over [`SNAPSHOT_FILE`]; removed if the write fails, and at start |

@@ -3,9 +3,10 @@
 //! flush callback.
 //!
 //! Every value goes through the crate's one codec (bincode, trailing bytes
-//! refused), framed by raft-log as a length-prefixed byte string inside a
-//! record that carries its own CRC32. A record whose bytes do not decode is
-//! an error naming the value, never a default.
+//! refused), framed as a length-prefixed byte string (the length checked by
+//! its complement, so damage is told from a torn tail: [`decode_bytes`])
+//! inside a raft-log record that carries its own CRC32. A record whose
+//! bytes do not decode is an error naming the value, never a default.
 
 use std::io;
 use std::sync::{Arc, Mutex, PoisonError};
@@ -133,21 +134,51 @@ fn from_bytes<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, io::Error> {
 /// vote or a log id is a few dozen bytes.
 const MAX_RECORD_VALUE_BYTES: u32 = 64 * 1024 * 1024;
 
-/// Reads what [`encode_bytes`] wrote. A length past any value a record can
-/// hold is damage (`InvalidData`), not a record cut short by a crash: the
-/// log treats a short read at the end of its newest file as a torn tail
-/// and cuts the file there, so a damaged length read as "the rest of the
-/// file" would silently drop every synced record after it, a vote
-/// included. Only a length that fits and runs past the end is a torn tail.
+/// The first byte of a value written by this build: its length follows,
+/// then the length's bitwise complement (see [`encode_bytes`]). Values of
+/// earlier builds start with their length's high byte, which is at most
+/// `0x04` (no value is over [`MAX_RECORD_VALUE_BYTES`]).
+const CHECKED_LENGTH: u8 = 0xC3;
+
+/// Reads what [`encode_bytes`] wrote, or what an earlier build wrote (a
+/// bare `u32` length). A length that disagrees with its complement, or one
+/// past any value a record can hold, is damage (`InvalidData`), never a
+/// record cut short by a crash: the log treats a short read at the end of
+/// its newest file as a torn tail and cuts the file there, so a damaged
+/// length read as "the rest of the file" would silently drop every synced
+/// record after it, a vote included. Only a value whose length checks out
+/// and runs past the end (or a header cut short) is a torn tail.
 fn decode_bytes<R: io::Read>(mut r: R) -> Result<Vec<u8>, io::Error> {
-    let mut length = [0u8; 4];
-    r.read_exact(&mut length)?;
-    let length = u32::from_be_bytes(length);
+    let damaged = |what: String| io::Error::new(io::ErrorKind::InvalidData, what);
+    let mut first = [0u8; 1];
+    r.read_exact(&mut first)?;
+    let length = match first[0] {
+        CHECKED_LENGTH => {
+            let mut header = [0u8; 8];
+            r.read_exact(&mut header)?;
+            let [a, b, c, d, e, f, g, h] = header;
+            let length = u32::from_be_bytes([a, b, c, d]);
+            let check = u32::from_be_bytes([e, f, g, h]);
+            if check != !length {
+                return Err(damaged(format!(
+                    "a record's length reads {length} bytes but its check reads {}",
+                    !check
+                )));
+            }
+            length
+        }
+        high => {
+            // A value of an earlier build: a bare big-endian length.
+            let mut rest = [0u8; 3];
+            r.read_exact(&mut rest)?;
+            let [b, c, d] = rest;
+            u32::from_be_bytes([high, b, c, d])
+        }
+    };
     if length > MAX_RECORD_VALUE_BYTES {
-        return Err(io::Error::new(
-            io::ErrorKind::InvalidData,
-            format!("a record's length reads {length} bytes, more than any record holds"),
-        ));
+        return Err(damaged(format!(
+            "a record's length reads {length} bytes, more than any record holds"
+        )));
     }
     let mut bytes = Vec::new();
     io::Read::read_to_end(&mut r.take(u64::from(length)), &mut bytes)?;
@@ -157,9 +188,10 @@ fn decode_bytes<R: io::Read>(mut r: R) -> Result<Vec<u8>, io::Error> {
     Ok(bytes)
 }
 
-/// Writes `bytes` as raft-log's length-prefixed byte string (a `u32`
-/// length): a value longer than [`MAX_RECORD_VALUE_BYTES`] is refused, as
-/// reading it back would be.
+/// Writes `bytes` as [`CHECKED_LENGTH`], its length as a big-endian `u32`,
+/// that length's bitwise complement, then the bytes: one damaged bit of
+/// the length is told from a torn tail ([`decode_bytes`]). A value longer
+/// than [`MAX_RECORD_VALUE_BYTES`] is refused, as reading it back would be.
 fn encode_bytes<W: io::Write>(bytes: &[u8], mut w: W) -> Result<usize, io::Error> {
     let length = u32::try_from(bytes.len())
         .ok()
@@ -170,9 +202,11 @@ fn encode_bytes<W: io::Write>(bytes: &[u8], mut w: W) -> Result<usize, io::Error
                 format!("raft log record of {} bytes, limit {MAX_RECORD_VALUE_BYTES}", bytes.len()),
             )
         })?;
+    w.write_all(&[CHECKED_LENGTH])?;
     w.write_all(&length.to_be_bytes())?;
+    w.write_all(&(!length).to_be_bytes())?;
     w.write_all(bytes)?;
-    Ok(4 + bytes.len())
+    Ok(9 + bytes.len())
 }
 
 /// An error and its causes on one line, for an `io::Error` message that
@@ -361,8 +395,26 @@ mod tests {
         assert_eq!(written, bytes.len());
         assert_eq!(Stored::<LogId<NodeId>>::decode(&bytes[..])?, Stored(log_id));
 
+        // An earlier build's frame (a bare length) still reads.
+        let value = bytes[9..].to_vec();
+        let mut bare = (value.len() as u32).to_be_bytes().to_vec();
+        bare.extend_from_slice(&value);
+        assert_eq!(Stored::<LogId<NodeId>>::decode(&bare[..])?, Stored(log_id));
+
+        // One flipped bit of the length, or of its check, is damage, not
+        // a torn tail, wherever the length would then end.
+        for (at, bit) in [(4, 0x01), (3, 0x10), (2, 0x01), (1, 0x80), (8, 0x04)] {
+            let mut damaged = bytes.clone();
+            damaged[at] ^= bit;
+            let error = Stored::<LogId<NodeId>>::decode(&damaged[..]).expect_err("damaged");
+            assert_eq!(error.kind(), io::ErrorKind::InvalidData, "byte {at} ^ {bit:#x}");
+        }
+        // A header cut short is a torn tail.
+        let error = Stored::<LogId<NodeId>>::decode(&bytes[..6]).expect_err("header cut");
+        assert_eq!(error.kind(), io::ErrorKind::UnexpectedEof);
+
         // One byte more inside the frame: trailing bytes are refused.
-        let mut padded = bytes[4..].to_vec();
+        let mut padded = value;
         padded.push(0);
         let mut framed = (padded.len() as u32).to_be_bytes().to_vec();
         framed.extend_from_slice(&padded);
@@ -384,7 +436,7 @@ mod tests {
         let stored = StoredEntry::new(entry.clone())?;
         let mut bytes = Vec::new();
         stored.encode(&mut bytes)?;
-        assert_eq!(stored.encoded_bytes + 4, bytes.len() as u64);
+        assert_eq!(stored.encoded_bytes + 9, bytes.len() as u64);
         let back = StoredEntry::decode(&bytes[..])?;
         assert_eq!(*back.entry, entry);
         assert_eq!(back.encoded_bytes, stored.encoded_bytes);

@@ -69,13 +69,15 @@ async fn a_damaged_log_record_stops_the_open_with_an_error() -> anyhow::Result<(
 async fn a_damaged_record_length_in_the_newest_file_stops_the_open() -> anyhow::Result<()> {
     let (dir, chunk, mut bytes) = four_entries().await?;
     // --- entry 2's value starts with its log id (term, leader, index as
-    // fixed-width little-endian numbers) after its 4-byte length: set the
-    // length's high byte, as one flipped bit of the disk would
+    // fixed-width little-endian numbers) after its 9-byte header (a marker,
+    // the length, the length's complement): flip one bit of the length
+    // that makes it 1 MiB longer, past the end of the file, as one
+    // damaged bit of the disk would
     let log_id: Vec<u8> =
         [1u64, crate::support::LEADER, 2].iter().flat_map(|n| n.to_le_bytes()).collect();
     let at = find(&bytes, &log_id)?;
-    let length = at.checked_sub(4).ok_or_else(|| anyhow::anyhow!("no length before entry 2"))?;
-    bytes[length] ^= 0x80;
+    let length = at.checked_sub(8).ok_or_else(|| anyhow::anyhow!("no length before entry 2"))?;
+    bytes[length + 1] ^= 0x10;
     std::fs::write(&chunk, &bytes)?;
     // --- the newest file is not cut at the damage: the open fails
     the_open_fails(dir.path(), "a damaged length opened as a torn tail, dropping entries 2 and 3")
