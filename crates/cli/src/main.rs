@@ -388,6 +388,13 @@ fn main() -> std::process::ExitCode {
             Work::DevCerts(args) => dev_certs::run(args),
         }
     });
+    // Dropping the runtime would wait for every blocking task still running
+    // (a store probe or a snapshot write on a disk that hangs), so a second
+    // SIGTERM's "exit at once" could hang with the disk. Its tasks are
+    // dropped here (their commands' process groups killed) and blocking
+    // work gets a moment: what it leaves undone is what a crash would, and
+    // the storage is made to survive that.
+    runtime.shutdown_timeout(RUNTIME_SHUTDOWN);
     match result {
         Ok(code) => code,
         Err(error) => {
@@ -396,6 +403,10 @@ fn main() -> std::process::ExitCode {
         }
     }
 }
+
+/// How long the process waits for blocking work still running when it
+/// exits ([`tokio::runtime::Runtime::shutdown_timeout`]).
+const RUNTIME_SHUTDOWN: std::time::Duration = std::time::Duration::from_secs(1);
 
 #[cfg(test)]
 mod tests {
