@@ -301,6 +301,12 @@ fn peer_source(config: &Config) -> Option<std::net::IpAddr> {
     (!ip.is_unspecified() && ip != std::net::Ipv4Addr::LOCALHOST).then_some(ip)
 }
 
+/// How long a drain waits for each of its writes (marking the node
+/// draining, releasing what its executor holds) before going on without
+/// it: a node that lost its quorum still stops within its supervisor's
+/// patience (systemd's `TimeoutStopSec`, docs/deployment.md).
+const DRAIN_WRITE_WITHIN: Duration = Duration::from_secs(5);
+
 impl Node {
     /// Starts a node serving on `transport`, in named steps: configuration
     /// and credentials, storage and Raft, the journal and gate, the
@@ -1030,8 +1036,15 @@ impl NodeHandle {
         step("mark draining");
         let mark =
             leasehold_core::Command::SetDraining { node: self.journal.node_id(), draining: true };
-        if let Err(error) = self.journal.propose(mark).await {
-            tracing::warn!(%error, "could not mark the node draining in the journal");
+        match tokio::time::timeout(DRAIN_WRITE_WITHIN, self.journal.propose(mark)).await {
+            Ok(Ok(_)) => {}
+            Ok(Err(error)) => {
+                tracing::warn!(%error, "could not mark the node draining in the journal");
+            }
+            Err(_) => tracing::warn!(
+                "could not mark the node draining in the journal within {} ms",
+                DRAIN_WRITE_WITHIN.as_millis()
+            ),
         }
         step("stop intake");
         let _ = self.intake.send(true);
@@ -1067,22 +1080,46 @@ impl NodeHandle {
     }
 
     /// Releases every lease this node's executor still holds, so other
-    /// nodes can take the jobs now rather than after the TTL.
+    /// nodes can take the jobs now rather than after the TTL: all in one
+    /// proposal (one log entry), bounded by [`DRAIN_WRITE_WITHIN`], so a
+    /// node that lost its quorum waits once, not once per lease, before
+    /// leaving them to lapse.
     async fn release_held(&self) {
         let worker = format!("node-{}", self.journal.node_id());
         let held = self.journal.read_stale(|state| state.leases_held_by(&worker, None));
-        for (job_id, token) in held {
-            match self.journal.propose(leasehold_core::Command::Release { job_id, token }).await {
-                Ok(response) => tracing::info!(
-                    event = "lease.release",
-                    job = job_id,
-                    token,
-                    ?response,
-                    "released on drain"
-                ),
-                Err(error) => {
-                    tracing::warn!(job = job_id, token, %error, "release on drain failed; the lease will lapse")
+        for chunk in held.chunks(leasehold_core::command::MAX_BATCH_COMMANDS) {
+            let commands = chunk
+                .iter()
+                .map(|&(job_id, token)| leasehold_core::Command::Release { job_id, token })
+                .collect();
+            let batch = leasehold_core::Command::Batch { commands };
+            let answer = tokio::time::timeout(DRAIN_WRITE_WITHIN, self.journal.propose(batch));
+            match answer.await {
+                Ok(Ok(leasehold_core::Response::Batch(responses))) => {
+                    for ((job_id, token), response) in chunk.iter().zip(responses) {
+                        tracing::info!(
+                            event = "lease.release",
+                            job = job_id,
+                            token,
+                            ?response,
+                            "released on drain"
+                        );
+                    }
                 }
+                Ok(Ok(other)) => tracing::warn!(
+                    ?other,
+                    "release on drain answered unexpectedly; the leases will lapse"
+                ),
+                Ok(Err(error)) => tracing::warn!(
+                    leases = chunk.len(),
+                    %error,
+                    "release on drain failed; the leases will lapse"
+                ),
+                Err(_) => tracing::warn!(
+                    leases = chunk.len(),
+                    "release on drain not committed within {} ms; the leases will lapse",
+                    DRAIN_WRITE_WITHIN.as_millis()
+                ),
             }
         }
     }
