@@ -231,6 +231,14 @@ pub async fn run(prepared: Prepared) -> anyhow::Result<ExitCode> {
                 }
                 continue;
             }
+            why = node.server_stopped() => {
+                // A node whose gRPC or HTTP listener failed serves nothing
+                // there (or says nothing of its health): exit, as on a
+                // storage fault, for a supervisor to restart it.
+                tracing::error!(error = %why, "a server stopped; exiting");
+                let _ = node.shutdown(std::time::Duration::from_secs(5)).await;
+                return Ok(ExitCode::FAILURE);
+            }
             fatal = node.raft_failed() => {
                 // Fail-stop: a node whose Raft core quit (say, on a full disk)
                 // would stay up serving nothing; exiting lets a supervisor

@@ -120,6 +120,8 @@ pub struct NodeHandle {
     /// the journal sees it only through `leasehold_replica::stores`.
     log: LogStore,
     shutdown: watch::Sender<bool>,
+    /// Why a server stopped before the node was shut down, once one did.
+    server_stopped: watch::Receiver<Option<String>>,
     tasks: Vec<ServingTask>,
     intake: watch::Sender<bool>,
     intake_tasks: Vec<JoinHandle<()>>,
@@ -401,7 +403,7 @@ impl Node {
         // while the servers keep serving.
         let (intake, intake_rx) = watch::channel(false);
 
-        let mut tasks =
+        let (mut tasks, server_stopped) =
             serve(&config, transport, &journal, &log, &gate, &credentials, &shutdown_rx)?;
         if let Some(batches) = ahead {
             let sender =
@@ -445,6 +447,7 @@ impl Node {
             journal,
             log,
             shutdown,
+            server_stopped,
             tasks,
             intake,
             intake_tasks,
@@ -575,8 +578,9 @@ fn serve(
     gate: &Gate,
     credentials: &Credentials,
     shutdown: &watch::Receiver<bool>,
-) -> Result<Vec<ServingTask>, NodeError> {
+) -> Result<(Vec<ServingTask>, watch::Receiver<Option<String>>), NodeError> {
     let readiness = Readiness::new(journal.clone());
+    let (stopped, server_stopped) = watch::channel(None);
     let health =
         HealthService::new(readiness.clone()).with_shutdown(shutdown.clone()).into_server();
     // Reflection lists the services this node serves, and only those (the
@@ -676,14 +680,35 @@ fn serve(
     );
     let leader = leasehold_replica::readiness::track_leader(readiness, shutdown.clone());
     let tasks = vec![
-        tokio::spawn(async move { grpc.await.map_err(|e| e.to_string()) }),
-        tokio::spawn(async move { http.await.map_err(|e| e.to_string()) }),
+        tokio::spawn(watched("gRPC", grpc, shutdown.clone(), stopped.clone())),
+        tokio::spawn(watched("HTTP", http, shutdown.clone(), stopped.clone())),
         tokio::spawn(async move {
             leader.await;
             Ok(())
         }),
     ];
-    Ok(tasks)
+    Ok((tasks, server_stopped))
+}
+
+/// Runs server `name` and, when it ends before the node is shut down (its
+/// listener failed: a socket error that is not a passing one), says so on
+/// `stopped`, so the node does not go on as if it served
+/// ([`NodeHandle::server_stopped`]).
+async fn watched<E: std::fmt::Display>(
+    name: &'static str,
+    server: impl std::future::Future<Output = Result<(), E>>,
+    shutdown: watch::Receiver<bool>,
+    stopped: watch::Sender<Option<String>>,
+) -> Result<(), String> {
+    let result = server.await.map_err(|e| e.to_string());
+    if !*shutdown.borrow() {
+        let why = match &result {
+            Ok(()) => format!("the {name} server stopped"),
+            Err(error) => format!("the {name} server stopped: {error}"),
+        };
+        stopped.send_replace(Some(why));
+    }
+    result
 }
 
 /// The gRPC services a node serves, by full name, as reflection lists them.
@@ -1008,6 +1033,17 @@ impl NodeHandle {
             if metrics.has_changed().is_err() {
                 return "the Raft core stopped".to_string();
             }
+        }
+    }
+
+    /// Resolves, with why, once the gRPC or HTTP server stopped while the
+    /// node was not shutting down (its listener failed); pending until then.
+    pub async fn server_stopped(&self) -> String {
+        let mut stopped = self.server_stopped.clone();
+        match stopped.wait_for(Option::is_some).await {
+            Ok(why) => why.clone().unwrap_or_default(),
+            // The node's own sender is gone only when it is dropped.
+            Err(_) => std::future::pending().await,
         }
     }
 
