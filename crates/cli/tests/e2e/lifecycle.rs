@@ -330,6 +330,19 @@ async fn drain_story(sandbox: &Sandbox) -> Result<()> {
     Ok(())
 }
 
+/// Waits until the node at `http` says it drains (`/readyz` 503).
+async fn wait_draining(http: SocketAddr) -> Result<()> {
+    wait_until("readiness to say draining", deadline_in(READINESS_FLIP_TIMEOUT), || async move {
+        let readyz = http_get(http, "/readyz").await?;
+        Ok(if readyz.status == 503 && readyz.body.contains("draining: failed") {
+            Check::Done(())
+        } else {
+            Check::NotYet(format!("{readyz:?}"))
+        })
+    })
+    .await
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn second_sigterm_exits_at_once() -> Result<()> {
     let sandbox = Sandbox::new("lifecycle-second-sigterm")?;
@@ -364,16 +377,7 @@ async fn second_sigterm_story(sandbox: &Sandbox) -> Result<()> {
 
     phase("first SIGTERM: the node starts draining");
     node.signal(Signal::SIGTERM)?;
-    let http = node.http;
-    wait_until("readiness to say draining", deadline_in(READINESS_FLIP_TIMEOUT), || async move {
-        let readyz = http_get(http, "/readyz").await?;
-        Ok(if readyz.status == 503 && readyz.body.contains("draining: failed") {
-            Check::Done(())
-        } else {
-            Check::NotYet(format!("{readyz:?}"))
-        })
-    })
-    .await?;
+    wait_draining(node.http).await?;
     node.ensure_running().context("the first SIGTERM must drain, not exit")?;
 
     phase("second SIGTERM: the node exits at once, non-zero");
@@ -499,16 +503,7 @@ async fn drain_fault_story(sandbox: &Sandbox) -> Result<()> {
     phase("SIGTERM: the node drains, waiting for the command");
     let mut faults = FaultsClient::new(channel(&single)?);
     single.signal(Signal::SIGTERM)?;
-    let http = single.http;
-    wait_until("readiness to say draining", deadline_in(READINESS_FLIP_TIMEOUT), || async move {
-        let readyz = http_get(http, "/readyz").await?;
-        Ok(if readyz.status == 503 && readyz.body.contains("draining: failed") {
-            Check::Done(())
-        } else {
-            Check::NotYet(format!("{readyz:?}"))
-        })
-    })
-    .await?;
+    wait_draining(single.http).await?;
 
     phase("the store fails while it drains: its next write stops Raft, and the exit is non-zero");
     faults.set_store_fault(v1::SetFaultRequest { on: true }).await.context("SetStoreFault on")?;
