@@ -59,6 +59,7 @@ pub(crate) fn open_log(
         if mark(&log, dir)?.is_some() {
             // Copied and marked before a crash; only the clearing is left.
             clear_legacy(db, &logs, &meta)?;
+            record_created(db)?;
             return Ok(log);
         }
         drop(log); // joins its writer and releases its lock
@@ -107,14 +108,20 @@ pub(crate) fn open_log(
         }
         write_mark(&mut log, dir, health, None)?;
     }
-    // Recorded once the log is marked (and for a directory of an earlier
-    // build, on its first open here), and flushed: a log missing after
-    // this is refused above.
+    record_created(db)?;
+    Ok(log)
+}
+
+/// Records, once the log is marked (and for a directory of an earlier
+/// build, on its first open here), that this directory's raft log exists,
+/// flushed: a log missing after this is refused by [`open_log`].
+fn record_created(db: &sled::Db) -> Result<(), StorageError> {
+    let issued = db.open_tree(LOG_ISSUED_TREE)?;
     if !issued.contains_key(LOG_ISSUED_KEY)? {
         issued.insert(LOG_ISSUED_KEY, &[])?;
         issued.flush()?;
     }
-    Ok(log)
+    Ok(())
 }
 
 /// Creates the log's directory and makes its name durable.
@@ -317,6 +324,16 @@ mod tests {
         let marked = mark(&log, &dir)?;
         assert_eq!(marked, Some(LogFormat { version: 1, migrated_entries: Some(5) }));
         assert!(logs.is_empty() && meta.is_empty());
+        assert!(db.open_tree(LOG_ISSUED_TREE)?.contains_key(LOG_ISSUED_KEY)?, "recorded");
+
+        // --- marked, then a crash before sled was cleared (put back here):
+        // the next open only clears it, and records the log as created
+        drop(log);
+        logs.insert(log_key(0), bincode::serialize(&blank(0))?)?;
+        db.drop_tree(LOG_ISSUED_TREE)?;
+        drop(open_log(&db, data.path(), &dir, &health)?);
+        assert!(logs.is_empty(), "cleared");
+        assert!(db.open_tree(LOG_ISSUED_TREE)?.contains_key(LOG_ISSUED_KEY)?, "recorded");
         Ok(())
     }
 
