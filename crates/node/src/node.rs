@@ -1116,20 +1116,21 @@ impl NodeHandle {
     }
 
     /// Releases every lease this node's executor still holds, so other
-    /// nodes can take the jobs now rather than after the TTL: all in one
-    /// proposal (one log entry), bounded by [`DRAIN_WRITE_WITHIN`], so a
-    /// node that lost its quorum waits once, not once per lease, before
-    /// leaving them to lapse.
+    /// nodes can take the jobs now rather than after the TTL: in one
+    /// proposal (one log entry) per 256, all within [`DRAIN_WRITE_WITHIN`],
+    /// so a node that lost its quorum waits once, not once per lease,
+    /// before leaving them to lapse.
     async fn release_held(&self) {
         let worker = format!("node-{}", self.journal.node_id());
         let held = self.journal.read_stale(|state| state.leases_held_by(&worker, None));
+        let deadline = tokio::time::Instant::now() + DRAIN_WRITE_WITHIN;
         for chunk in held.chunks(leasehold_core::command::MAX_BATCH_COMMANDS) {
             let commands = chunk
                 .iter()
                 .map(|&(job_id, token)| leasehold_core::Command::Release { job_id, token })
                 .collect();
             let batch = leasehold_core::Command::Batch { commands };
-            let answer = tokio::time::timeout(DRAIN_WRITE_WITHIN, self.journal.propose(batch));
+            let answer = tokio::time::timeout_at(deadline, self.journal.propose(batch));
             match answer.await {
                 Ok(Ok(leasehold_core::Response::Batch(responses))) => {
                     for ((job_id, token), response) in chunk.iter().zip(responses) {

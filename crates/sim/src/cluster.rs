@@ -1432,11 +1432,13 @@ impl Driver {
         if let Some(member) = self.registry.member(node) {
             member.journal.set_draining(true);
         }
-        if clean {
-            for lease in &before {
-                let release = Command::Release { job_id: lease.job_id, token: lease.token };
-                self.write("drain-release", release, None).await;
-            }
+        if clean && !before.is_empty() {
+            // As a node's drain does: every lease in one write.
+            let commands = before
+                .iter()
+                .map(|lease| Command::Release { job_id: lease.job_id, token: lease.token })
+                .collect();
+            self.write("drain-release", Command::Batch { commands }, None).await;
         }
         self.faults.record(Fault::Crash(vec![node]));
         tokio::time::sleep(Duration::from_millis(20)).await;
