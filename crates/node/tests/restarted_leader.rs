@@ -141,9 +141,8 @@ async fn a_leader_that_lost_a_batch_it_sent_ahead_does_not_reuse_its_log_ids() -
     // Fixed addresses, so node 1 comes back where its peers know it.
     let mut addrs = BTreeMap::new();
     for id in 1..=3_u64 {
-        let g = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.to_string();
-        let h = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.to_string();
-        addrs.insert(id, (g, h));
+        let port = || leasehold_testkit::free_port([127, 0, 0, 1].into());
+        addrs.insert(id, (format!("127.0.0.1:{}", port()?), format!("127.0.0.1:{}", port()?)));
     }
     let cfg = |id: u64, join: Option<String>| {
         let (g, h) = addrs[&id].clone();
