@@ -2,7 +2,9 @@
 //! the fencing token in its environment and the payload on stdin, renewing
 //! the lease while it runs; exit 0 acks, anything else nacks with the tail
 //! of stderr. SIGTERM stops claiming, lets running commands finish within
-//! the grace period, then exits.
+//! the grace period, then exits 0; a claim refused for good (credentials
+//! without the worker role, a flag the node refuses) stops it the same
+//! way, exiting 1 with the refusal.
 
 use std::process::ExitCode;
 use std::time::Duration;
@@ -109,6 +111,12 @@ pub async fn run(args: WorkerArgs) -> anyhow::Result<ExitCode> {
         lost = report.lost.len(),
         "worker stopped"
     );
+    if let Some(refused) = report.claims_refused {
+        // Refused for good (a token without the worker role, a field the
+        // node refuses): asking on would change nothing, so the worker
+        // ends non-zero for its supervisor to see, naming why.
+        anyhow::bail!("claims refused ({:?}): {}", refused.code, refused.message);
+    }
     Ok(ExitCode::SUCCESS)
 }
 

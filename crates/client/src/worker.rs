@@ -29,6 +29,13 @@
 //! attempt charged; running jobs get the grace period, their leases still
 //! renewed; what still runs after it is dropped (and released, with
 //! [`WorkerConfig::release_abandoned`]).
+//!
+//! A claim that fails is asked again after a pause. One refused for a
+//! reason waiting cannot change (the credentials are unknown or lack the
+//! worker role, a field the node refuses) stops the worker as a drain
+//! does, the refusal kept in [`WorkerReport::claims_refused`], unless
+//! [`WorkerConfig::stop_on_refusal`] is off: then it is asked again, the
+//! pause doubling up to 30 s.
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -39,7 +46,7 @@ use tokio::task::JoinSet;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use crate::client::{Client, RetryPolicy, new_request_id};
+use crate::client::{Client, ClientError, RetryPolicy, new_request_id};
 pub use crate::guard::{CancelReason, LeaseGuard};
 
 /// How a run of a job ended, as the handler reports it.
@@ -96,6 +103,11 @@ pub struct WorkerConfig {
     /// a standalone worker turns it on so its jobs need not wait out their
     /// TTL.
     pub release_abandoned: bool,
+    /// Stop when a claim is refused for a reason retrying cannot change
+    /// (see the module docs). On by default, so a misconfigured worker
+    /// ends, naming the refusal, rather than asking on; a node's executor
+    /// turns it off and keeps asking, slower and slower.
+    pub stop_on_refusal: bool,
 }
 
 impl WorkerConfig {
@@ -111,6 +123,7 @@ impl WorkerConfig {
             poll_wait_ms: 5_000,
             grace: Duration::from_secs(30),
             release_abandoned: false,
+            stop_on_refusal: true,
         }
     }
 }
@@ -134,6 +147,47 @@ pub struct WorkerReport {
     /// Jobs still running when the grace period ended: dropped (and
     /// released, with [`WorkerConfig::release_abandoned`]).
     pub abandoned: Vec<u64>,
+    /// The refusal that stopped the worker, with
+    /// [`WorkerConfig::stop_on_refusal`]; `None` when it stopped because
+    /// shutdown was asked.
+    pub claims_refused: Option<ClaimsRefused>,
+}
+
+/// A claim refused for a reason retrying cannot change.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ClaimsRefused {
+    /// The gRPC code of the refusal.
+    pub code: tonic::Code,
+    /// What the node (or the client, for a credential it could not send)
+    /// said.
+    pub message: String,
+}
+
+/// Whether a failed claim will be refused again however long the worker
+/// waits: its credentials are unknown or lack the role, or the node
+/// refuses a field of the request (which the worker sends unchanged).
+/// Everything else — a node unreachable, draining or without a leader, a
+/// deadline, an outcome unknown — can pass.
+fn refused_for_good(error: &ClientError) -> bool {
+    matches!(
+        error.code(),
+        tonic::Code::Unauthenticated
+            | tonic::Code::PermissionDenied
+            | tonic::Code::InvalidArgument
+            | tonic::Code::Unimplemented
+    )
+}
+
+/// The pause before a failed claim is asked again; doubled, up to
+/// [`LONGEST_CLAIM_PAUSE`], while it is refused for good.
+const CLAIM_PAUSE: Duration = Duration::from_millis(500);
+/// The longest pause between claims refused for good.
+const LONGEST_CLAIM_PAUSE: Duration = Duration::from_secs(30);
+
+/// The pause after `pause` following a failed claim: doubled while the
+/// claim is refused for good, the first one again for anything else.
+fn next_claim_pause(pause: Duration, for_good: bool) -> Duration {
+    if for_good { (pause * 2).min(LONGEST_CLAIM_PAUSE) } else { CLAIM_PAUSE }
 }
 
 /// How long releasing the lease of an unstarted or abandoned job may take.
@@ -226,6 +280,7 @@ where
     // asks under its id, and the node answers those leases again instead
     // of leaving them to lapse unheld, each charging its job an attempt.
     let mut unanswered: Option<v1::ClaimRequest> = None;
+    let mut pause = CLAIM_PAUSE;
     while !shared.drain.is_cancelled() {
         let first = tokio::select! {
             permit = permits.clone().acquire_owned() => match permit {
@@ -273,15 +328,29 @@ where
             }
             Ok(reply) => (reply.grants, sent_at + Duration::from_millis(reply.waited_ms)),
             Err(error) => {
-                tracing::warn!(%error, "claim failed; retrying");
+                let for_good = refused_for_good(&error);
+                if for_good && config.stop_on_refusal {
+                    // Nothing to collect: asked again, under the same id and
+                    // credentials, the claim would be refused the same way.
+                    tracing::error!(%error, "claim refused; the worker stops");
+                    let refused = ClaimsRefused { code: error.code(), message: error.to_string() };
+                    shared.record(|r| r.claims_refused = Some(refused));
+                    // As a drain: guards fire, unstarted jobs go back,
+                    // running ones get the grace period.
+                    shared.drain.cancel();
+                    break;
+                }
                 unanswered = Some(request);
+                tracing::warn!(%error, pause_ms = pause.as_millis() as u64, "claim failed; retrying");
                 tokio::select! {
-                    () = tokio::time::sleep(Duration::from_millis(500)) => {}
+                    () = tokio::time::sleep(pause) => {}
                     () = shared.drain.cancelled() => {}
                 }
+                pause = next_claim_pause(pause, for_good);
                 continue;
             }
         };
+        pause = CLAIM_PAUSE;
         for grant in grants {
             let Some(permit) = held.pop() else {
                 // The server never grants more than asked; if it did, give
@@ -621,5 +690,52 @@ async fn keep_renewed(shared: Arc<Shared>, guard: LeaseGuard, ttl: Duration) {
                 return;
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_refusals_waiting_cannot_change_stop_a_worker() {
+        let failed = |code| ClientError::Status(tonic::Status::new(code, "the node's words"));
+        for code in [
+            tonic::Code::Unauthenticated,
+            tonic::Code::PermissionDenied,
+            tonic::Code::InvalidArgument,
+            tonic::Code::Unimplemented,
+        ] {
+            assert!(refused_for_good(&failed(code)), "{code:?}");
+        }
+        for code in [
+            tonic::Code::Unavailable,
+            tonic::Code::DeadlineExceeded,
+            tonic::Code::FailedPrecondition,
+            tonic::Code::ResourceExhausted,
+            tonic::Code::Unknown,
+            tonic::Code::Internal,
+        ] {
+            assert!(!refused_for_good(&failed(code)), "{code:?}");
+        }
+        let unknown = ClientError::OutcomeUnknown {
+            first: tonic::Status::unavailable("gone"),
+            last: tonic::Status::failed_precondition("stale"),
+        };
+        assert!(!refused_for_good(&unknown));
+        assert!(refused_for_good(&ClientError::Credential("a token with a newline".into())));
+    }
+
+    #[test]
+    fn claims_refused_for_good_are_asked_slower_up_to_a_bound_and_others_at_once() {
+        let mut pause = CLAIM_PAUSE;
+        let mut seen = Vec::new();
+        for _ in 0..10 {
+            pause = next_claim_pause(pause, true);
+            seen.push(pause.as_millis());
+        }
+        assert_eq!(seen[..4], [1_000, 2_000, 4_000, 8_000]);
+        assert_eq!(seen.last().copied(), Some(LONGEST_CLAIM_PAUSE.as_millis()));
+        assert_eq!(next_claim_pause(LONGEST_CLAIM_PAUSE, false), CLAIM_PAUSE);
     }
 }

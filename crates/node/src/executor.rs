@@ -56,6 +56,10 @@ pub async fn run(config: ExecutorConfig, client: Client, shutdown: watch::Receiv
         worker_config.selector = selector(config.node_id, &config.tags);
         worker_config.grace = config.grace;
         worker_config.poll_wait_ms = 5_000;
+        // A refusal here is the node's own configuration (its credentials);
+        // the node runs on and keeps asking, slower, rather than silently
+        // stop running commands.
+        worker_config.stop_on_refusal = false;
         let timeout = config.timeout;
         let node_id = config.node_id;
         let commands = config.commands.clone();

@@ -359,6 +359,22 @@ async fn roles_story(sandbox: &Sandbox) -> Result<()> {
         denied_run.status,
         denied_run.stderr
     );
+    // A worker whose token lacks the role ends, naming the refusal, rather
+    // than asking on (run_cli gives up on it after 30 s).
+    let worker_run = super::super::support::run_cli(
+        sandbox,
+        &["worker", "--queue", "emails", "--", "true"],
+        &env,
+    )
+    .await?;
+    ensure!(
+        worker_run.status.code() == Some(1)
+            && worker_run.stderr.contains("claims refused")
+            && worker_run.stderr.contains("worker role"),
+        "a worker without the role: {} {}",
+        worker_run.status,
+        worker_run.stderr
+    );
     Ok(())
 }
 
