@@ -3,6 +3,7 @@
 //! every member.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
 use std::time::Duration;
 
 use leasehold_proto::v1;
@@ -10,6 +11,7 @@ use leasehold_proto::v1::cluster_client::ClusterClient;
 use leasehold_proto::v1::cluster_server::Cluster;
 use openraft::error::{ClientWriteError, RaftError};
 use openraft::{BasicNode, ChangeMembers, ServerState};
+use tokio::sync::Semaphore;
 use tonic::{Request, Response, Status};
 
 use crate::auth::Caller;
@@ -25,6 +27,13 @@ use leasehold_security::secret::TARGET_NODE_HEADER;
 const STATUS_TIMEOUT: Duration = Duration::from_secs(1);
 /// How long a learner may take to catch up before it is promoted.
 const CATCH_UP_TIMEOUT: Duration = Duration::from_secs(120);
+/// Status calls gathering every member's answer at once (the status page's
+/// included); more wait their turn. Each asks every member, so many callers
+/// must not multiply that.
+const MAX_STATUS_FAN_OUTS: usize = 4;
+/// How long a status call waits for its turn before it is refused
+/// UNAVAILABLE (a client retries that).
+const STATUS_TURN_WAIT: Duration = Duration::from_secs(2);
 
 /// Serves `leasehold.v1.Cluster`.
 #[derive(Clone)]
@@ -32,13 +41,20 @@ pub struct ClusterService {
     journal: Journal,
     gate: Gate,
     readiness: Readiness,
+    /// Turns at asking every member for its status.
+    fan_outs: Arc<Semaphore>,
 }
 
 impl ClusterService {
     /// A service reporting on and changing `journal`'s cluster, and the
     /// flags of `gate`; it reports this node's `readiness` as `/readyz` does.
     pub fn new(journal: Journal, gate: Gate, readiness: Readiness) -> Self {
-        ClusterService { journal, gate, readiness }
+        ClusterService {
+            journal,
+            gate,
+            readiness,
+            fan_outs: Arc::new(Semaphore::new(MAX_STATUS_FAN_OUTS)),
+        }
     }
 
     /// This node's own view of itself.
@@ -312,6 +328,20 @@ impl Cluster for ClusterService {
         let voters: BTreeSet<u64> = membership.voter_ids().collect();
         let mut nodes = BTreeMap::new();
         nodes.insert(me, mine);
+        let others = membership.nodes().any(|(id, _)| *id != me);
+        let _turn = if local_only || !others {
+            None
+        } else {
+            match tokio::time::timeout(STATUS_TURN_WAIT, self.fan_outs.acquire()).await {
+                Ok(Ok(turn)) => Some(turn),
+                _ => {
+                    return Err(Status::unavailable(format!(
+                        "busy: more than {MAX_STATUS_FAN_OUTS} status calls asking every \
+                         member at once; try again (local_only answers at once)"
+                    )));
+                }
+            }
+        };
         if !local_only {
             let asks = membership.nodes().filter(|(id, _)| **id != me).map(|(id, node)| {
                 let id = *id;
