@@ -30,12 +30,13 @@
 //! renewed; what still runs after it is dropped (and released, with
 //! [`WorkerConfig::release_abandoned`]).
 //!
-//! A claim that fails is asked again after a pause. One refused for a
+//! A claim that fails is asked again after a pause. Claims refused for a
 //! reason waiting cannot change (the credentials are unknown or lack the
-//! worker role, a field the node refuses) stops the worker as a drain
-//! does, the refusal kept in [`WorkerReport::claims_refused`], unless
-//! [`WorkerConfig::stop_on_refusal`] is off: then it is asked again, the
-//! pause doubling up to 30 s.
+//! worker role, a field the node refuses) are asked again slower and
+//! slower, and once refused so for 10 s the worker stops as a drain does,
+//! the refusal kept in [`WorkerReport::claims_refused`], unless
+//! [`WorkerConfig::stop_on_refusal`] is off: then it asks on, the pause
+//! doubling up to 30 s.
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -103,8 +104,8 @@ pub struct WorkerConfig {
     /// a standalone worker turns it on so its jobs need not wait out their
     /// TTL.
     pub release_abandoned: bool,
-    /// Stop when a claim is refused for a reason retrying cannot change
-    /// (see the module docs). On by default, so a misconfigured worker
+    /// Stop once claims have been refused for 10 s for a reason retrying
+    /// cannot change (see the module docs). On by default, so a misconfigured worker
     /// ends, naming the refusal, rather than asking on; a node's executor
     /// turns it off and keeps asking, slower and slower.
     pub stop_on_refusal: bool,
@@ -183,11 +184,52 @@ fn refused_for_good(error: &ClientError) -> bool {
 const CLAIM_PAUSE: Duration = Duration::from_millis(500);
 /// The longest pause between claims refused for good.
 const LONGEST_CLAIM_PAUSE: Duration = Duration::from_secs(30);
+/// How long claims must have been refused for good, without a success or
+/// another failure between, before the worker stops: long enough to ride
+/// out one node that has not yet reloaded a token the others took, or a
+/// proxy reloading its configuration.
+const REFUSAL_PATIENCE: Duration = Duration::from_secs(10);
 
-/// The pause after `pause` following a failed claim: doubled while the
-/// claim is refused for good, the first one again for anything else.
-fn next_claim_pause(pause: Duration, for_good: bool) -> Duration {
-    if for_good { (pause * 2).min(LONGEST_CLAIM_PAUSE) } else { CLAIM_PAUSE }
+/// The failed claims since the last that succeeded: when to ask again, and
+/// whether to stop.
+#[derive(Debug)]
+struct ClaimFailures {
+    /// When the current run of refusals for good began.
+    refused_since: Option<Instant>,
+    /// The pause after the next refusal for good.
+    pause: Duration,
+}
+
+impl Default for ClaimFailures {
+    fn default() -> Self {
+        ClaimFailures { refused_since: None, pause: CLAIM_PAUSE }
+    }
+}
+
+/// What a worker does after a failed claim.
+#[derive(Debug, PartialEq, Eq)]
+enum AfterFailure {
+    /// Ask again after this pause.
+    Wait(Duration),
+    /// Stop: refused for good for [`REFUSAL_PATIENCE`].
+    Stop,
+}
+
+impl ClaimFailures {
+    /// A claim failed at `now`, refused for good or not.
+    fn failed(&mut self, for_good: bool, stop_on_refusal: bool, now: Instant) -> AfterFailure {
+        if !for_good {
+            *self = ClaimFailures::default();
+            return AfterFailure::Wait(CLAIM_PAUSE);
+        }
+        let since = *self.refused_since.get_or_insert(now);
+        if stop_on_refusal && now.saturating_duration_since(since) >= REFUSAL_PATIENCE {
+            return AfterFailure::Stop;
+        }
+        let pause = self.pause;
+        self.pause = (self.pause * 2).min(LONGEST_CLAIM_PAUSE);
+        AfterFailure::Wait(pause)
+    }
 }
 
 /// How long releasing the lease of an unstarted or abandoned job may take.
@@ -280,7 +322,7 @@ where
     // asks under its id, and the node answers those leases again instead
     // of leaving them to lapse unheld, each charging its job an attempt.
     let mut unanswered: Option<v1::ClaimRequest> = None;
-    let mut pause = CLAIM_PAUSE;
+    let mut failures = ClaimFailures::default();
     while !shared.drain.is_cancelled() {
         let first = tokio::select! {
             permit = permits.clone().acquire_owned() => match permit {
@@ -329,28 +371,35 @@ where
             Ok(reply) => (reply.grants, sent_at + Duration::from_millis(reply.waited_ms)),
             Err(error) => {
                 let for_good = refused_for_good(&error);
-                if for_good && config.stop_on_refusal {
-                    // Nothing to collect: asked again, under the same id and
-                    // credentials, the claim would be refused the same way.
-                    tracing::error!(%error, "claim refused; the worker stops");
-                    let refused = ClaimsRefused { code: error.code(), message: error.to_string() };
-                    shared.record(|r| r.claims_refused = Some(refused));
-                    // As a drain: guards fire, unstarted jobs go back,
-                    // running ones get the grace period.
-                    shared.drain.cancel();
-                    break;
-                }
+                let pause = match failures.failed(for_good, config.stop_on_refusal, Instant::now())
+                {
+                    AfterFailure::Wait(pause) => pause,
+                    AfterFailure::Stop => {
+                        // Nothing to collect: asked again, under the same id
+                        // and credentials, the claim is refused the same way.
+                        tracing::error!(%error, "claims refused; the worker stops");
+                        let message = match &error {
+                            ClientError::Status(status) => status.message().to_string(),
+                            other => other.to_string(),
+                        };
+                        let refused = ClaimsRefused { code: error.code(), message };
+                        shared.record(|r| r.claims_refused = Some(refused));
+                        // As a drain: guards fire, unstarted jobs go back,
+                        // running ones get the grace period.
+                        shared.drain.cancel();
+                        break;
+                    }
+                };
                 unanswered = Some(request);
                 tracing::warn!(%error, pause_ms = pause.as_millis() as u64, "claim failed; retrying");
                 tokio::select! {
                     () = tokio::time::sleep(pause) => {}
                     () = shared.drain.cancelled() => {}
                 }
-                pause = next_claim_pause(pause, for_good);
                 continue;
             }
         };
-        pause = CLAIM_PAUSE;
+        failures = ClaimFailures::default();
         for grant in grants {
             let Some(permit) = held.pop() else {
                 // The server never grants more than asked; if it did, give
@@ -727,15 +776,45 @@ mod tests {
     }
 
     #[test]
-    fn claims_refused_for_good_are_asked_slower_up_to_a_bound_and_others_at_once() {
-        let mut pause = CLAIM_PAUSE;
-        let mut seen = Vec::new();
-        for _ in 0..10 {
-            pause = next_claim_pause(pause, true);
-            seen.push(pause.as_millis());
+    fn claims_refused_for_good_stop_a_worker_after_a_while_and_others_never() {
+        let start = Instant::now();
+        // Refused for good, each time after the pause asked for.
+        let run = |stop_on_refusal: bool, tries: usize| {
+            let mut failures = ClaimFailures::default();
+            let mut now = start;
+            let mut pauses = Vec::new();
+            for _ in 0..tries {
+                match failures.failed(true, stop_on_refusal, now) {
+                    AfterFailure::Wait(pause) => {
+                        pauses.push(pause.as_millis());
+                        now += pause;
+                    }
+                    AfterFailure::Stop => return (pauses, Some(now - start)),
+                }
+            }
+            (pauses, None)
+        };
+        let (pauses, stopped) = run(true, 20);
+        assert_eq!(pauses, [500, 1_000, 2_000, 4_000, 8_000]);
+        assert_eq!(stopped, Some(Duration::from_millis(15_500)));
+        let (pauses, stopped) = run(false, 12);
+        assert_eq!(stopped, None);
+        assert_eq!(pauses[..4], [500, 1_000, 2_000, 4_000]);
+        assert_eq!(pauses.last().copied(), Some(LONGEST_CLAIM_PAUSE.as_millis()));
+
+        // Another failure between refusals starts the patience over, and
+        // is asked again after the first pause, not the last long one.
+        let mut failures = ClaimFailures::default();
+        let mut now = start;
+        for _ in 0..4 {
+            assert!(matches!(failures.failed(true, true, now), AfterFailure::Wait(_)));
+            now += Duration::from_secs(3);
         }
-        assert_eq!(seen[..4], [1_000, 2_000, 4_000, 8_000]);
-        assert_eq!(seen.last().copied(), Some(LONGEST_CLAIM_PAUSE.as_millis()));
-        assert_eq!(next_claim_pause(LONGEST_CLAIM_PAUSE, false), CLAIM_PAUSE);
+        assert_eq!(failures.failed(false, true, now), AfterFailure::Wait(CLAIM_PAUSE));
+        assert_eq!(failures.failed(true, true, now), AfterFailure::Wait(CLAIM_PAUSE));
+        now += Duration::from_secs(9);
+        assert!(matches!(failures.failed(true, true, now), AfterFailure::Wait(_)));
+        now += Duration::from_secs(1);
+        assert_eq!(failures.failed(true, true, now), AfterFailure::Stop);
     }
 }

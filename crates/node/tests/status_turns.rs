@@ -2,7 +2,8 @@
 //! callers at once cannot multiply the calls a node makes to its peers.
 //! The node's one other member is a listener that takes connections and
 //! never answers, so each such call holds its turn for the full per-member
-//! timeout; a call that asks only the node itself needs no turn.
+//! timeout; a call that asks only the node itself needs no turn, and the
+//! status page, which has turns of its own, is not crowded out.
 
 mod support;
 
@@ -67,6 +68,11 @@ async fn story() -> Result<()> {
     .map_err(|_| anyhow!("a local-only status call waited for a turn"))??
     .into_inner();
     ensure!(local.nodes.len() == 1, "{local:?}");
+    phase("meanwhile, the status page answers");
+    let page = tokio::time::timeout(Duration::from_secs(4), page_status(node.http_addr()))
+        .await
+        .map_err(|_| anyhow!("the status page did not answer within 4 s"))??;
+    ensure!(page.starts_with("HTTP/1.1 200"), "the status page: {page}");
 
     let (mut answered, mut busy) = (0, 0);
     while let Some(call) = calls.join_next().await {
@@ -93,4 +99,16 @@ async fn story() -> Result<()> {
     holder.abort();
     node.shutdown(Duration::from_secs(5)).await.map_err(|e| anyhow!("shutdown: {e}"))?;
     Ok(())
+}
+
+/// The status line and headers of `GET /api/status` at `addr`.
+async fn page_status(addr: std::net::SocketAddr) -> Result<String> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut stream = tokio::net::TcpStream::connect(addr).await?;
+    let request = format!("GET /api/status HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n");
+    stream.write_all(request.as_bytes()).await?;
+    let mut answer = Vec::new();
+    stream.read_to_end(&mut answer).await?;
+    let answer = String::from_utf8_lossy(&answer);
+    Ok(answer.split("\r\n\r\n").next().unwrap_or_default().to_string())
 }

@@ -314,13 +314,11 @@ fn membership_error(error: RaftError<u64, ClientWriteError<u64, BasicNode>>) -> 
     }
 }
 
-#[tonic::async_trait]
-impl Cluster for ClusterService {
-    async fn status(
-        &self,
-        request: Request<v1::StatusRequest>,
-    ) -> Result<Response<v1::StatusResponse>, Status> {
-        let local_only = request.into_inner().local_only;
+impl ClusterService {
+    /// The cluster's status as this node sees it, with every member's own
+    /// answer unless `local_only`. Takes no turn: `Cluster.Status` takes
+    /// one first; the status page has turns of its own.
+    pub async fn gather_status(&self, local_only: bool) -> v1::StatusResponse {
         let metrics = self.journal.raft().metrics().borrow().clone();
         let me = self.journal.node_id();
         let mine = self.local_status().await;
@@ -328,20 +326,6 @@ impl Cluster for ClusterService {
         let voters: BTreeSet<u64> = membership.voter_ids().collect();
         let mut nodes = BTreeMap::new();
         nodes.insert(me, mine);
-        let others = membership.nodes().any(|(id, _)| *id != me);
-        let _turn = if local_only || !others {
-            None
-        } else {
-            match tokio::time::timeout(STATUS_TURN_WAIT, self.fan_outs.acquire()).await {
-                Ok(Ok(turn)) => Some(turn),
-                _ => {
-                    return Err(Status::unavailable(format!(
-                        "busy: more than {MAX_STATUS_FAN_OUTS} status calls asking every \
-                         member at once; try again (local_only answers at once)"
-                    )));
-                }
-            }
-        };
         if !local_only {
             let asks = membership.nodes().filter(|(id, _)| **id != me).map(|(id, node)| {
                 let id = *id;
@@ -374,11 +358,42 @@ impl Cluster for ClusterService {
                 nodes.insert(id, status);
             }
         }
-        Ok(Response::new(v1::StatusResponse {
+        v1::StatusResponse {
             leader: metrics.current_leader.unwrap_or(0),
             node_id: me,
             nodes: nodes.into_values().collect(),
-        }))
+        }
+    }
+}
+
+#[tonic::async_trait]
+impl Cluster for ClusterService {
+    async fn status(
+        &self,
+        request: Request<v1::StatusRequest>,
+    ) -> Result<Response<v1::StatusResponse>, Status> {
+        let local_only = request.into_inner().local_only;
+        let me = self.journal.node_id();
+        let alone = {
+            let metrics = self.journal.raft().metrics().borrow().clone();
+            metrics.membership_config.membership().nodes().all(|(id, _)| *id == me)
+        };
+        // Taken before the answer's own view is, so that and the members'
+        // answers are of one moment.
+        let _turn = if local_only || alone {
+            None
+        } else {
+            match tokio::time::timeout(STATUS_TURN_WAIT, self.fan_outs.acquire()).await {
+                Ok(Ok(turn)) => Some(turn),
+                _ => {
+                    return Err(Status::unavailable(format!(
+                        "busy: more than {MAX_STATUS_FAN_OUTS} status calls asking every \
+                         member at once; try again (local_only answers at once)"
+                    )));
+                }
+            }
+        };
+        Ok(Response::new(self.gather_status(local_only).await))
     }
 
     async fn join(

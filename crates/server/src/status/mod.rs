@@ -12,7 +12,6 @@ mod snapshot;
 
 use axum::http::{HeaderMap, StatusCode, header};
 use leasehold_proto::v1;
-use leasehold_proto::v1::cluster_server::Cluster;
 use leasehold_proto::v1::queue_server::Queue;
 use leasehold_proto::v1::schedules_server::Schedules;
 use leasehold_security::Role;
@@ -96,12 +95,13 @@ impl StatusSources {
                 format!("{call}: {}", status.message()),
             )
         };
+        // The page's own turns bound its fan-outs, not Cluster.Status's:
+        // callers of the RPC cannot crowd the page out.
         let (cluster, stats, schedules) = tokio::join!(
-            self.cluster.status(Request::new(v1::StatusRequest { local_only: false })),
+            self.cluster.gather_status(false),
             self.queue.stats(Request::new(v1::StatsRequest { queue: None, stale: true })),
             self.schedules.list(Request::new(v1::ListSchedulesRequest { stale: true })),
         );
-        let cluster = cluster.map_err(|s| failed("cluster status", s))?.into_inner();
         let stats = stats.map_err(|s| failed("queue stats", s))?.into_inner();
         let schedules = schedules.map_err(|s| failed("schedules list", s))?.into_inner();
         Ok(snapshot::render(&cluster, &stats, &schedules))
