@@ -560,15 +560,16 @@ impl Client {
     }
 
     /// Makes `call` (against the current node), retrying transient
-    /// failures on the next node when `retry`; follows a leader hint on
-    /// the answer. For calls whose repeat answers the same as the first
-    /// try (reads, acks, claims and triggers under a request id).
+    /// failures on the next node — when not `retry`, only failures that
+    /// wrote nothing (see [`Repeat::UntilSent`]); follows a leader hint on
+    /// the answer. `retry` for calls whose repeat answers the same as the
+    /// first try (reads, acks, claims and triggers under a request id).
     async fn retrying<T, F, Fut>(&self, retry: bool, call: F) -> Result<T, ClientError>
     where
         F: FnMut() -> Fut,
         Fut: std::future::Future<Output = Result<tonic::Response<T>, tonic::Status>>,
     {
-        self.retrying_as(if retry { Repeat::Same } else { Repeat::Never }, call).await
+        self.retrying_as(if retry { Repeat::Same } else { Repeat::UntilSent }, call).await
     }
 
     async fn retrying_as<T, F, Fut>(&self, repeat: Repeat, mut call: F) -> Result<T, ClientError>
@@ -576,7 +577,7 @@ impl Client {
         F: FnMut() -> Fut,
         Fut: std::future::Future<Output = Result<tonic::Response<T>, tonic::Status>>,
     {
-        let attempts = if repeat == Repeat::Never { 1 } else { self.retry.attempts.max(1) };
+        let attempts = self.retry.attempts.max(1);
         let mut delay = self.retry.first_delay;
         let mut tried = 0;
         let mut in_transit: Option<tonic::Status> = None;
@@ -617,7 +618,7 @@ impl Client {
 
     /// Enqueues jobs atomically. Retried on UNAVAILABLE only when every job
     /// carries an idempotency key, since an unanswered enqueue may still
-    /// have committed.
+    /// have committed; otherwise only after a try that wrote nothing.
     pub async fn enqueue(
         &self,
         jobs: Vec<v1::JobSpec>,
@@ -717,7 +718,8 @@ impl Client {
         .map(|_| ())
     }
 
-    /// Fails an attempt. Not retried: a lost answer may have charged it.
+    /// Fails an attempt. Repeated only after a try that wrote nothing: a
+    /// lost answer may have charged it.
     pub async fn nack(&self, request: v1::NackRequest) -> Result<v1::NackResponse, ClientError> {
         self.retrying(false, || {
             let mut stub = self.queue();
@@ -953,8 +955,6 @@ impl Client {
 /// whether the repeat answers as the first try did.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Repeat {
-    /// Not repeated: a lost answer may have charged something.
-    Never,
     /// Repeated; a repeat of a try that applied answers the same.
     Same,
     /// Repeated; but a try that applied changes what a repeat is told (a
@@ -964,7 +964,9 @@ enum Repeat {
     /// Repeated only after a try that wrote nothing (it never connected,
     /// or the node refused it before proposing, as in an election): a
     /// repeat of one that applied would answer something else and be taken
-    /// for the answer (a redrive's count of jobs moved).
+    /// for the answer (a redrive's count of jobs moved), or do it twice (an
+    /// unkeyed enqueue, a nack that charged an attempt). So such a call
+    /// still moves past a node that is down.
     UntilSent,
 }
 
@@ -983,9 +985,10 @@ pub fn refused_before_proposing(status: &tonic::Status) -> bool {
 /// The error a call ends with: the last failure, unless an earlier try
 /// went unanswered after connecting. Then, if the last was refused by the
 /// server and the call is [`Repeat::Differs`], the outcome is unknown; and
-/// if the last never connected, the earlier failure is the one that says
-/// what may have happened (a refused connection to the next node does not
-/// make the first try unsent).
+/// if the last wrote nothing (it never connected, or the node refused it
+/// before proposing), the earlier failure is the one that says what may
+/// have happened (a refused connection to the next node, or its "no
+/// leader is known yet", does not make the first try unsent).
 fn final_error(
     repeat: Repeat,
     in_transit: Option<tonic::Status>,
@@ -995,7 +998,9 @@ fn final_error(
         Some(first) if repeat == Repeat::Differs && !is_retryable(&last) => {
             ClientError::OutcomeUnknown { first, last }
         }
-        Some(first) if connect_failure(&last) => ClientError::Status(first),
+        Some(first) if connect_failure(&last) || refused_before_proposing(&last) => {
+            ClientError::Status(first)
+        }
         _ => ClientError::Status(last),
     }
 }
@@ -1360,5 +1365,30 @@ mod tests {
         let first = final_error(Repeat::Same, Some(lost()), refused);
         assert!(!first.never_sent(), "{first:?}");
         assert!(first.to_string().contains("not committed"), "{first}");
+        // So does a last try the next node refused before proposing.
+        let election = tonic::Status::unavailable("no leader is known yet");
+        for repeat in [Repeat::Same, Repeat::UntilSent, Repeat::Differs] {
+            let first = final_error(repeat, Some(lost()), election.clone());
+            match &first {
+                ClientError::Status(status) => {
+                    assert!(!refused_before_proposing(status), "{repeat:?}: {first:?}")
+                }
+                other => panic!("{repeat:?}: {other:?}"),
+            }
+        }
+    }
+
+    #[tokio::test]
+    async fn an_unkeyed_enqueue_moves_past_a_node_that_refuses_connections()
+    -> Result<(), Box<dyn std::error::Error>> {
+        let refused = format!("127.0.0.1:{}", closed_port()?);
+        let (dies, taken, server) = dying_node().await?;
+        let client = Client::connect(&format!("{refused},{dies}"))?.with_retry(quick_retries(3));
+        let unkeyed = v1::JobSpec { queue: "q".into(), ..Default::default() };
+        let error = client.enqueue(vec![unkeyed]).await.err().ok_or("a dying node answered")?;
+        server.abort();
+        assert_eq!(taken.load(Ordering::SeqCst), 1, "the second address was not tried once");
+        assert!(!error.never_sent(), "{error:?}");
+        Ok(())
     }
 }
