@@ -15,8 +15,10 @@ use crate::cron::{self, CronSchedule};
 
 /// Most tick records kept per schedule.
 pub const HISTORY_LEN: usize = 100;
-/// Most ticks one planning round looks at; older ones are coalesced.
-pub const MAX_TICKS_PER_PLAN: usize = 1_000;
+/// Most ticks one planning round looks at; older ones are coalesced. Room
+/// for `catchup = all` at its largest bound: that many missed ticks, the
+/// current one, and one more for the window's search.
+pub const MAX_TICKS_PER_PLAN: usize = crate::validate::MAX_CATCHUP as usize + 2;
 /// Most older ticks a plan counts for its catch-up record (the count of a
 /// longer gap is this lower bound).
 pub const MAX_TICKS_COUNTED: usize = 100_000;
@@ -431,6 +433,14 @@ pub fn plan_ticks(
             let keep_from = missed.len().saturating_sub(schedule.spec.catchup_max as usize);
             if keep_from > 0 {
                 plan.push(skip(missed[keep_from - 1], keep_from as u64 + unread));
+            } else if let (Some(&first), true) = (missed.first(), unread > 0) {
+                // Every read missed tick fires; the unread ones before them
+                // still need their record.
+                plan.push(TickPlan::Skip {
+                    bucket: cron::bucket_of(first).saturating_sub(1),
+                    reason: SkipReason::Catchup,
+                    ticks: unread,
+                });
             }
             plan.extend(missed[keep_from..].iter().map(|t| TickPlan::Fire(cron::bucket_of(*t))));
         }
@@ -644,6 +654,36 @@ mod tests {
                 TickPlan::Fire(bucket(5)),
             ]
         );
+    }
+
+    /// An outage of more ticks than a plan reads, under `catchup = all` at
+    /// its largest bound: the bound's missed ticks fire (not a few short
+    /// of it), and the older ones are recorded, every tick once.
+    #[test]
+    fn all_at_its_largest_bound_fires_that_many_and_records_the_rest() {
+        let (mut schedule, cron) = every_minute(Catchup::All);
+        schedule.spec.catchup_max = crate::validate::MAX_CATCHUP;
+        let minutes = 3_000;
+        let plan = plan_ticks(&schedule, &cron, T0_MS + minutes * MINUTE_MS + 500, 2_000);
+        let fired = plan.iter().filter(|step| matches!(step, TickPlan::Fire(_))).count();
+        // The bound's missed ticks, then the current one.
+        assert_eq!(fired, crate::validate::MAX_CATCHUP as usize + 1, "{:?}", &plan[..3]);
+        let skipped: u64 = plan
+            .iter()
+            .map(|step| match step {
+                TickPlan::Skip { ticks, .. } => *ticks,
+                TickPlan::Fire(_) => 0,
+            })
+            .sum();
+        assert_eq!(skipped + fired as u64, minutes, "every tick accounted once: {:?}", &plan[..3]);
+        let mut buckets = plan.iter().map(|step| match step {
+            TickPlan::Fire(bucket) | TickPlan::Skip { bucket, .. } => *bucket,
+        });
+        let mut previous = buckets.next().unwrap_or_default();
+        for bucket in buckets {
+            assert!(bucket > previous, "out of order: {previous} then {bucket}");
+            previous = bucket;
+        }
     }
 
     #[test]

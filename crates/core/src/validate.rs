@@ -282,15 +282,22 @@ pub fn schedule_expression(spec: &ScheduleSpec) -> Result<(), ValidationError> {
             ));
         }
     }
-    if let Err(error) = crate::cron::parse(&spec.cron, &spec.timezone) {
-        let field = if matches!(error, crate::cron::CronError::UnknownTimezone { .. }) {
-            "timezone"
-        } else {
-            "cron"
-        };
-        return Err(ValidationError::invalid(field.to_string(), error.to_string()));
+    match crate::cron::parse(&spec.cron, &spec.timezone) {
+        Err(error) => {
+            let field = if matches!(error, crate::cron::CronError::UnknownTimezone { .. }) {
+                "timezone"
+            } else {
+                "cron"
+            };
+            Err(ValidationError::invalid(field.to_string(), error.to_string()))
+        }
+        // Accepted, it would never fire, and nothing would say why.
+        Ok(schedule) if !schedule.matches_some_date() => Err(ValidationError::invalid(
+            "cron",
+            "matches no date: the months named never have that day of the month",
+        )),
+        Ok(_) => Ok(()),
     }
-    Ok(())
 }
 
 /// Checks a schedule's name, job template and catch-up bounds: what
@@ -663,6 +670,26 @@ mod tests {
         assert_eq!(error.kind, kind, "{error}");
         assert_eq!(error.field, field, "{error}");
         assert_eq!(error.problem, problem, "{error}");
+    }
+
+    #[test]
+    fn a_cron_that_matches_no_date_is_refused() {
+        let spec = |cron: &str| ScheduleSpec {
+            name: "never".into(),
+            cron: cron.into(),
+            ..ScheduleSpec::default()
+        };
+        let limits = Limits::default();
+        for never in ["0 0 30 2 *", "0 0 31 4,6,9,11 *", "0 0 0 30 2 *", "0 0 30,31 2 *"] {
+            let error = schedule_spec(&spec(never), &limits).expect_err(never);
+            assert_eq!((error.kind, error.field.as_str()), (ValidationKind::Invalid, "cron"));
+            assert!(error.problem.contains("matches no date"), "{error}");
+        }
+        // A leap day exists; so does a weekday in February (either field
+        // matching is enough when both are given).
+        for some in ["0 0 29 2 *", "0 0 30 2 1", "0 0 31 * *", "@every 1h"] {
+            assert_eq!(schedule_spec(&spec(some), &limits), Ok(()), "{some}");
+        }
     }
 
     #[test]

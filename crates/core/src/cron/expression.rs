@@ -100,6 +100,16 @@ fn parse_rule(expression: &str) -> Result<Rule, CronError> {
 }
 
 impl CronSchedule {
+    /// Whether any date matches: false for a day of the month that the
+    /// months named never have (`0 0 30 2 *`, `0 0 31 4,6 *`), which would
+    /// never tick.
+    pub fn matches_some_date(&self) -> bool {
+        match &self.rule {
+            Rule::Calendar(calendar) => calendar.can_match(),
+            Rule::Every { .. } => true,
+        }
+    }
+
     /// The IANA name of the schedule's timezone (`"UTC"` when none was given).
     pub fn timezone(&self) -> &'static str {
         self.zone.name()
