@@ -36,6 +36,7 @@ use leasehold_proto::v1;
 use serde::Deserialize;
 use serde_json::{Value, json};
 
+use crate::render::say;
 use crate::{Output, render};
 
 /// Most jobs in one Enqueue call by default: the limit every node enforces.
@@ -286,7 +287,7 @@ pub async fn enqueue_file(
             "unknown": unknown,
             "failures": failures,
         })),
-        Output::Text => println!(
+        Output::Text => say!(
             "{enqueued} enqueued, {duplicates} duplicates, {failed} failed, {unknown} unknown \
              ({lines} jobs in {batch_count} batches)"
         ),

@@ -2,6 +2,7 @@
 
 use std::process::ExitCode;
 
+use crate::render::say;
 use crate::{Connection, Output, render};
 
 /// `leasehold cluster` arguments.
@@ -87,7 +88,7 @@ pub async fn run(args: ClusterArgs) -> anyhow::Result<ExitCode> {
         }
         ClusterCommand::Drain { id } => {
             client.drain(id).await?;
-            println!("node {id} is draining");
+            say!("node {id} is draining");
         }
         ClusterCommand::Flags { node, journal_lease, dry_run, output } => {
             if journal_lease.is_none() && dry_run.is_none() {
@@ -100,7 +101,7 @@ pub async fn run(args: ClusterArgs) -> anyhow::Result<ExitCode> {
                     "journal_lease": flags.journal_lease,
                     "dry_run": flags.dry_run,
                 })),
-                Output::Text => println!(
+                Output::Text => say!(
                     "node {node}: journal_lease={} dry_run={}",
                     on_off_name(flags.journal_lease),
                     on_off_name(flags.dry_run)
@@ -109,7 +110,7 @@ pub async fn run(args: ClusterArgs) -> anyhow::Result<ExitCode> {
         }
         ClusterCommand::Remove { id } => {
             let voters = client.remove_member(id).await?;
-            println!("node {id} removed; voters now {voters:?}");
+            say!("node {id} removed; voters now {voters:?}");
         }
     }
     Ok(ExitCode::SUCCESS)

@@ -5,6 +5,7 @@ use std::process::ExitCode;
 use leasehold_proto::v1;
 use serde_json::{Value, json};
 
+use crate::render::say;
 use crate::{Connection, Output, render};
 
 /// `leasehold cron` arguments.
@@ -311,11 +312,11 @@ pub async fn run(args: CronArgs) -> anyhow::Result<ExitCode> {
                 paused,
             };
             client.put_schedule(spec).await?;
-            println!("schedule {name} put");
+            say!("schedule {name} put");
         }
         CronCommand::Delete { name } => {
             client.delete_schedule(&name).await?;
-            println!("schedule {name} deleted");
+            say!("schedule {name} deleted");
         }
         CronCommand::Get { name, output } => {
             let schedule = client.get_schedule(&name, false).await?;
@@ -335,21 +336,21 @@ pub async fn run(args: CronArgs) -> anyhow::Result<ExitCode> {
         }
         CronCommand::Pause { name } => {
             client.pause_schedule(&name).await?;
-            println!("schedule {name} paused");
+            say!("schedule {name} paused");
         }
         CronCommand::Resume { name } => {
             client.resume_schedule(&name).await?;
-            println!("schedule {name} resumed");
+            say!("schedule {name} resumed");
         }
         CronCommand::Trigger { name, force } => {
             // Retried on UNAVAILABLE under one request id: a retry after a
             // lost answer does not run the schedule twice.
             let reply = client.trigger(&name, force).await?;
             if reply.job_ids.is_empty() {
-                println!("schedule {name} not run: {}", reply.skip_reason);
+                say!("schedule {name} not run: {}", reply.skip_reason);
                 return Ok(ExitCode::from(3));
             }
-            println!("schedule {name} triggered: jobs {:?}", reply.job_ids);
+            say!("schedule {name} triggered: jobs {:?}", reply.job_ids);
         }
         CronCommand::History { name, output } => {
             let schedule = client.get_schedule(&name, false).await?;

@@ -8,6 +8,8 @@ use std::process::ExitCode;
 
 use leasehold_security::devcerts::DevCerts;
 
+use crate::render::say;
+
 /// Flags of `leasehold dev-certs`.
 #[derive(clap::Args, Debug)]
 pub struct DevCertsArgs {
@@ -29,13 +31,13 @@ pub fn run(args: DevCertsArgs) -> anyhow::Result<ExitCode> {
     let written =
         DevCerts { dir: args.dir.clone(), nodes: args.nodes, hosts: args.hosts }.write()?;
     if written.kept_ca {
-        println!("kept the CA and tokens already in {}", args.dir.display());
+        say!("kept the CA and tokens already in {}", args.dir.display());
     }
     for file in &written.files {
-        println!("wrote {}", file.display());
+        say!("wrote {}", file.display());
     }
     let dir = args.dir.display();
-    println!(
+    say!(
         "\nstart a node:  leasehold serve --tls-ca {dir}/ca.pem --tls-cert {dir}/node-1.pem \
          --tls-key {dir}/node-1.key --tokens {dir}/tokens.toml\n\
          use it:        LEASEHOLD_TLS_CA={dir}/ca.pem LEASEHOLD_TLS_CERT={dir}/client.pem \

@@ -7,6 +7,7 @@ use anyhow::Context;
 use leasehold_proto::v1;
 use serde_json::json;
 
+use crate::render::say;
 use crate::{Connection, Output, render};
 
 /// `leasehold job` arguments.
@@ -322,8 +323,8 @@ pub async fn run(args: JobArgs) -> anyhow::Result<ExitCode> {
                     Output::Json => render::print_json(
                         &json!({"job_id": result.job_id, "duplicate": result.duplicate}),
                     ),
-                    Output::Text if result.duplicate => println!("{} (duplicate)", result.job_id),
-                    Output::Text => println!("{}", result.job_id),
+                    Output::Text if result.duplicate => say!("{} (duplicate)", result.job_id),
+                    Output::Text => say!("{}", result.job_id),
                 }
             }
         }
@@ -345,13 +346,15 @@ pub async fn run(args: JobArgs) -> anyhow::Result<ExitCode> {
                 }
                 Output::Text => {
                     if grants.is_empty() {
-                        println!("no job ready");
+                        say!("no job ready");
                     }
                     for grant in &grants {
                         if let Some(lease) = &grant.lease {
-                            println!(
+                            say!(
                                 "job {} token {} expires_at_ms {}",
-                                lease.job_id, lease.token, lease.expires_at_ms
+                                lease.job_id,
+                                lease.token,
+                                lease.expires_at_ms
                             );
                         }
                     }
@@ -374,9 +377,9 @@ pub async fn run(args: JobArgs) -> anyhow::Result<ExitCode> {
                 })),
                 Output::Text => match renewed {
                     Some(lease) => {
-                        println!("job {job} token {token} renewed until {}", lease.expires_at_ms)
+                        say!("job {job} token {token} renewed until {}", lease.expires_at_ms)
                     }
-                    None => println!("job {job}: lease lost"),
+                    None => say!("job {job}: lease lost"),
                 },
             }
             if renewed.is_none() {
@@ -385,12 +388,12 @@ pub async fn run(args: JobArgs) -> anyhow::Result<ExitCode> {
         }
         JobCommand::Ack { job, fencing_token: token } => {
             client.ack(job, token).await?;
-            println!("job {job} acked");
+            say!("job {job} acked");
         }
         JobCommand::Nack { job, fencing_token: token, error, retry_after_ms } => {
             let reply =
                 client.nack(v1::NackRequest { job_id: job, token, error, retry_after_ms }).await?;
-            println!(
+            say!(
                 "job {job} {} (not before {})",
                 render::state_name(reply.state),
                 reply.not_before_ms
@@ -398,7 +401,7 @@ pub async fn run(args: JobArgs) -> anyhow::Result<ExitCode> {
         }
         JobCommand::Release { job, fencing_token: token } => {
             client.release(job, token).await?;
-            println!("job {job} released");
+            say!("job {job} released");
         }
         JobCommand::Get { id, stale, output } => {
             let job = client.get_job(id, stale).await?;
@@ -443,7 +446,7 @@ pub async fn run(args: JobArgs) -> anyhow::Result<ExitCode> {
             let count = client
                 .redrive(v1::RedriveRequest { queue: Some(queue.clone()), job_ids: Vec::new() })
                 .await?;
-            println!("{count} redriven ({count}/{dead} dead jobs of {queue})");
+            say!("{count} redriven ({count}/{dead} dead jobs of {queue})");
         }
         JobCommand::Redrive { queue: None, jobs } => {
             if jobs.is_empty() {
@@ -460,7 +463,7 @@ pub async fn run(args: JobArgs) -> anyhow::Result<ExitCode> {
                 asked += chunk.len();
                 eprintln!("redrive: {asked}/{total} jobs asked, {count} redriven so far");
             }
-            println!("{count} redriven ({count}/{total} listed jobs were dead)");
+            say!("{count} redriven ({count}/{total} listed jobs were dead)");
         }
     }
     Ok(ExitCode::SUCCESS)

@@ -396,6 +396,11 @@ fn main() -> std::process::ExitCode {
     // the storage is made to survive that.
     runtime.shutdown_timeout(RUNTIME_SHUTDOWN);
     match result {
+        // The output asked for did not all reach its file (a full disk):
+        // not a success, whatever the call did.
+        Ok(code) if code == std::process::ExitCode::SUCCESS && render::stdout_lost() => {
+            std::process::ExitCode::FAILURE
+        }
         Ok(code) => code,
         Err(error) => {
             eprintln!("error: {}", failure_message(&error, addr.as_deref(), writes));

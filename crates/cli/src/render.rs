@@ -161,14 +161,45 @@ pub fn print_text(text: &str) {
     write_stdout(&terminal_safe(text));
 }
 
-/// Writes `text` on stdout. A reader that went away (`| head`) ends the
-/// output quietly instead of with a panic.
-fn write_stdout(text: &str) {
+/// Prints a line on stdout as it is (the CLI's own words and ids), as
+/// [`write_stdout`] does: never a panic on a reader gone away.
+macro_rules! say {
+    ($($arg:tt)*) => {
+        $crate::render::write_stdout(&format!("{}\n", format_args!($($arg)*)))
+    };
+}
+pub(crate) use say;
+
+/// Set once a write to stdout failed: later output is dropped.
+static STDOUT_FAILED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+/// Set when that failure was not a reader gone away (a full disk, say).
+static STDOUT_LOST: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Writes `text` on stdout. A reader that went away (`| head`) drops the
+/// rest of the output quietly, and the command still ends with its own
+/// exit code (bulk enqueue's failures stay 1), rather than a panic; any
+/// other failure is reported on stderr, and [`stdout_lost`] turns a
+/// success into a failure, since the output the user asked for is not
+/// whole.
+pub fn write_stdout(text: &str) {
     use std::io::Write;
-    let mut stdout = std::io::stdout().lock();
-    if stdout.write_all(text.as_bytes()).and_then(|()| stdout.flush()).is_err() {
-        std::process::exit(0);
+    use std::sync::atomic::Ordering;
+    if STDOUT_FAILED.load(Ordering::Relaxed) {
+        return;
     }
+    let mut stdout = std::io::stdout().lock();
+    if let Err(error) = stdout.write_all(text.as_bytes()).and_then(|()| stdout.flush()) {
+        STDOUT_FAILED.store(true, Ordering::Relaxed);
+        if error.kind() != std::io::ErrorKind::BrokenPipe {
+            STDOUT_LOST.store(true, Ordering::Relaxed);
+            eprintln!("error: writing the output: {error}");
+        }
+    }
+}
+
+/// Whether output was lost for a reason other than its reader going away.
+pub fn stdout_lost() -> bool {
+    STDOUT_LOST.load(std::sync::atomic::Ordering::Relaxed)
 }
 
 /// `text` with every control character but line feed and tab written as

@@ -144,6 +144,17 @@ impl DevCerts {
         let mut written = Written::default();
         let ca_pem_path = dir.join("ca.pem");
         let ca_key_path = dir.join("ca.key");
+        if ca_pem_path.exists() != ca_key_path.exists() {
+            // A CA whose key was taken away (to keep it offline) is not to be
+            // replaced by a new one: every node would stop trusting the rest.
+            let (there, missing) =
+                if ca_pem_path.exists() { ("ca.pem", "ca.key") } else { ("ca.key", "ca.pem") };
+            return Err(DevCertsError::Invalid(format!(
+                "{}: {there} is there but {missing} is not; put {missing} back to sign with this \
+                 CA, or move {there} away to make a new one",
+                dir.display()
+            )));
+        }
         let issuer = if ca_pem_path.exists() && ca_key_path.exists() {
             let read = |path: &Path| {
                 std::fs::read_to_string(path)
@@ -249,6 +260,27 @@ mod tests {
 
     fn mode(path: &Path) -> u32 {
         std::fs::metadata(path).map(|m| m.permissions().mode() & 0o777).unwrap_or(0)
+    }
+
+    #[test]
+    fn half_a_ca_is_refused_and_nothing_is_written() -> Result<(), Box<dyn std::error::Error>> {
+        let dir = tempfile::tempdir()?;
+        let out = dir.path().join("certs");
+        let certs = || DevCerts { dir: out.clone(), nodes: 1, hosts: Vec::new() };
+        certs().write()?;
+        let ca = std::fs::read(out.join("ca.pem"))?;
+        let token = std::fs::read(out.join("token-admin"))?;
+        std::fs::rename(out.join("ca.key"), dir.path().join("offline.key"))?;
+        match certs().write() {
+            Err(DevCertsError::Invalid(message)) => {
+                assert!(message.contains("ca.key"), "{message}")
+            }
+            other => panic!("a CA without its key was replaced: {other:?}"),
+        }
+        assert_eq!(std::fs::read(out.join("ca.pem"))?, ca);
+        assert_eq!(std::fs::read(out.join("token-admin"))?, token);
+        assert!(!out.join("ca.key").exists());
+        Ok(())
     }
 
     #[test]

@@ -30,6 +30,34 @@ async fn bash(script: &str) -> Result<std::process::Output> {
         .context("running bash")
 }
 
+/// Output that cannot be written fails the command, naming why, unless
+/// its reader went away (`| head`): then the rest is dropped quietly and
+/// the command ends as it would have, without a panic.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn output_to_a_full_disk_fails_and_to_a_closed_pipe_ends_quietly() -> Result<()> {
+    let sandbox = Sandbox::new("cli-stdout")?;
+    sandbox.run(Duration::from_secs(60), stdout_story(&sandbox)).await
+}
+
+async fn stdout_story(sandbox: &Sandbox) -> Result<()> {
+    let bin = super::support::binary();
+    let dir = |name: &str| sandbox.path().join(name).display().to_string();
+    phase("dev-certs with its stdout on a full disk: exit 1, the error named");
+    let full = bash(&format!("'{bin}' dev-certs '{}' > /dev/full", dir("full"))).await?;
+    let stderr = String::from_utf8_lossy(&full.stderr);
+    ensure!(
+        full.status.code() == Some(1) && stderr.contains("writing the output"),
+        "{:?}: {stderr}",
+        full.status
+    );
+    phase("dev-certs into a pipe whose reader is gone: exit 0, no panic");
+    let gone =
+        bash(&format!("set -o pipefail; '{bin}' dev-certs '{}' | true", dir("gone"))).await?;
+    let stderr = String::from_utf8_lossy(&gone.stderr);
+    ensure!(gone.status.success() && !stderr.contains("panicked"), "{:?}: {stderr}", gone.status);
+    Ok(())
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn completions_are_scripts_the_shells_take() -> Result<()> {
     let sandbox = Sandbox::new("cli-completions")?;
