@@ -31,9 +31,11 @@ async fn validation_story(sandbox: &Sandbox) -> Result<()> {
     cli(sandbox, &addr, &valid).await?.success()?;
     let before = schedule_specs(sandbox, &addr).await?;
 
-    let cases: [(&str, &str, &str, &[&str]); 4] = [
+    let cases: [(&str, &str, &str, &[&str]); 5] = [
         ("new", "61 * * * *", "", &["cron", "61"]),
         ("nightly", "61 * * * *", "", &["cron", "61"]),
+        // Parses, but no February has a 30th: it would never fire.
+        ("new", "0 0 30 2 *", "", &["cron", "matches no date"]),
         ("new", "0 3 * * *", "Mars/Base", &["timezone", "Mars/Base"]),
         ("nightly", "0 3 * * *", "Mars/Base", &["timezone", "Mars/Base"]),
     ];
