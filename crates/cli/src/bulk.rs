@@ -263,7 +263,7 @@ pub async fn enqueue_file(
                     failed += batch.len();
                 }
                 let lines = failed_lines(&batch, &error.to_string());
-                bar.suspend(|| eprintln!("error: {lines}: {error}"));
+                bar.suspend(|| render::write_stderr(&format!("error: {lines}: {error}\n")));
                 failures.push(json!({"lines": lines, "error": error.to_string()}));
                 if crate::no_node_answered(&error) {
                     bar.finish_and_clear();

@@ -355,13 +355,16 @@ fn main() -> std::process::ExitCode {
         Top::Worker(args) => Work::Worker(args),
         Top::DevCerts(args) => Work::DevCerts(args),
         Top::Completions { shell } => {
-            clap_complete::generate(
-                shell,
-                &mut Cli::command(),
-                "leasehold",
-                &mut std::io::stdout(),
-            );
-            return std::process::ExitCode::SUCCESS;
+            // Written through the one writer, not straight to stdout, which
+            // panics when the reader is gone or the disk is full.
+            let mut script = Vec::new();
+            clap_complete::generate(shell, &mut Cli::command(), "leasehold", &mut script);
+            render::write_stdout(&String::from_utf8_lossy(&script));
+            return if render::stdout_lost() {
+                std::process::ExitCode::FAILURE
+            } else {
+                std::process::ExitCode::SUCCESS
+            };
         }
     };
     let mut builder = tokio::runtime::Builder::new_multi_thread();
@@ -403,7 +406,10 @@ fn main() -> std::process::ExitCode {
         }
         Ok(code) => code,
         Err(error) => {
-            eprintln!("error: {}", failure_message(&error, addr.as_deref(), writes));
+            render::write_stderr(&format!(
+                "error: {}\n",
+                failure_message(&error, addr.as_deref(), writes)
+            ));
             std::process::ExitCode::FAILURE
         }
     }

@@ -192,9 +192,18 @@ pub fn write_stdout(text: &str) {
         STDOUT_FAILED.store(true, Ordering::Relaxed);
         if error.kind() != std::io::ErrorKind::BrokenPipe {
             STDOUT_LOST.store(true, Ordering::Relaxed);
-            eprintln!("error: writing the output: {error}");
+            write_stderr(&format!("error: writing the output: {error}\n"));
         }
     }
+}
+
+/// Writes `text` on stderr, ignoring a failure: with stderr gone too there
+/// is nowhere left to say anything, and a panic would only cut the command
+/// short (a bulk enqueue's remaining batches unsent).
+pub fn write_stderr(text: &str) {
+    use std::io::Write;
+    let mut stderr = std::io::stderr().lock();
+    let _ = stderr.write_all(text.as_bytes()).and_then(|()| stderr.flush());
 }
 
 /// Whether output was lost for a reason other than its reader going away.

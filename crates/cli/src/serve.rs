@@ -216,7 +216,19 @@ pub async fn run(prepared: Prepared) -> anyhow::Result<ExitCode> {
         .context("installing the SIGHUP handler")?;
     let transport = Transport::bind(&config).await?;
     let node = Node::start(config, transport).await.context("starting the node")?;
-    println!("leasehold node listening: grpc {} http {}", node.grpc_addr(), node.http_addr());
+    {
+        // A node whose stdout is closed or full runs on: this line is for
+        // whoever started it, and a panic here would skip the drain.
+        use std::io::Write;
+        let mut stdout = std::io::stdout().lock();
+        let _ = writeln!(
+            stdout,
+            "leasehold node listening: grpc {} http {}",
+            node.grpc_addr(),
+            node.http_addr()
+        )
+        .and_then(|()| stdout.flush());
+    }
     let mut drain_requested = node.journal().drain_requested();
     loop {
         tokio::select! {

@@ -50,6 +50,11 @@ async fn stdout_story(sandbox: &Sandbox) -> Result<()> {
         "{:?}: {stderr}",
         full.status
     );
+    phase("stdout and stderr both on a full disk, and completions there: exit 1, no panic");
+    let both = bash(&format!("'{bin}' dev-certs '{}' > /dev/full 2>&1", dir("both"))).await?;
+    ensure!(both.status.code() == Some(1), "dev-certs with nowhere to write: {:?}", both.status);
+    let script = bash(&format!("'{bin}' completions bash > /dev/full")).await?;
+    ensure!(script.status.code() == Some(1), "completions to a full disk: {:?}", script.status);
     phase("dev-certs into a pipe whose reader is gone: exit 0, no panic");
     let gone =
         bash(&format!("set -o pipefail; '{bin}' dev-certs '{}' | true", dir("gone"))).await?;
