@@ -245,7 +245,14 @@ pub async fn enqueue_file(
     let mut failures = Vec::new();
     let all = batches(jobs, batch_jobs);
     let batch_count = all.len();
+    // Set when no node answered: the batches from there on were not sent.
+    let mut stopped: Option<(leasehold_client::ClientError, String, bool)> = None;
+    let mut unsent: Vec<usize> = Vec::new();
     for batch in all {
+        if stopped.is_some() {
+            unsent.extend(batch.iter().map(|job| job.line));
+            continue;
+        }
         let specs = batch.iter().map(|job| job.spec.clone()).collect::<Vec<_>>();
         match client.enqueue(specs).await {
             Ok(results) => {
@@ -257,7 +264,8 @@ pub async fn enqueue_file(
                 // node's UNAVAILABLE, a timeout, a broken connection) may
                 // still have committed, and is counted apart rather than
                 // guessed at.
-                if crate::outcome_unknown(&error) {
+                let maybe = crate::outcome_unknown(&error);
+                if maybe {
                     unknown += batch.len();
                 } else {
                     failed += batch.len();
@@ -266,17 +274,19 @@ pub async fn enqueue_file(
                 bar.suspend(|| render::write_stderr(&format!("error: {lines}: {error}\n")));
                 failures.push(json!({"lines": lines, "error": error.to_string()}));
                 if crate::no_node_answered(&error) {
-                    bar.finish_and_clear();
-                    return Err(anyhow::Error::new(error).context(format!(
-                        "{enqueued} enqueued and {duplicates} duplicates before the cluster \
-                         stopped answering; {lines} may or may not have been enqueued"
-                    )));
+                    // The rest is not sent; the summary still says what
+                    // happened to every line, so the file can be resumed.
+                    stopped = Some((error, lines, maybe));
                 }
             }
         }
         bar.inc(batch.len() as u64);
     }
     bar.finish_and_clear();
+    let unsent_lines = match (unsent.first(), unsent.last()) {
+        (Some(first), Some(last)) => json!({"first": first, "last": last}),
+        _ => Value::Null,
+    };
     match output {
         Output::Json => render::print_json(&json!({
             "lines": lines,
@@ -285,12 +295,27 @@ pub async fn enqueue_file(
             "duplicates": duplicates,
             "failed": failed,
             "unknown": unknown,
+            "unsent": unsent.len(),
+            "unsent_lines": unsent_lines,
             "failures": failures,
         })),
         Output::Text => say!(
-            "{enqueued} enqueued, {duplicates} duplicates, {failed} failed, {unknown} unknown \
-             ({lines} jobs in {batch_count} batches)"
+            "{enqueued} enqueued, {duplicates} duplicates, {failed} failed, {unknown} unknown, \
+             {} not sent ({lines} jobs in {batch_count} batches)",
+            unsent.len()
         ),
+    }
+    if let Some((error, lines, maybe)) = stopped {
+        let rest = match (unsent.first(), unsent.last()) {
+            (Some(first), Some(last)) if first == last => format!("; line {first} was not sent"),
+            (Some(first), Some(last)) => format!("; lines {first}-{last} were not sent"),
+            _ => String::new(),
+        };
+        let batch = if maybe { "may or may not have been enqueued" } else { "was not enqueued" };
+        return Err(anyhow::Error::new(error).context(format!(
+            "{enqueued} enqueued and {duplicates} duplicates before the cluster stopped \
+             answering: {lines} {batch}{rest}"
+        )));
     }
     Ok(if failed + unknown == 0 {
         std::process::ExitCode::SUCCESS

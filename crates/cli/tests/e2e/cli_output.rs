@@ -162,6 +162,35 @@ async fn unreachable_story(sandbox: &Sandbox) -> Result<()> {
             ensure!(!stderr.contains(noise), "{stderr:?} carries {noise:?}");
         }
     }
+
+    phase("bulk enqueue with no node there: the summary still comes, naming what was not sent");
+    let file = sandbox.path().join("three.jsonl");
+    std::fs::write(&file, "{\"payload\": \"a\"}\n{\"payload\": \"b\"}\n{\"payload\": \"c\"}\n")?;
+    let file = file.display().to_string();
+    let args = [
+        "job",
+        "enqueue",
+        "--file",
+        &file,
+        "--queue",
+        "q",
+        "--batch-size",
+        "1",
+        "--addr",
+        &both,
+        "--output",
+        "json",
+    ];
+    let run = run_cli(sandbox, &args, &[]).await?;
+    ensure!(run.status.code() == Some(1), "{:?}: {}", run.status, run.stderr);
+    let summary = run.json()?;
+    ensure!(
+        summary["failed"] == 1
+            && summary["unsent"] == 2
+            && summary["unsent_lines"] == serde_json::json!({"first": 2, "last": 3}),
+        "{summary}"
+    );
+    ensure!(run.stderr.contains("lines 2-3 were not sent"), "{}", run.stderr);
     Ok(())
 }
 
@@ -250,7 +279,7 @@ async fn bulk_story(sandbox: &Sandbox) -> Result<()> {
     eprintln!("bulk enqueue took {:?}", started.elapsed());
     let summary = done.stdout.trim();
     let expected = format!(
-        "{BULK_JOBS} enqueued, {REPEATED_KEYS} duplicates, 0 failed, 0 unknown ({} jobs in 11 batches)",
+        "{BULK_JOBS} enqueued, {REPEATED_KEYS} duplicates, 0 failed, 0 unknown, 0 not sent ({} jobs in 11 batches)",
         BULK_JOBS + REPEATED_KEYS
     );
     ensure!(summary == expected, "summary {summary:?}, expected {expected:?}");
