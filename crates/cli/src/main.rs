@@ -147,13 +147,18 @@ pub struct Connection {
     /// Send the token without TLS to an address beyond loopback: only for a
     /// node run with --insecure (refused otherwise, as the token would
     /// cross the network unencrypted).
-    #[arg(
-        long,
-        env = "LEASEHOLD_INSECURE",
-        global = true,
-        value_parser = clap::builder::BoolishValueParser::new()
-    )]
+    #[arg(long, env = "LEASEHOLD_INSECURE", global = true, value_parser = boolish_or_empty)]
     pub insecure: bool,
+}
+
+/// A yes/no flag's value, empty being no: `LEASEHOLD_INSECURE=` (set but
+/// empty, as a shell or a unit file leaves it) means unset, not an error.
+fn boolish_or_empty(text: &str) -> Result<bool, String> {
+    match text.trim().to_ascii_lowercase().as_str() {
+        "" | "0" | "false" | "no" | "off" | "n" | "f" => Ok(false),
+        "1" | "true" | "yes" | "on" | "y" | "t" => Ok(true),
+        _ => Err(format!("{text:?}: expected true or false (1/0, yes/no, on/off)")),
+    }
 }
 
 /// Everything but the token's value.
@@ -171,17 +176,23 @@ impl std::fmt::Debug for Connection {
 }
 
 impl Connection {
-    /// A client for these settings.
+    /// A client for these settings. A variable set but empty
+    /// (`LEASEHOLD_TOKEN=`) counts as unset, as it does for a shell: an
+    /// empty token would be sent as `Bearer ` and refused, an empty TLS
+    /// path would break the three files' pairing.
     pub fn client(&self) -> anyhow::Result<leasehold_client::Client> {
+        fn path(path: &Option<std::path::PathBuf>) -> Option<&std::path::Path> {
+            path.as_deref().filter(|path| !path.as_os_str().is_empty())
+        }
         let mut builder = leasehold_client::Client::builder(&self.addr);
         if let Some(tls) = leasehold_client::ClientTls::from_optional_files(
-            self.tls_ca.as_deref(),
-            self.tls_cert.as_deref(),
-            self.tls_key.as_deref(),
+            path(&self.tls_ca),
+            path(&self.tls_cert),
+            path(&self.tls_key),
         )? {
             builder = builder.tls(tls);
         }
-        if let Some(token) = &self.token {
+        if let Some(token) = self.token.as_ref().filter(|token| !token.trim().is_empty()) {
             builder = builder.token(token.clone());
         }
         if self.insecure {
@@ -272,11 +283,12 @@ fn unreachable_message(
         }
         None => "the --addr / LEASEHOLD_ADDR address".to_string(),
     };
-    // A context wrapped around the failure (what had been done by then) stays.
-    let done = if error.downcast_ref::<ClientError>().is_some() {
-        String::new()
-    } else {
-        format!("{error}; ")
+    // A context wrapped around the failure (what had been done by then)
+    // stays. (`downcast_ref` would see through the context to the client
+    // error, so the outermost error is asked.)
+    let done = match error.chain().next() {
+        Some(outer) if outer.downcast_ref::<ClientError>().is_some() => String::new(),
+        _ => format!("{error}; "),
     };
     // Failed while connecting (refused, unroutable, a name that did not
     // resolve, a connect timeout, a TLS handshake): the call never left.
@@ -478,6 +490,29 @@ mod tests {
             out.push((name.clone(), sub.clone()));
             walk(sub, &name, out);
         }
+    }
+
+    #[tokio::test]
+    async fn settings_set_but_empty_count_as_unset() {
+        let empty = Connection {
+            // Beyond loopback, where a token without TLS is refused.
+            addr: "http://10.0.0.1:7070".into(),
+            tls_ca: Some("".into()),
+            tls_cert: None,
+            tls_key: None,
+            token: Some(" ".into()),
+            insecure: false,
+        };
+        if let Err(error) = empty.client() {
+            panic!("empty settings were taken as given: {error}");
+        }
+        let token = Connection { token: Some("secret".into()), tls_ca: None, ..empty };
+        assert!(token.client().is_err(), "a token without TLS beyond loopback was allowed");
+        for (text, value) in [("", false), ("0", false), ("no", false), ("1", true), ("Yes", true)]
+        {
+            assert_eq!(boolish_or_empty(text), Ok(value), "{text:?}");
+        }
+        assert!(boolish_or_empty("maybe").is_err_and(|e| e.contains("maybe")));
     }
 
     #[test]
