@@ -139,6 +139,41 @@ enum CronCommand {
     },
 }
 
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn policies_show_as_put_takes_them() {
+        let spec = v1::ScheduleSpec {
+            overlap: v1::Overlap::Allow as i32,
+            catchup: v1::Catchup::All as i32,
+            target: v1::Target::Each as i32,
+            template: Some(v1::JobTemplate {
+                payload: b"report".to_vec(),
+                priority: 3,
+                max_attempts: Some(2),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        let shown = schedule_json(&v1::Schedule { spec: Some(spec), ..Default::default() });
+        assert_eq!(
+            (&shown["overlap"], &shown["catchup"], &shown["target"]),
+            (&json!("allow"), &json!("all"), &json!("each"))
+        );
+        assert_eq!(shown["payload"], render::payload(b"report"));
+        assert_eq!((&shown["priority"], &shown["max_attempts"]), (&json!(3), &json!(2)));
+        use clap::ValueEnum;
+        for shown in ["allow", "skip"] {
+            assert!(OverlapArg::from_str(shown, false).is_ok(), "{shown}");
+        }
+        for shown in ["coalesce", "skip", "all"] {
+            assert!(CatchupArg::from_str(shown, false).is_ok(), "{shown}");
+        }
+    }
+}
+
 #[derive(Clone, Copy, Debug, clap::ValueEnum)]
 enum OverlapArg {
     Skip,
@@ -180,11 +215,16 @@ fn schedule_json(schedule: &v1::Schedule) -> Value {
         "command": template.command,
         "queue": template.queue,
         "tags": template.tags,
-        "overlap": v1::Overlap::try_from(spec.overlap).map(|o| o.as_str_name()).unwrap_or("?"),
-        "catchup": v1::Catchup::try_from(spec.catchup).map(|c| c.as_str_name()).unwrap_or("?"),
+        // Without a command, the payload every job gets.
+        "payload": template.command.is_none().then(|| render::payload(&template.payload)),
+        "priority": template.priority,
+        "lease_ttl_ms": template.lease_ttl_ms,
+        "max_attempts": template.max_attempts,
+        "overlap": flag_value(v1::Overlap::try_from(spec.overlap).map(|o| o.as_str_name())),
+        "catchup": flag_value(v1::Catchup::try_from(spec.catchup).map(|c| c.as_str_name())),
         "catchup_window_ms": spec.catchup_window_ms,
         "catchup_max": spec.catchup_max,
-        "target": v1::Target::try_from(spec.target).map(|t| t.as_str_name()).unwrap_or("?"),
+        "target": flag_value(v1::Target::try_from(spec.target).map(|t| t.as_str_name())),
         "paused": spec.paused,
         "last_fired_bucket": schedule.last_fired_bucket,
         "next_tick_ms": schedule.next_tick_ms,
@@ -192,6 +232,16 @@ fn schedule_json(schedule: &v1::Schedule) -> Value {
         "skipped_count": schedule.skipped_count,
         "history": schedule.history.iter().map(tick_json).collect::<Vec<_>>(),
     })
+}
+
+/// A policy as `cron put` takes it (`OVERLAP_SKIP` → `skip`), so what
+/// `cron get` shows can be put back; `unspecified` for a stored 0 (each
+/// policy's default), `?` for a value this build does not know.
+fn flag_value<E>(name: Result<&str, E>) -> String {
+    match name {
+        Ok(name) => name.split_once('_').map_or(name, |(_, value)| value).to_ascii_lowercase(),
+        Err(_) => "?".to_string(),
+    }
 }
 
 fn spec_timezone_empty(schedule: &v1::Schedule) -> bool {

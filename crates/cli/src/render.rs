@@ -246,7 +246,7 @@ fn escape_controls(
 /// A borderless table with `header`: columns left-aligned and three
 /// spaces apart, never wrapped (a pipe to `grep` or `awk` sees one row per
 /// line whatever the terminal's width).
-fn table(header: &[&str]) -> Table {
+fn table(header: &[&str]) -> Rows {
     let mut table = Table::new();
     table
         .load_preset(comfy_table::presets::NOTHING)
@@ -255,14 +255,29 @@ fn table(header: &[&str]) -> Table {
     for column in table.column_iter_mut() {
         column.set_padding((0, 3));
     }
-    table
+    Rows(table)
+}
+
+/// A table whose cells are made terminal-safe before it lays them out:
+/// escaped afterwards, a cell holding an escape sequence would grow past
+/// its column and push the rest of its row out of line. A tab is escaped
+/// too (it would move the columns after it); a line feed stays, for a
+/// cell of several lines.
+struct Rows(Table);
+
+impl Rows {
+    fn add_row(&mut self, cells: Vec<String>) {
+        self.0.add_row(cells.into_iter().map(|cell| {
+            escape_controls(&cell, |c| c == '\n', |c| format!("\\u{{{c:x}}}")).into_owned()
+        }));
+    }
 }
 
 /// The table as text: no trailing spaces, no blank header separator, and a
 /// final newline.
-fn finish(table: &Table) -> String {
+fn finish(rows: &Rows) -> String {
     let mut text = String::new();
-    for line in table.lines() {
+    for line in rows.0.lines() {
         let line = line.trim_end();
         if !line.is_empty() {
             text.push_str(line);
@@ -557,6 +572,25 @@ mod tests {
         assert_eq!(read, value, "the document reads back exactly");
         let shown = terminal_safe(tag);
         assert_eq!(shown, "a\\u{1b}[2J\\u{7f}\\u{9b}31m\\u{7}z");
+    }
+
+    #[test]
+    fn cells_are_escaped_before_the_columns_are_laid_out() {
+        let mut rows = table(&["QUEUE", "READY"]);
+        rows.add_row(vec!["a\u{1b}[2J\tb".to_string(), "1".to_string()]);
+        rows.add_row(vec!["plain".to_string(), "2".to_string()]);
+        let text = finish(&rows);
+        let shown = terminal_safe(&text);
+        assert_eq!(shown, text, "nothing left to escape once laid out: {text:?}");
+        let starts: Vec<Option<usize>> = text
+            .lines()
+            .map(|line| {
+                let last = line.split_whitespace().last()?;
+                line.rfind(last)
+            })
+            .collect();
+        assert!(starts.windows(2).all(|w| w[0] == w[1]), "columns out of line: {text}");
+        assert!(text.contains("a\\u{1b}[2J\\u{9}b"), "{text}");
     }
 
     #[test]
