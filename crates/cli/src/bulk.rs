@@ -311,7 +311,12 @@ pub async fn enqueue_file(
             (Some(first), Some(last)) => format!("; lines {first}-{last} were not sent"),
             _ => String::new(),
         };
-        let batch = if maybe { "may or may not have been enqueued" } else { "was not enqueued" };
+        let one = !lines.starts_with("lines");
+        let batch = match (maybe, one) {
+            (true, _) => "may or may not have been enqueued",
+            (false, true) => "was not enqueued",
+            (false, false) => "were not enqueued",
+        };
         return Err(anyhow::Error::new(error).context(format!(
             "{enqueued} enqueued and {duplicates} duplicates before the cluster stopped \
              answering: {lines} {batch}{rest}"

@@ -442,7 +442,7 @@ pub async fn run(args: JobArgs) -> anyhow::Result<ExitCode> {
             // dead count read first is the total the answer is measured by.
             let stats = client.stats(Some(queue.clone()), false).await?;
             let dead = stats.queues.iter().find(|q| q.queue == queue).map_or(0, |q| q.dead);
-            eprintln!("redriving the {dead} dead jobs of {queue}…");
+            render::write_stderr(&format!("redriving the {dead} dead jobs of {queue}…\n"));
             let count = client
                 .redrive(v1::RedriveRequest { queue: Some(queue.clone()), job_ids: Vec::new() })
                 .await?;
@@ -461,7 +461,9 @@ pub async fn run(args: JobArgs) -> anyhow::Result<ExitCode> {
                     .redrive(v1::RedriveRequest { queue: None, job_ids: chunk.to_vec() })
                     .await?;
                 asked += chunk.len();
-                eprintln!("redrive: {asked}/{total} jobs asked, {count} redriven so far");
+                render::write_stderr(&format!(
+                    "redrive: {asked}/{total} jobs asked, {count} redriven so far\n"
+                ));
             }
             say!("{count} redriven ({count}/{total} listed jobs were dead)");
         }

@@ -153,7 +153,7 @@ pub struct Connection {
 
 /// A yes/no flag's value, empty being no: `LEASEHOLD_INSECURE=` (set but
 /// empty, as a shell or a unit file leaves it) means unset, not an error.
-fn boolish_or_empty(text: &str) -> Result<bool, String> {
+pub(crate) fn boolish_or_empty(text: &str) -> Result<bool, String> {
     match text.trim().to_ascii_lowercase().as_str() {
         "" | "0" | "false" | "no" | "off" | "n" | "f" => Ok(false),
         "1" | "true" | "yes" | "on" | "y" | "t" => Ok(true),
@@ -357,7 +357,7 @@ fn main() -> std::process::ExitCode {
         Top::Serve(args) => match serve::prepare(&args) {
             Ok(node) => Work::Serve(node),
             Err(error) => {
-                eprintln!("error: {error:#}");
+                render::write_stderr(&format!("error: {error:#}\n"));
                 return std::process::ExitCode::FAILURE;
             }
         },
@@ -389,7 +389,7 @@ fn main() -> std::process::ExitCode {
     let runtime = match builder.enable_all().build() {
         Ok(runtime) => runtime,
         Err(error) => {
-            eprintln!("error: cannot start the async runtime: {error}");
+            render::write_stderr(&format!("error: cannot start the async runtime: {error}\n"));
             return std::process::ExitCode::FAILURE;
         }
     };

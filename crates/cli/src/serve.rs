@@ -72,7 +72,7 @@ pub struct ServeArgs {
     /// Listen beyond loopback without TLS and tokens. Anyone who reaches
     /// the port can then run commands on the fleet; never for a real fleet.
     #[arg(long, env = "LEASEHOLD_INSECURE", num_args = 0..=1, default_missing_value = "true",
-        value_parser = clap::builder::BoolishValueParser::new())]
+        value_parser = crate::boolish_or_empty)]
     insecure: Option<bool>,
     /// Worker threads of the node's async runtime (default: one per core);
     /// lower it where several nodes share a machine's cores.
