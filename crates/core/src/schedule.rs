@@ -534,17 +534,21 @@ mod tests {
         let mut expected: Vec<u64> = (0..10).rev().map(|back| friday_17_59 - back * 60).collect();
         expected.push(monday_9 / 1_000);
         assert_eq!(fired, expected, "Friday's last ten, then Monday's first: {plan:?}");
-        let skipped: u64 = plan
-            .iter()
-            .map(|step| match step {
-                TickPlan::Skip { ticks, .. } => *ticks,
-                TickPlan::Fire(_) => 0,
-            })
-            .sum();
+        let skipped = skipped_ticks(&plan);
         assert_eq!(skipped + fired.len() as u64, 1_080, "every tick accounted once: {plan:?}");
         let (from_ms, newest) =
             newest_ticks(&cron, thursday_9, monday_9 + 500, 1, MAX_TICKS_PER_PLAN);
         assert!(from_ms > thursday_9 && newest.last() == Some(&monday_9), "{from_ms} {newest:?}");
+    }
+
+    /// The ticks a plan's skip records count.
+    fn skipped_ticks(plan: &[TickPlan]) -> u64 {
+        plan.iter()
+            .map(|step| match step {
+                TickPlan::Skip { ticks, .. } => *ticks,
+                TickPlan::Fire(_) => 0,
+            })
+            .sum()
     }
 
     fn every_minute(catchup: Catchup) -> (Schedule, CronSchedule) {
@@ -668,13 +672,7 @@ mod tests {
         let fired = plan.iter().filter(|step| matches!(step, TickPlan::Fire(_))).count();
         // The bound's missed ticks, then the current one.
         assert_eq!(fired, crate::validate::MAX_CATCHUP as usize + 1, "{:?}", &plan[..3]);
-        let skipped: u64 = plan
-            .iter()
-            .map(|step| match step {
-                TickPlan::Skip { ticks, .. } => *ticks,
-                TickPlan::Fire(_) => 0,
-            })
-            .sum();
+        let skipped = skipped_ticks(&plan);
         assert_eq!(skipped + fired as u64, minutes, "every tick accounted once: {:?}", &plan[..3]);
         let mut buckets = plan.iter().map(|step| match step {
             TickPlan::Fire(bucket) | TickPlan::Skip { bucket, .. } => *bucket,
