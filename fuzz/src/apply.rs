@@ -266,6 +266,8 @@ pub enum Leaf {
     SetDraining(Number, bool),
     /// A batch inside a batch, which apply must refuse.
     NestedBatch,
+    /// `ResumeSchedule` (log format 6).
+    ResumeSchedule(Text, BucketPick, Number),
 }
 
 /// What resolving needs: the state as the step sees it, the tokens
@@ -463,6 +465,11 @@ impl Resolver<'_> {
                 Command::SetDraining { node: node.value(), draining: *draining }
             }
             Leaf::NestedBatch => Command::Batch { commands: vec![Command::Sweep] },
+            Leaf::ResumeSchedule(name, bucket, ticks) => {
+                let name = name.resolve(&SCHEDULES);
+                let paused_through = self.bucket(&name, *bucket);
+                Command::ResumeSchedule { name, paused_through, paused_ticks: ticks.value() }
+            }
         }
     }
 }
@@ -595,6 +602,9 @@ struct Model {
     marks: BTreeMap<String, u64>,
     /// Schedule → (fired, skipped) counters.
     counters: BTreeMap<String, (u64, u64)>,
+    /// Schedule → (paused, cluster time it was put): what decides whether
+    /// a resume records its paused ticks.
+    puts: BTreeMap<String, (bool, u64)>,
 }
 
 impl Model {
@@ -705,10 +715,36 @@ impl Model {
             (Command::PutSchedule { spec }, Response::ScheduleChanged) => {
                 self.marks.entry(spec.name.clone()).or_insert(0);
                 self.counters.entry(spec.name.clone()).or_insert((0, 0));
+                let put =
+                    self.puts.entry(spec.name.clone()).or_insert((false, self.cluster_time_ms));
+                put.0 = spec.paused;
             }
             (Command::DeleteSchedule { name }, Response::ScheduleChanged) => {
                 self.marks.remove(name);
                 self.counters.remove(name);
+                self.puts.remove(name);
+            }
+            (Command::SetPaused { name, paused }, Response::ScheduleChanged) => {
+                let put = self.puts.get_mut(name);
+                let Some(put) = put else { panic!("{context}: paused an unknown schedule") };
+                put.0 = *paused;
+            }
+            (Command::ResumeSchedule { name, paused_through, .. }, Response::ScheduleChanged) => {
+                let (Some(put), Some(mark)) = (self.puts.get_mut(name), self.marks.get_mut(name))
+                else {
+                    panic!("{context}: resumed an unknown schedule")
+                };
+                let through_ms = paused_through.saturating_mul(1_000);
+                // Recorded only while paused, past the mark, not after the
+                // entry's time and not from before the put.
+                if put.0
+                    && *paused_through > *mark
+                    && through_ms <= self.cluster_time_ms
+                    && through_ms > put.1
+                {
+                    *mark = *paused_through;
+                }
+                put.0 = false;
             }
             (
                 Command::Fire { schedule, bucket, .. } | Command::Skip { schedule, bucket, .. },
@@ -733,7 +769,8 @@ impl Model {
             )
             | (
                 Command::DeleteSchedule { name: schedule }
-                | Command::SetPaused { name: schedule, .. },
+                | Command::SetPaused { name: schedule, .. }
+                | Command::ResumeSchedule { name: schedule, .. },
                 Response::Refused(Refusal::ScheduleNotFound { name }),
             ) => {
                 assert_eq!(schedule, name, "{context}");

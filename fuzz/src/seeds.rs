@@ -157,6 +157,11 @@ fn proposals() -> Vec<Proposal> {
         },
         Command::Trigger { schedule: "backup".into(), force: true, targets: vec![2] },
         Command::SetPaused { name: "backup".into(), paused: true },
+        Command::ResumeSchedule {
+            name: "backup".into(),
+            paused_through: 1_767_226_500,
+            paused_ticks: 1,
+        },
         Command::SetDraining { node: 2, draining: true },
         Command::DeleteSchedule { name: "backup".into() },
         Command::Batch { commands: vec![Command::Sweep, Command::Purge] },

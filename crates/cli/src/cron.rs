@@ -108,7 +108,7 @@ enum CronCommand {
         /// Schedule name.
         name: String,
     },
-    /// Resume a schedule.
+    /// Resume a schedule from now (ticks due while it was paused are not caught up).
     #[command(after_help = "Examples:
   leasehold cron resume nightly-backup")]
     Resume {

@@ -288,6 +288,28 @@ pub enum Command {
         /// The cluster's clock bound, from the proposing leader.
         max_clock_offset_ms: u64,
     },
+    /// Resumes a schedule, first recording as skipped (reason `paused`)
+    /// the ticks that fell due while it was paused and left no record in
+    /// the journal: those after its newest record, through
+    /// `paused_through`, `paused_ticks` of them, as the proposer counted
+    /// them ([`crate::schedule::ticks_while_paused`]). Such ticks are those
+    /// a paused schedule had on the broadcast path, or while no leader
+    /// planned it; a plain resume left them to the leader, which planned
+    /// them as missed and ran one or all of them by the catch-up policy.
+    /// Nothing is recorded unless the schedule is paused when this
+    /// applies (a schedule resumed meanwhile keeps its due ticks), nor for
+    /// a bucket after the entry's time or from before the schedule was
+    /// put. The proposer's count may be stale; only the record's tally
+    /// depends on it. Written only once every member decodes format 6; a
+    /// plain `SetPaused` resume before.
+    ResumeSchedule {
+        /// Schedule name.
+        name: String,
+        /// The newest tick due while paused, as a bucket; 0 for none.
+        paused_through: u64,
+        /// How many ticks that record stands for.
+        paused_ticks: u64,
+    },
 }
 
 /// The newest log format this build writes and reads. Format 1 is the
@@ -297,10 +319,11 @@ pub enum Command {
 /// writes every ack as one; format 4 adds [`Command::FireEachTracked`] and
 /// [`Command::PutScheduleRetimed`] and writes every `FireEach` and
 /// `PutSchedule` as them; format 5 adds [`Command::SweepKeepingTokens`]
-/// and writes every sweep as one. A leader writes the format every member
+/// and writes every sweep as one; format 6 adds
+/// [`Command::ResumeSchedule`]. A leader writes the format every member
 /// advertises ([`agreed_log_format`]), so no replica meets an entry it
 /// cannot decode.
-pub const LOG_FORMAT: u32 = 5;
+pub const LOG_FORMAT: u32 = 6;
 
 /// The newest format every member decodes: the least of this build's and
 /// each member's advertised one. A member that advertised no format (a
@@ -378,6 +401,9 @@ impl Command {
             }
             Command::PutSchedule { spec } if format >= 4 => Command::PutScheduleRetimed { spec },
             Command::PutScheduleRetimed { spec } if format < 4 => Command::PutSchedule { spec },
+            Command::ResumeSchedule { name, .. } if format < 6 => {
+                Command::SetPaused { name, paused: false }
+            }
             Command::Ruled { command, .. } if format < 2 => command.for_log_format(format),
             Command::Ruled { limits, command } => {
                 Command::Ruled { limits, command: Box::new(command.for_log_format(format)) }
@@ -455,7 +481,9 @@ impl Command {
                     + texts(&template.tags)
                     + maybe(&template.command)
             }
-            Command::DeleteSchedule { name } | Command::SetPaused { name, .. } => text(name),
+            Command::DeleteSchedule { name }
+            | Command::SetPaused { name, .. }
+            | Command::ResumeSchedule { name, .. } => text(name),
             Command::Fire { schedule, targets, .. }
             | Command::Trigger { schedule, targets, .. } => text(schedule) + numbers(targets),
             Command::FireEach { schedule, targets, offline, .. }
@@ -815,6 +843,7 @@ mod tests {
             ),
             (25, Command::PutScheduleRetimed { spec: ScheduleSpec::default() }),
             (26, Command::SweepKeepingTokens { max_clock_offset_ms: 1 }),
+            (27, Command::ResumeSchedule { name: s(), paused_through: 1, paused_ticks: 1 }),
         ];
         for (number, command) in pinned {
             let bytes = bincode::serialize(&command).expect("encodes");
@@ -888,5 +917,21 @@ mod tests {
         assert_eq!(keeping.clone().for_log_format(5), keeping);
         assert_eq!(bounded.clone().for_log_format(4), bounded);
         assert_eq!(keeping.for_log_format(1), Command::Sweep);
+    }
+
+    /// From format 6 a resume records the ticks due while paused; below
+    /// it, it is a plain resume.
+    #[test]
+    fn a_resume_records_its_paused_ticks_from_format_6() {
+        let resume =
+            Command::ResumeSchedule { name: "s".into(), paused_through: 60, paused_ticks: 3 };
+        let plain = Command::SetPaused { name: "s".into(), paused: false };
+        let ruled = |command: Command| Command::Ruled {
+            limits: Limits::default(),
+            command: Box::new(Command::Batch { commands: vec![command] }),
+        };
+        assert_eq!(ruled(resume.clone()).for_log_format(6), ruled(resume.clone()));
+        assert_eq!(ruled(resume.clone()).for_log_format(5), ruled(plain.clone()));
+        assert_eq!(resume.for_log_format(1), plain);
     }
 }

@@ -451,6 +451,40 @@ pub fn plan_ticks(
     plan
 }
 
+/// The ticks of a paused `schedule` due by `now_ms` that have no record in
+/// the journal (after its newest record, never before it was put): the
+/// newest, as a bucket, and how many, for the resume that ends the pause to
+/// record as skipped ([`crate::Command::ResumeSchedule`]). A leader on the
+/// journal records a paused schedule's ticks as they fall due; these are
+/// the ones it did not (the pool was on the broadcast path, or no leader
+/// planned). `None` when the schedule is not paused or has none.
+pub fn ticks_while_paused(
+    schedule: &Schedule,
+    cron: &CronSchedule,
+    now_ms: u64,
+) -> Option<(u64, u64)> {
+    if !schedule.spec.paused {
+        return None;
+    }
+    match plan_ticks(schedule, cron, now_ms, 0).as_slice() {
+        [TickPlan::Skip { bucket, reason: SkipReason::Paused, ticks }] => Some((*bucket, *ticks)),
+        _ => None,
+    }
+}
+
+/// The command that resumes `name`, whose state is `schedule` (as read
+/// now), at `now_ms`: a [`crate::Command::ResumeSchedule`] carrying the
+/// ticks due while it was paused. A schedule this build cannot parse, or
+/// one not found (the journal answers NOT_FOUND), carries none.
+pub fn resume_command(name: &str, schedule: Option<&Schedule>, now_ms: u64) -> crate::Command {
+    let paused = schedule.and_then(|schedule| {
+        let cron = cron::parse(&schedule.spec.cron, &schedule.spec.timezone).ok()?;
+        ticks_while_paused(schedule, &cron, now_ms)
+    });
+    let (paused_through, paused_ticks) = paused.unwrap_or((0, 0));
+    crate::Command::ResumeSchedule { name: name.to_string(), paused_through, paused_ticks }
+}
+
 /// Whether a tick this node won on the bus may run here, judged from the
 /// journal: SPEC §7.8 (never-both for the pool, whatever each node's view
 /// of its peers). Nodes decide a tick's path from their own peer

@@ -377,6 +377,9 @@ impl State {
             Command::PutScheduleRetimed { spec } => self.put_schedule(spec, true),
             Command::DeleteSchedule { name } => self.delete_schedule(name),
             Command::SetPaused { name, paused } => self.set_paused(name, *paused),
+            Command::ResumeSchedule { name, paused_through, paused_ticks } => {
+                self.resume_schedule(name, *paused_through, *paused_ticks)
+            }
             Command::Fire { schedule, bucket, targets } => {
                 self.fire(schedule, *bucket, targets, limits)
             }

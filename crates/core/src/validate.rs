@@ -170,9 +170,9 @@ pub fn validate_command(command: &Command, limits: &Limits) -> Result<(), Valida
         Command::PutSchedule { spec } | Command::PutScheduleRetimed { spec } => {
             schedule_fields(spec, limits)
         }
-        Command::DeleteSchedule { name } | Command::SetPaused { name, .. } => {
-            queue_name("name", name)
-        }
+        Command::DeleteSchedule { name }
+        | Command::SetPaused { name, .. }
+        | Command::ResumeSchedule { name, .. } => queue_name("name", name),
         Command::Fire { schedule, bucket, targets } => {
             queue_name("schedule", schedule)?;
             positive("bucket", *bucket)?;

@@ -4,8 +4,8 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use leasehold_core::schedule::is_command_queue;
 use leasehold_core::schedule::{Schedule, TickOutcome};
+use leasehold_core::schedule::{is_command_queue, resume_command};
 use leasehold_core::validate::{self, schedule_spec};
 use leasehold_core::{Command, Response};
 use leasehold_proto::convert;
@@ -214,7 +214,21 @@ impl Schedules for SchedulesService {
         request: Request<v1::ResumeScheduleRequest>,
     ) -> Result<Reply<v1::ResumeScheduleResponse>, Status> {
         let name = request.into_inner().name;
-        match self.submit(Command::SetPaused { name, paused: false }).await? {
+        // The ticks due while it was paused that left no record go with
+        // the resume, so the leader does not plan them as missed. Proposed
+        // in the format every member decodes, so a follower never forwards
+        // a command an older leader cannot read (below format 6, a plain
+        // resume).
+        let now_ms = if self.journal.is_leader() {
+            self.journal.cluster_now_ms()
+        } else {
+            self.journal.clock().now_ms()
+        };
+        let command = self
+            .journal
+            .read_stale(|state| resume_command(&name, state.schedule(&name), now_ms))
+            .for_log_format(self.journal.log_format());
+        match self.submit(command).await? {
             Response::ScheduleChanged => Ok(Reply::new(v1::ResumeScheduleResponse {})),
             other => Err(unexpected(&other)),
         }

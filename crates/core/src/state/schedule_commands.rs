@@ -94,6 +94,34 @@ impl State {
         }
     }
 
+    /// Resumes `name`, recording first, while it is still paused, the
+    /// ticks due meanwhile that left no record (see
+    /// [`Command::ResumeSchedule`](crate::command::Command::ResumeSchedule)).
+    pub(super) fn resume_schedule(
+        &mut self,
+        name: &str,
+        paused_through: u64,
+        paused_ticks: u64,
+    ) -> Response {
+        let now_ms = self.cluster_time_ms;
+        let Some(schedule) = self.schedules.get_mut(name) else {
+            return not_found(name);
+        };
+        let through_ms = crate::cron::tick_ms(paused_through);
+        if schedule.spec.paused
+            && paused_through > schedule.last_fired_bucket
+            && through_ms <= now_ms
+            && through_ms > schedule.created_at_ms
+        {
+            let outcome =
+                TickOutcome::Skipped { reason: SkipReason::Paused, ticks: paused_ticks.max(1) };
+            schedule.last_fired_bucket = paused_through;
+            schedule.record(TickRecord { bucket: paused_through, outcome, late: false });
+        }
+        schedule.spec.paused = false;
+        Response::ScheduleChanged
+    }
+
     pub(super) fn fire(
         &mut self,
         name: &str,

@@ -1838,3 +1838,128 @@ fn the_constants_apply_decides_by_are_pinned() {
     assert_eq!(super::requests::REQUEST_WINDOW_MS, 10 * 60 * 1_000);
     assert_eq!(super::requests::MAX_REMEMBERED_REQUESTS, 100_000);
 }
+
+/// A resume records the ticks a paused schedule had without a record (the
+/// pool on the broadcast path, or no leader planning), so the leader does
+/// not plan them as missed and run them by the catch-up policy.
+mod resume {
+    use super::*;
+    use crate::cron;
+    use crate::schedule::{
+        Catchup, Schedule, ScheduleSpec, SkipReason, TickOutcome, TickPlan, plan_ticks,
+        resume_command,
+    };
+
+    /// 2026-01-01 00:00 UTC.
+    const T0_MS: u64 = 1_767_225_600_000;
+    const MINUTE_MS: u64 = 60_000;
+
+    /// Every minute, a missed tick of the last ten minutes run once.
+    fn put(state: &mut State) {
+        let spec = ScheduleSpec {
+            name: "s".into(),
+            cron: "* * * * *".into(),
+            catchup: Catchup::Coalesce,
+            catchup_window_ms: 10 * MINUTE_MS,
+            ..ScheduleSpec::default()
+        };
+        assert_eq!(apply(state, T0_MS, Command::PutSchedule { spec }), Response::ScheduleChanged);
+    }
+
+    fn pause(state: &mut State, now_ms: u64) {
+        let command = Command::SetPaused { name: "s".into(), paused: true };
+        assert_eq!(apply(state, now_ms, command), Response::ScheduleChanged);
+    }
+
+    fn read(state: &State) -> Schedule {
+        state.schedule("s").cloned().unwrap_or_else(|| panic!("no schedule"))
+    }
+
+    fn plan(state: &State, now_ms: u64) -> Vec<TickPlan> {
+        let cron = cron::parse("* * * * *", "").unwrap_or_else(|e| panic!("{e}"));
+        plan_ticks(&read(state), &cron, now_ms, 2_000)
+    }
+
+    /// Paused for five ticks that nobody recorded, then resumed 30 s past
+    /// the last: a plain resume leaves them to the leader's plan, whose
+    /// catch-up runs the newest at once; the resume records them as
+    /// paused, and nothing runs before the next tick.
+    #[test]
+    fn the_ticks_due_while_paused_are_recorded_and_not_caught_up() {
+        let resumed_ms = T0_MS + 5 * MINUTE_MS + 30_000;
+        let mut plain = State::new();
+        put(&mut plain);
+        pause(&mut plain, T0_MS + 10_000);
+        let command = Command::SetPaused { name: "s".into(), paused: false };
+        assert_eq!(apply(&mut plain, resumed_ms, command), Response::ScheduleChanged);
+        let caught_up = plan(&plain, resumed_ms + 25);
+        assert!(
+            caught_up.contains(&TickPlan::Fire((T0_MS + 5 * MINUTE_MS) / 1_000)),
+            "{caught_up:?}"
+        );
+
+        let mut state = State::new();
+        put(&mut state);
+        pause(&mut state, T0_MS + 10_000);
+        let command = resume_command("s", state.schedule("s"), resumed_ms);
+        let through = (T0_MS + 5 * MINUTE_MS) / 1_000;
+        assert_eq!(
+            command,
+            Command::ResumeSchedule { name: "s".into(), paused_through: through, paused_ticks: 5 }
+        );
+        assert_eq!(apply(&mut state, resumed_ms, command), Response::ScheduleChanged);
+        let schedule = read(&state);
+        assert!(!schedule.spec.paused);
+        assert_eq!(schedule.last_fired_bucket, through);
+        let last = schedule.history.back().map(|record| (record.bucket, record.outcome.clone()));
+        let paused = TickOutcome::Skipped { reason: SkipReason::Paused, ticks: 5 };
+        assert_eq!(last, Some((through, paused)));
+        assert_eq!(plan(&state, resumed_ms + 25), Vec::new(), "nothing is due until the next tick");
+        let next = T0_MS + 6 * MINUTE_MS;
+        assert_eq!(plan(&state, next + 25), vec![TickPlan::Fire(next / 1_000)]);
+    }
+
+    /// A resume that finds the schedule running (resumed by another call
+    /// since the proposer read it) records nothing: its due ticks are its
+    /// own to run.
+    #[test]
+    fn a_running_schedule_keeps_its_due_ticks() {
+        let mut state = State::new();
+        put(&mut state);
+        let through = (T0_MS + MINUTE_MS) / 1_000;
+        let command =
+            Command::ResumeSchedule { name: "s".into(), paused_through: through, paused_ticks: 1 };
+        let now_ms = T0_MS + MINUTE_MS + 500;
+        assert_eq!(apply(&mut state, now_ms, command), Response::ScheduleChanged);
+        assert_eq!(read(&state).last_fired_bucket, 0);
+        assert!(read(&state).history.is_empty());
+        assert_eq!(plan(&state, now_ms), vec![TickPlan::Fire(through)]);
+    }
+
+    /// Nothing after the entry's own time (a proposer whose clock runs
+    /// ahead) and nothing from before the schedule was put is recorded;
+    /// the schedule is resumed all the same. An unknown name is refused.
+    #[test]
+    fn no_tick_after_the_entry_or_before_the_put_is_recorded() {
+        for (through_ms, now_ms) in [(T0_MS + MINUTE_MS, T0_MS + 59_000), (T0_MS, T0_MS + 500)] {
+            let mut state = State::new();
+            put(&mut state);
+            pause(&mut state, T0_MS + 100);
+            let command = Command::ResumeSchedule {
+                name: "s".into(),
+                paused_through: through_ms / 1_000,
+                paused_ticks: 1,
+            };
+            assert_eq!(apply(&mut state, now_ms, command), Response::ScheduleChanged);
+            assert!(!read(&state).spec.paused);
+            assert_eq!(read(&state).last_fired_bucket, 0, "through {through_ms}");
+        }
+        let mut state = State::new();
+        let command = resume_command("gone", None, T0_MS);
+        assert_eq!(
+            command,
+            Command::ResumeSchedule { name: "gone".into(), paused_through: 0, paused_ticks: 0 }
+        );
+        assert!(matches!(apply(&mut state, T0_MS, command), Response::Refused(_)));
+    }
+}

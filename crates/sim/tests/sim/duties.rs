@@ -256,7 +256,12 @@ async fn pauses(
         history.push(format!("{} paused -> {answer:?}", real_ms()));
         tokio::time::sleep(Duration::from_millis(500)).await;
         let resumed_ns = crate::node_duties::sim_ns();
-        let resume = Command::SetPaused { name: SCHEDULE.to_string(), paused: false };
+        // As `Schedules.Resume` forms it: the ticks due while paused that
+        // the leader did not record go with it.
+        let now_ms = leader.journal.cluster_now_ms();
+        let resume = leader.journal.read_stale(|state| {
+            leasehold_core::schedule::resume_command(SCHEDULE, state.schedule(SCHEDULE), now_ms)
+        });
         let answer = propose(leader, resume).await??;
         history.push(format!("{} resumed -> {answer:?}", real_ms()));
         spans.push((paused_ns, resumed_ns));
