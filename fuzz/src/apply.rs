@@ -31,7 +31,8 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use arbitrary::{Arbitrary, Unstructured};
 use leasehold_core::schedule::{
-    Catchup, HISTORY_LEN, JobTemplate, Overlap, ScheduleSpec, SkipReason, Target, TickOutcome,
+    Catchup, HISTORY_LEN, JobTemplate, Overlap, Schedule, ScheduleSpec, SkipReason, Target,
+    TickOutcome,
 };
 use leasehold_core::{
     Backoff, Command, Job, JobFilter, JobSpec, JobState, Proposal, RedriveTarget, Refusal,
@@ -266,8 +267,9 @@ pub enum Leaf {
     SetDraining(Number, bool),
     /// A batch inside a batch, which apply must refuse.
     NestedBatch,
-    /// `ResumeSchedule` (log format 6).
-    ResumeSchedule(Text, BucketPick, Number),
+    /// `ResumeSchedule` (log format 6): counted after the schedule's
+    /// planning instant, or after a raw one.
+    ResumeSchedule(Text, Option<Number>, BucketPick, Number),
 }
 
 /// What resolving needs: the state as the step sees it, the tokens
@@ -465,10 +467,13 @@ impl Resolver<'_> {
                 Command::SetDraining { node: node.value(), draining: *draining }
             }
             Leaf::NestedBatch => Command::Batch { commands: vec![Command::Sweep] },
-            Leaf::ResumeSchedule(name, bucket, ticks) => {
+            Leaf::ResumeSchedule(name, after, bucket, ticks) => {
                 let name = name.resolve(&SCHEDULES);
+                let planned = self.state.schedule(&name).map_or(0, Schedule::planned_after_ms);
+                let counted_after_ms = after.map_or(planned, |after| after.value());
                 let paused_through = self.bucket(&name, *bucket);
-                Command::ResumeSchedule { name, paused_through, paused_ticks: ticks.value() }
+                let paused_ticks = ticks.value();
+                Command::ResumeSchedule { name, counted_after_ms, paused_through, paused_ticks }
             }
         }
     }
@@ -729,19 +734,25 @@ impl Model {
                 let Some(put) = put else { panic!("{context}: paused an unknown schedule") };
                 put.0 = *paused;
             }
-            (Command::ResumeSchedule { name, paused_through, .. }, Response::ScheduleChanged) => {
+            (
+                Command::ResumeSchedule { name, counted_after_ms, paused_through, .. },
+                Response::ScheduleChanged,
+            ) => {
                 let (Some(put), Some(mark)) = (self.puts.get_mut(name), self.marks.get_mut(name))
                 else {
                     panic!("{context}: resumed an unknown schedule")
                 };
+                let planned_after_ms =
+                    if *mark > 0 { mark.saturating_mul(1_000).max(put.1) } else { put.1 };
                 let through_ms = paused_through.saturating_mul(1_000);
-                // Recorded only while paused, past the mark, not after the
-                // entry's time and not from before the put.
+                // Recorded only while paused, counted from where the
+                // schedule is planned, after that and not after the entry.
                 if put.0
-                    && *paused_through > *mark
+                    && planned_after_ms == *counted_after_ms
+                    && through_ms > planned_after_ms
                     && through_ms <= self.cluster_time_ms
-                    && through_ms > put.1
                 {
+                    assert!(*paused_through > *mark, "{context}: a resume moved the mark back");
                     *mark = *paused_through;
                 }
                 put.0 = false;

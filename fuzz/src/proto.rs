@@ -116,8 +116,13 @@ pub fn check_decoded(data: &[u8]) -> bool {
         13 => decode::<v1::PauseScheduleRequest>(bytes)
             .map(|request| Some(Ok(Command::SetPaused { name: request.name, paused: true }))),
         14 => decode::<v1::ResumeScheduleRequest>(bytes).map(|request| {
-            let (name, paused_through, paused_ticks) = (request.name, 0, 0);
-            Some(Ok(Command::ResumeSchedule { name, paused_through, paused_ticks }))
+            let (name, counted_after_ms, paused_through, paused_ticks) = (request.name, 0, 0, 0);
+            Some(Ok(Command::ResumeSchedule {
+                name,
+                counted_after_ms,
+                paused_through,
+                paused_ticks,
+            }))
         }),
         15 => decode::<v1::TriggerScheduleRequest>(bytes).map(|request| {
             let targets = vec![2];

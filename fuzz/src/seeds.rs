@@ -159,6 +159,7 @@ fn proposals() -> Vec<Proposal> {
         Command::SetPaused { name: "backup".into(), paused: true },
         Command::ResumeSchedule {
             name: "backup".into(),
+            counted_after_ms: 1_767_226_200_000,
             paused_through: 1_767_226_500,
             paused_ticks: 1,
         },

@@ -108,7 +108,7 @@ enum CronCommand {
         /// Schedule name.
         name: String,
     },
-    /// Resume a schedule from now (ticks due while it was paused are not caught up).
+    /// Resume a schedule from now (ticks due while it was paused are recorded as skipped).
     #[command(after_help = "Examples:
   leasehold cron resume nightly-backup")]
     Resume {

@@ -290,21 +290,26 @@ pub enum Command {
     },
     /// Resumes a schedule, first recording as skipped (reason `paused`)
     /// the ticks that fell due while it was paused and left no record in
-    /// the journal: those after its newest record, through
+    /// the journal: those after `counted_after_ms` through
     /// `paused_through`, `paused_ticks` of them, as the proposer counted
-    /// them ([`crate::schedule::ticks_while_paused`]). Such ticks are those
-    /// a paused schedule had on the broadcast path, or while no leader
+    /// them ([`crate::schedule::resume_command`]). Such ticks are those a
+    /// paused schedule had on the broadcast path, or while no leader
     /// planned it; a plain resume left them to the leader, which planned
     /// them as missed and ran one or all of them by the catch-up policy.
-    /// Nothing is recorded unless the schedule is paused when this
-    /// applies (a schedule resumed meanwhile keeps its due ticks), nor for
-    /// a bucket after the entry's time or from before the schedule was
-    /// put. The proposer's count may be stale; only the record's tally
-    /// depends on it. Written only once every member decodes format 6; a
-    /// plain `SetPaused` resume before.
+    /// They are recorded only if, when this applies, the schedule is still
+    /// paused (one resumed meanwhile keeps its due ticks) and still planned
+    /// from `counted_after_ms` (a record or a put since then makes the
+    /// count stale: the schedule is then only resumed), and only for a
+    /// bucket after that instant and not after the entry's own time.
+    /// Written only once every member decodes format 6; a plain
+    /// `SetPaused` resume before.
     ResumeSchedule {
         /// Schedule name.
         name: String,
+        /// The instant the ticks were counted after (the schedule's
+        /// [`crate::schedule::Schedule::planned_after_ms`] as the proposer
+        /// read it).
+        counted_after_ms: u64,
         /// The newest tick due while paused, as a bucket; 0 for none.
         paused_through: u64,
         /// How many ticks that record stands for.
@@ -843,7 +848,15 @@ mod tests {
             ),
             (25, Command::PutScheduleRetimed { spec: ScheduleSpec::default() }),
             (26, Command::SweepKeepingTokens { max_clock_offset_ms: 1 }),
-            (27, Command::ResumeSchedule { name: s(), paused_through: 1, paused_ticks: 1 }),
+            (
+                27,
+                Command::ResumeSchedule {
+                    name: s(),
+                    counted_after_ms: 1,
+                    paused_through: 1,
+                    paused_ticks: 1,
+                },
+            ),
         ];
         for (number, command) in pinned {
             let bytes = bincode::serialize(&command).expect("encodes");
@@ -923,8 +936,12 @@ mod tests {
     /// it, it is a plain resume.
     #[test]
     fn a_resume_records_its_paused_ticks_from_format_6() {
-        let resume =
-            Command::ResumeSchedule { name: "s".into(), paused_through: 60, paused_ticks: 3 };
+        let resume = Command::ResumeSchedule {
+            name: "s".into(),
+            counted_after_ms: 1_000,
+            paused_through: 60,
+            paused_ticks: 3,
+        };
         let plain = Command::SetPaused { name: "s".into(), paused: false };
         let ruled = |command: Command| Command::Ruled {
             limits: Limits::default(),

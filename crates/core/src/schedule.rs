@@ -248,6 +248,18 @@ impl Schedule {
         }
     }
 
+    /// The instant this schedule is planned from: its newest record's tick,
+    /// never before it was put (a mark below that, a bus record of a tick
+    /// of an earlier schedule of the same name, plans nothing from before
+    /// this one existed). Ticks after it are due.
+    pub fn planned_after_ms(&self) -> u64 {
+        if self.last_fired_bucket > 0 {
+            cron::tick_ms(self.last_fired_bucket).max(self.created_at_ms)
+        } else {
+            self.created_at_ms
+        }
+    }
+
     /// Appends a record, dropping the oldest beyond [`HISTORY_LEN`].
     ///
     /// The counters saturate: a `Skip` may stand for any number of ticks
@@ -352,14 +364,7 @@ pub fn plan_ticks(
     now_ms: u64,
     tolerance_ms: u64,
 ) -> Vec<TickPlan> {
-    // Never before the schedule was put: a mark below that (a bus record
-    // of a tick of an earlier schedule of the same name) plans nothing
-    // from before this one existed.
-    let after_ms = if schedule.last_fired_bucket > 0 {
-        cron::tick_ms(schedule.last_fired_bucket).max(schedule.created_at_ms)
-    } else {
-        schedule.created_at_ms
-    };
+    let after_ms = schedule.planned_after_ms();
     // More ticks than one plan reads: the newest ones, and a count of the
     // older ones (exact up to MAX_TICKS_COUNTED) for the catch-up record.
     // Enough of them to fire what the policy fires: the newest missed one
@@ -473,16 +478,24 @@ pub fn ticks_while_paused(
 }
 
 /// The command that resumes `name`, whose state is `schedule` (as read
-/// now), at `now_ms`: a [`crate::Command::ResumeSchedule`] carrying the
-/// ticks due while it was paused. A schedule this build cannot parse, or
-/// one not found (the journal answers NOT_FOUND), carries none.
+/// now, outside the state's lock: counting may read many ticks), at
+/// `now_ms`: a [`crate::Command::ResumeSchedule`] carrying the ticks due
+/// while it was paused and the instant they were counted after. A schedule
+/// this build cannot parse, or one not found (the journal answers
+/// NOT_FOUND), carries none.
 pub fn resume_command(name: &str, schedule: Option<&Schedule>, now_ms: u64) -> crate::Command {
     let paused = schedule.and_then(|schedule| {
         let cron = cron::parse(&schedule.spec.cron, &schedule.spec.timezone).ok()?;
-        ticks_while_paused(schedule, &cron, now_ms)
+        let (through, ticks) = ticks_while_paused(schedule, &cron, now_ms)?;
+        Some((schedule.planned_after_ms(), through, ticks))
     });
-    let (paused_through, paused_ticks) = paused.unwrap_or((0, 0));
-    crate::Command::ResumeSchedule { name: name.to_string(), paused_through, paused_ticks }
+    let (counted_after_ms, paused_through, paused_ticks) = paused.unwrap_or((0, 0, 0));
+    crate::Command::ResumeSchedule {
+        name: name.to_string(),
+        counted_after_ms,
+        paused_through,
+        paused_ticks,
+    }
 }
 
 /// Whether a tick this node won on the bus may run here, judged from the

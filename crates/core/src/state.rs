@@ -377,8 +377,8 @@ impl State {
             Command::PutScheduleRetimed { spec } => self.put_schedule(spec, true),
             Command::DeleteSchedule { name } => self.delete_schedule(name),
             Command::SetPaused { name, paused } => self.set_paused(name, *paused),
-            Command::ResumeSchedule { name, paused_through, paused_ticks } => {
-                self.resume_schedule(name, *paused_through, *paused_ticks)
+            Command::ResumeSchedule { name, counted_after_ms, paused_through, paused_ticks } => {
+                self.resume_schedule(name, *counted_after_ms, *paused_through, *paused_ticks)
             }
             Command::Fire { schedule, bucket, targets } => {
                 self.fire(schedule, *bucket, targets, limits)

@@ -257,11 +257,7 @@ pub async fn tick_schedules(
                         .ok()
                 });
                 // Never before the schedule was put (see `plan_ticks`).
-                let mut after_ms = if schedule.last_fired_bucket > 0 {
-                    cron::tick_ms(schedule.last_fired_bucket).max(schedule.created_at_ms)
-                } else {
-                    schedule.created_at_ms
-                };
+                let mut after_ms = schedule.planned_after_ms();
                 if !journal_leader && let Some(done) = bus_done.get(&schedule.spec.name) {
                     after_ms = after_ms.max(cron::tick_ms(*done));
                 }
@@ -354,11 +350,7 @@ pub async fn tick_schedules(
                     .get(&cron_key(&schedule))
                     .and_then(Option::as_ref)
                     .map_or(1, |cron| {
-                        let after_ms = if schedule.last_fired_bucket > 0 {
-                            cron::tick_ms(schedule.last_fired_bucket).max(schedule.created_at_ms)
-                        } else {
-                            schedule.created_at_ms
-                        };
+                        let after_ms = schedule.planned_after_ms();
                         cron.ticks_between(after_ms, newest_ms + 1, MAX_TICKS_READ).len().max(1)
                             as u64
                     });
@@ -563,11 +555,7 @@ async fn skip_bus_ran(
             return false;
         }
     };
-    let after_ms = if schedule.last_fired_bucket > 0 {
-        cron::tick_ms(schedule.last_fired_bucket).max(schedule.created_at_ms)
-    } else {
-        schedule.created_at_ms
-    };
+    let after_ms = schedule.planned_after_ms();
     let ticks = cron.ticks_between(after_ms, cron::tick_ms(high) + 1, MAX_TICKS_READ).len().max(1);
     let command = Command::Skip {
         schedule: schedule.spec.name.clone(),

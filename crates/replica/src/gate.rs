@@ -364,14 +364,23 @@ impl Gate {
     /// The newest log format every member decodes, by the adverts heard
     /// (kept across restarts): what the journal may write.
     pub fn log_format(&self) -> u32 {
+        self.members_log_format(None)
+    }
+
+    /// [`Gate::log_format`], with a member not heard counted as format 1
+    /// rather than current: what the edge may form commands in
+    /// ([`Journal::heard_log_format`]).
+    pub fn heard_log_format(&self) -> u32 {
+        self.members_log_format(Some(0))
+    }
+
+    /// The least format of this build and every other member, `unheard`
+    /// standing for a member whose advert was never heard.
+    fn members_log_format(&self, unheard: Option<u32>) -> u32 {
         let entries = self.inner.registry.snapshot().unwrap_or_default();
         let me = self.node_id();
-        let members = self
-            .membership()
-            .into_iter()
-            .filter(|(id, _)| *id != me)
-            .map(|(id, _)| entries.get(&id).map(|entry| entry.advert.log_format));
-        leasehold_core::command::agreed_log_format(leasehold_core::command::LOG_FORMAT, members)
+        let others = self.membership().into_iter().map(|(id, _)| id).filter(|id| *id != me);
+        log_format_of(others, &entries, unheard)
     }
 
     fn count_rejection(&self, kind: &str, reason: &str) {
@@ -620,6 +629,7 @@ pub async fn run_adverts(gate: Gate, mut shutdown: watch::Receiver<bool>) {
         // each advert; once a round is often enough (a member that joins
         // was checked at its join).
         gate.inner.journal.set_log_format(gate.log_format());
+        gate.inner.journal.set_heard_log_format(gate.heard_log_format());
         gate.publish_peer_wires();
         send_adverts(&gate).await;
         rounds += 1;
@@ -687,9 +697,42 @@ fn addressed_to<T>(request: &mut tonic::Request<T>, target: u64) {
     );
 }
 
+/// The least log format of this build and each of `members` by its kept
+/// advert, `unheard` standing for a member none was heard from (`None`:
+/// assumed current; `Some(0)`: format 1).
+fn log_format_of(
+    members: impl Iterator<Item = u64>,
+    entries: &BTreeMap<u64, adverts::Entry>,
+    unheard: Option<u32>,
+) -> u32 {
+    let formats =
+        members.map(|id| entries.get(&id).map(|entry| entry.advert.log_format).or(unheard));
+    leasehold_core::command::agreed_log_format(leasehold_core::command::LOG_FORMAT, formats)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A member never heard is assumed current for what a leader writes,
+    /// and taken as format 1 for what the edge may form; a heard member's
+    /// own format counts for both.
+    #[test]
+    fn a_member_not_heard_holds_back_only_the_heard_format() {
+        let now = Instant::now();
+        let heard = |node_id: u64, log_format: u32| {
+            let advert = v1::Advert { node_id, log_format, ..Default::default() };
+            (node_id, adverts::Entry { advert, received: now, order_ms: 0 })
+        };
+        let current = leasehold_core::command::LOG_FORMAT;
+        let entries = BTreeMap::from([heard(2, current), heard(3, 5)]);
+        assert_eq!(log_format_of([2].into_iter(), &entries, None), current);
+        assert_eq!(log_format_of([2].into_iter(), &entries, Some(0)), current);
+        assert_eq!(log_format_of([2, 4].into_iter(), &entries, None), current, "4 assumed current");
+        assert_eq!(log_format_of([2, 4].into_iter(), &entries, Some(0)), 1, "4 not heard");
+        assert_eq!(log_format_of([2, 3].into_iter(), &entries, None), 5);
+        assert_eq!(log_format_of([2, 3].into_iter(), &entries, Some(0)), 5);
+    }
 
     #[test]
     fn a_node_outside_the_membership_counts_only_while_fresh() {

@@ -56,6 +56,9 @@ struct Inner {
     /// The newest log format every member decodes (see
     /// [`Journal::set_log_format`]).
     log_format: AtomicU32,
+    /// The same, counting a member not heard as decoding format 1 (see
+    /// [`Journal::heard_log_format`]).
+    heard_log_format: AtomicU32,
     metrics: Metrics,
     clock_watch: ClockWatch,
     drain_request: tokio::sync::watch::Sender<bool>,
@@ -200,6 +203,7 @@ impl Journal {
                 probe_fault: AtomicBool::new(false),
                 leader_commit_seen: std::sync::atomic::AtomicU64::new(0),
                 log_format: AtomicU32::new(leasehold_core::command::LOG_FORMAT),
+                heard_log_format: AtomicU32::new(1),
                 drain_request: tokio::sync::watch::channel(false).0,
                 batches,
                 batcher: std::sync::Mutex::new(None),
@@ -703,6 +707,24 @@ impl Journal {
                 "the log format every member decodes changed"
             );
         }
+    }
+
+    /// The newest log format every member is known to decode: a member
+    /// whose advert this node has not heard (it just joined, say) counts
+    /// as format 1. What a command formed at the edge in a newer format
+    /// must wait for: a follower forwards it as it is, and a leader of an
+    /// older build could not decode it. [`Journal::log_format`], which a
+    /// leader writes by, assumes such a member current instead (a joiner
+    /// older than the cluster's format is refused at its join).
+    pub fn heard_log_format(&self) -> u32 {
+        self.inner.heard_log_format.load(Ordering::Relaxed)
+    }
+
+    /// Sets what [`Journal::heard_log_format`] answers; the gate's advert
+    /// loop keeps it current.
+    pub fn set_heard_log_format(&self, format: u32) {
+        let format = format.clamp(1, leasehold_core::command::LOG_FORMAT);
+        self.inner.heard_log_format.store(format, Ordering::Relaxed);
     }
 
     /// Proposes a command stamped with this node's clock and answers the

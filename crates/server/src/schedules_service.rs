@@ -216,18 +216,19 @@ impl Schedules for SchedulesService {
         let name = request.into_inner().name;
         // The ticks due while it was paused that left no record go with
         // the resume, so the leader does not plan them as missed. Proposed
-        // in the format every member decodes, so a follower never forwards
-        // a command an older leader cannot read (below format 6, a plain
+        // in the format every member is known to decode, so a follower
+        // never forwards a command an older leader cannot read (below
+        // format 6, or before every member's advert was heard, a plain
         // resume).
         let now_ms = if self.journal.is_leader() {
             self.journal.cluster_now_ms()
         } else {
             self.journal.clock().now_ms()
         };
-        let command = self
-            .journal
-            .read_stale(|state| resume_command(&name, state.schedule(&name), now_ms))
-            .for_log_format(self.journal.log_format());
+        // Counted outside the state's lock: a long pause has many ticks.
+        let schedule = self.journal.read_stale(|state| state.schedule(&name).cloned());
+        let command = resume_command(&name, schedule.as_ref(), now_ms)
+            .for_log_format(self.journal.heard_log_format());
         match self.submit(command).await? {
             Response::ScheduleChanged => Ok(Reply::new(v1::ResumeScheduleResponse {})),
             other => Err(unexpected(&other)),

@@ -100,6 +100,7 @@ impl State {
     pub(super) fn resume_schedule(
         &mut self,
         name: &str,
+        counted_after_ms: u64,
         paused_through: u64,
         paused_ticks: u64,
     ) -> Response {
@@ -109,9 +110,9 @@ impl State {
         };
         let through_ms = crate::cron::tick_ms(paused_through);
         if schedule.spec.paused
-            && paused_through > schedule.last_fired_bucket
+            && schedule.planned_after_ms() == counted_after_ms
+            && through_ms > counted_after_ms
             && through_ms <= now_ms
-            && through_ms > schedule.created_at_ms
         {
             let outcome =
                 TickOutcome::Skipped { reason: SkipReason::Paused, ticks: paused_ticks.max(1) };

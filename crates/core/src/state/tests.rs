@@ -1880,6 +1880,15 @@ mod resume {
         plan_ticks(&read(state), &cron, now_ms, 2_000)
     }
 
+    fn resume(counted_after_ms: u64, through_ms: u64, ticks: u64) -> Command {
+        Command::ResumeSchedule {
+            name: "s".into(),
+            counted_after_ms,
+            paused_through: through_ms / 1_000,
+            paused_ticks: ticks,
+        }
+    }
+
     /// Paused for five ticks that nobody recorded, then resumed 30 s past
     /// the last: a plain resume leaves them to the leader's plan, whose
     /// catch-up runs the newest at once; the resume records them as
@@ -1902,18 +1911,15 @@ mod resume {
         put(&mut state);
         pause(&mut state, T0_MS + 10_000);
         let command = resume_command("s", state.schedule("s"), resumed_ms);
-        let through = (T0_MS + 5 * MINUTE_MS) / 1_000;
-        assert_eq!(
-            command,
-            Command::ResumeSchedule { name: "s".into(), paused_through: through, paused_ticks: 5 }
-        );
+        let through_ms = T0_MS + 5 * MINUTE_MS;
+        assert_eq!(command, resume(T0_MS, through_ms, 5));
         assert_eq!(apply(&mut state, resumed_ms, command), Response::ScheduleChanged);
         let schedule = read(&state);
         assert!(!schedule.spec.paused);
-        assert_eq!(schedule.last_fired_bucket, through);
+        assert_eq!(schedule.last_fired_bucket, through_ms / 1_000);
         let last = schedule.history.back().map(|record| (record.bucket, record.outcome.clone()));
         let paused = TickOutcome::Skipped { reason: SkipReason::Paused, ticks: 5 };
-        assert_eq!(last, Some((through, paused)));
+        assert_eq!(last, Some((through_ms / 1_000, paused)));
         assert_eq!(plan(&state, resumed_ms + 25), Vec::new(), "nothing is due until the next tick");
         let next = T0_MS + 6 * MINUTE_MS;
         assert_eq!(plan(&state, next + 25), vec![TickPlan::Fire(next / 1_000)]);
@@ -1926,30 +1932,52 @@ mod resume {
     fn a_running_schedule_keeps_its_due_ticks() {
         let mut state = State::new();
         put(&mut state);
-        let through = (T0_MS + MINUTE_MS) / 1_000;
-        let command =
-            Command::ResumeSchedule { name: "s".into(), paused_through: through, paused_ticks: 1 };
         let now_ms = T0_MS + MINUTE_MS + 500;
+        let command = resume(T0_MS, T0_MS + MINUTE_MS, 1);
         assert_eq!(apply(&mut state, now_ms, command), Response::ScheduleChanged);
         assert_eq!(read(&state).last_fired_bucket, 0);
         assert!(read(&state).history.is_empty());
-        assert_eq!(plan(&state, now_ms), vec![TickPlan::Fire(through)]);
+        assert_eq!(plan(&state, now_ms), vec![TickPlan::Fire((T0_MS + MINUTE_MS) / 1_000)]);
+    }
+
+    /// Ticks counted from a plan the schedule has left (the leader recorded
+    /// some since the proposer read it) are not recorded: the count would
+    /// be stale, and the mark could go back. The schedule is resumed all
+    /// the same.
+    #[test]
+    fn a_stale_count_records_nothing() {
+        let mut state = State::new();
+        put(&mut state);
+        pause(&mut state, T0_MS + 100);
+        let now_ms = T0_MS + 3 * MINUTE_MS + 500;
+        let counted = resume_command("s", state.schedule("s"), now_ms);
+        assert_eq!(counted, resume(T0_MS, T0_MS + 3 * MINUTE_MS, 3));
+        // Meanwhile the leader records the first two paused ticks.
+        let skip = Command::Skip {
+            schedule: "s".into(),
+            bucket: (T0_MS + 2 * MINUTE_MS) / 1_000,
+            reason: SkipReason::Paused,
+            ticks: 2,
+        };
+        assert!(matches!(apply(&mut state, now_ms, skip), Response::Tick(Some(_))));
+        assert_eq!(apply(&mut state, now_ms, counted), Response::ScheduleChanged);
+        let schedule = read(&state);
+        assert!(!schedule.spec.paused);
+        assert_eq!(schedule.last_fired_bucket, (T0_MS + 2 * MINUTE_MS) / 1_000);
+        assert_eq!(schedule.skipped_count, 2, "no tick counted twice");
     }
 
     /// Nothing after the entry's own time (a proposer whose clock runs
-    /// ahead) and nothing from before the schedule was put is recorded;
-    /// the schedule is resumed all the same. An unknown name is refused.
+    /// ahead) and nothing from before the instant counted after (the put)
+    /// is recorded; the schedule is resumed all the same. An unknown name
+    /// is refused.
     #[test]
     fn no_tick_after_the_entry_or_before_the_put_is_recorded() {
         for (through_ms, now_ms) in [(T0_MS + MINUTE_MS, T0_MS + 59_000), (T0_MS, T0_MS + 500)] {
             let mut state = State::new();
             put(&mut state);
             pause(&mut state, T0_MS + 100);
-            let command = Command::ResumeSchedule {
-                name: "s".into(),
-                paused_through: through_ms / 1_000,
-                paused_ticks: 1,
-            };
+            let command = resume(T0_MS, through_ms, 1);
             assert_eq!(apply(&mut state, now_ms, command), Response::ScheduleChanged);
             assert!(!read(&state).spec.paused);
             assert_eq!(read(&state).last_fired_bucket, 0, "through {through_ms}");
@@ -1958,7 +1986,12 @@ mod resume {
         let command = resume_command("gone", None, T0_MS);
         assert_eq!(
             command,
-            Command::ResumeSchedule { name: "gone".into(), paused_through: 0, paused_ticks: 0 }
+            Command::ResumeSchedule {
+                name: "gone".into(),
+                counted_after_ms: 0,
+                paused_through: 0,
+                paused_ticks: 0
+            }
         );
         assert!(matches!(apply(&mut state, T0_MS, command), Response::Refused(_)));
     }

@@ -259,9 +259,8 @@ async fn pauses(
         // As `Schedules.Resume` forms it: the ticks due while paused that
         // the leader did not record go with it.
         let now_ms = leader.journal.cluster_now_ms();
-        let resume = leader.journal.read_stale(|state| {
-            leasehold_core::schedule::resume_command(SCHEDULE, state.schedule(SCHEDULE), now_ms)
-        });
+        let schedule = leader.journal.read_stale(|state| state.schedule(SCHEDULE).cloned());
+        let resume = leasehold_core::schedule::resume_command(SCHEDULE, schedule.as_ref(), now_ms);
         let answer = propose(leader, resume).await??;
         history.push(format!("{} resumed -> {answer:?}", real_ms()));
         spans.push((paused_ns, resumed_ns));
