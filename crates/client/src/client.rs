@@ -1,8 +1,8 @@
 //! The typed client: one channel, generated stubs, and retries of
 //! UNAVAILABLE answers that are safe to repeat.
 
-use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, PoisonError, RwLock};
 use std::time::Duration;
 
 use leasehold_proto::v1;
@@ -421,14 +421,21 @@ impl ClientBuilder {
             return Err(ClientError::NoAddress);
         }
         Ok(Client {
-            nodes: Arc::new(nodes),
-            addrs: Arc::new(plain),
+            connections: Arc::new(RwLock::new(Arc::new(Connections { nodes, addrs: plain }))),
             follow_hints: true,
             current: Arc::new(AtomicUsize::new(0)),
             retry: RetryPolicy::default(),
             call_timeout: CALL_TIMEOUT,
         })
     }
+}
+
+/// What a client calls: stubs over each node's channel, and the nodes'
+/// addresses as `host:port` in the same order. Replaced whole by
+/// [`Client::reconnect`].
+struct Connections {
+    nodes: Vec<Stubs>,
+    addrs: Vec<String>,
 }
 
 /// Stubs over one node's channel.
@@ -448,9 +455,8 @@ struct Stubs {
 /// follower's forwarding hop.
 #[derive(Clone)]
 pub struct Client {
-    nodes: Arc<Vec<Stubs>>,
-    /// The addresses, as `host:port`, in the order of `nodes`.
-    addrs: Arc<Vec<String>>,
+    /// Shared by every clone, so a [`Client::reconnect`] moves them all.
+    connections: Arc<RwLock<Arc<Connections>>>,
     /// Whether a leader hint moves the client (see [`Client::follow_leader_hints`]).
     follow_hints: bool,
     current: Arc<AtomicUsize>,
@@ -483,22 +489,41 @@ impl Client {
         }
     }
 
-    fn stubs(&self) -> &Stubs {
-        let index = self.current.load(Ordering::Relaxed) % self.nodes.len();
-        &self.nodes[index]
+    fn connections(&self) -> Arc<Connections> {
+        self.connections.read().unwrap_or_else(PoisonError::into_inner).clone()
+    }
+
+    /// What `pick` takes from the current node's stubs.
+    fn stub<T>(&self, pick: impl FnOnce(&Stubs) -> T) -> T {
+        let connections = self.connections();
+        let index = self.current.load(Ordering::Relaxed) % connections.nodes.len();
+        pick(&connections.nodes[index])
     }
 
     fn queue(&self) -> QueueClient<AuthChannel> {
-        self.stubs().queue.clone()
+        self.stub(|stubs| stubs.queue.clone())
     }
 
     fn cluster(&self) -> ClusterClient<AuthChannel> {
-        self.stubs().cluster.clone()
+        self.stub(|stubs| stubs.cluster.clone())
+    }
+
+    /// Moves this client, and every clone of it, onto `fresh`'s
+    /// connections: their next calls open new connections as `fresh` was
+    /// built to (new TLS material, say), while calls and sessions under
+    /// way finish on the old ones. A node's built-in executor takes the
+    /// node's reloaded certificate and CA bundle this way on SIGHUP; a
+    /// connection opened with the old ones would fail its handshake once
+    /// the node's certificate comes from a CA they lack. Where each clone
+    /// is among the addresses is kept (modulo their number).
+    pub fn reconnect(&self, fresh: &Client) {
+        let connections = fresh.connections();
+        *self.connections.write().unwrap_or_else(PoisonError::into_inner) = connections;
     }
 
     /// Moves to the next address (after an UNAVAILABLE answer).
     fn rotate(&self) {
-        if self.nodes.len() > 1 {
+        if self.connections().nodes.len() > 1 {
             self.current.fetch_add(1, Ordering::Relaxed);
         }
     }
@@ -512,16 +537,17 @@ impl Client {
         let Some(hint) = metadata.get(leasehold_proto::LEADER_HINT_HEADER) else { return };
         let Ok(hint) = hint.to_str() else { return };
         let hint = host_port(hint);
-        if let Some(index) = self.addrs.iter().position(|addr| addr == hint) {
+        if let Some(index) = self.connections().addrs.iter().position(|addr| addr == hint) {
             self.current.store(index, Ordering::Relaxed);
         }
     }
 
     /// Follows a leader hint in `metadata`; whether the client moved.
     pub(crate) fn moved_to_leader(&self, metadata: &tonic::metadata::MetadataMap) -> bool {
-        let before = self.current.load(Ordering::Relaxed) % self.nodes.len();
+        let count = self.connections().nodes.len();
+        let before = self.current.load(Ordering::Relaxed) % count;
         self.follow_leader(metadata);
-        self.current.load(Ordering::Relaxed) % self.nodes.len() != before
+        self.current.load(Ordering::Relaxed) % count != before
     }
 
     /// The deadline of a call that does not wait by design.
@@ -550,7 +576,7 @@ impl Client {
 
     /// The generated Schedules stub of the current node.
     pub fn schedules_stub(&self) -> SchedulesClient<AuthChannel> {
-        self.stubs().schedules.clone()
+        self.stub(|stubs| stubs.schedules.clone())
     }
 
     /// The generated Queue stub of the current node, for calls this client
@@ -674,7 +700,7 @@ impl Client {
             request_id: new_request_id(),
         };
         self.retrying(true, || {
-            let mut stub = self.stubs().schedules.clone();
+            let mut stub = self.schedules_stub();
             let request = self.request(message.clone(), self.call_timeout);
             async move { stub.trigger(request).await }
         })
@@ -1083,6 +1109,19 @@ mod tests {
         assert!(Client::builder("HTTP://127.0.0.1:7070").build().is_ok());
     }
 
+    /// A reconnect moves every clone of the client, however made, onto the
+    /// fresh client's connections.
+    #[tokio::test]
+    async fn a_reconnect_moves_every_clone() {
+        let client = Client::connect("127.0.0.1:7070").expect("a valid address");
+        let clone = client.clone().with_retry(RetryPolicy::default()).follow_leader_hints(false);
+        let fresh = Client::connect("127.0.0.1:7071,127.0.0.1:7072").expect("valid addresses");
+        client.reconnect(&fresh);
+        for moved in [&client, &clone] {
+            assert_eq!(moved.connections().addrs, ["127.0.0.1:7071", "127.0.0.1:7072"]);
+        }
+    }
+
     #[tokio::test]
     async fn a_leader_hint_moves_the_client_only_to_an_address_it_has() {
         let client = Client::connect("127.0.0.1:7070, http://127.0.0.1:7071/,127.0.0.1:7072")
@@ -1095,7 +1134,9 @@ mod tests {
             );
             metadata
         };
-        let at = |client: &Client| client.current.load(Ordering::Relaxed) % client.nodes.len();
+        let at = |client: &Client| {
+            client.current.load(Ordering::Relaxed) % client.connections().nodes.len()
+        };
         assert_eq!(at(&client), 0);
         client.follow_leader(&hint("127.0.0.1:7071"));
         assert_eq!(at(&client), 1, "named by host:port, given with a scheme");

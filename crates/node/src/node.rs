@@ -144,6 +144,16 @@ struct Credentials {
     tokens: Option<SharedTokens>,
     secret: ClusterSecret,
     peers: NetworkFactory,
+    /// Clients of this node's own port made as this node (the executor's),
+    /// moved onto reloaded TLS material with the rest.
+    own_clients: Arc<std::sync::Mutex<Vec<OwnClient>>>,
+}
+
+/// A client [`Credentials::own_client`] made, and what it was made for.
+struct OwnClient {
+    client: Client,
+    addr: String,
+    advertise: String,
 }
 
 impl Credentials {
@@ -167,6 +177,7 @@ impl Credentials {
             tokens,
             secret,
             peers: NetworkFactory::new(),
+            own_clients: Arc::default(),
         };
         credentials.peers =
             NetworkFactory::with_security(credentials.peer_security()?, peer_source(config));
@@ -207,8 +218,20 @@ impl Credentials {
 
     /// A client of this node's own gRPC port at `addr`, as this node: its
     /// certificate with TLS (the server's checked as `advertise`'s host),
-    /// its node proof without.
+    /// its node proof without. A reload of the TLS files moves it (and its
+    /// clones) onto the new material.
     fn own_client(&self, addr: &str, advertise: &str) -> Result<Client, NodeError> {
+        let client = self.build_own_client(addr, advertise)?;
+        let own = OwnClient {
+            client: client.clone(),
+            addr: addr.to_string(),
+            advertise: advertise.to_string(),
+        };
+        self.own_clients.lock().unwrap_or_else(std::sync::PoisonError::into_inner).push(own);
+        Ok(client)
+    }
+
+    fn build_own_client(&self, addr: &str, advertise: &str) -> Result<Client, NodeError> {
         let builder = match &self.tls {
             Some(material) => Client::builder(addr).tls(ClientTls {
                 ca_pem: material.ca_pem().to_vec(),
@@ -251,10 +274,23 @@ impl Credentials {
         let server = tls.as_ref().map(TlsMaterial::server_config).transpose()?;
         let reloaded = Credentials { tls, ..self.clone() };
         let peer_security = reloaded.peer_security()?;
+        // Every part is built before any is put in force, so a failure
+        // keeps the old material everywhere.
+        let own_clients =
+            self.own_clients.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        // (Without TLS they carry the node proof, which SIGHUP does not change.)
+        let fresh = own_clients
+            .iter()
+            .filter(|_| reloaded.tls.is_some())
+            .map(|own| reloaded.build_own_client(&own.addr, &own.advertise))
+            .collect::<Result<Vec<_>, _>>()?;
         if let (Some(shared), Some(server)) = (&self.server_tls, server) {
             shared.replace(server);
         }
         self.peers.set_security(peer_security);
+        for (own, fresh) in own_clients.iter().zip(&fresh) {
+            own.client.reconnect(fresh);
+        }
         Ok(())
     }
 }

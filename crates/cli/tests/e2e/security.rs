@@ -12,12 +12,20 @@
 //! SIGHUP and succeeding after it (and the reverse for a removed token),
 //! even while a TLS file is broken.
 //!
+//! The rotation story ends with the node's certificate replaced by one of
+//! a new CA and the old CA dropped, every connection to the node cut (`ss
+//! -K`, as root), and a command job that the built-in executor must run:
+//! it connects again only with the reloaded material.
+//!
 //! Mutation checks (each run once against a deliberately broken build): a
 //! SIGHUP handler that does not reload fails the rotation story at the new
 //! token; a reload that takes nothing when a TLS file is broken fails it at
-//! the token added beside the broken key. (An exposure check that looks only for TLS is caught by the
+//! the token added beside the broken key; a reload that leaves the
+//! executor's client on its start-time material fails it at the executor's
+//! command. (An exposure check that looks only for TLS is caught by the
 //! config unit test instead, which needs no node on 0.0.0.0.)
 
+use std::collections::BTreeSet;
 use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
@@ -37,7 +45,7 @@ use tonic::transport::{Channel, ClientTlsConfig, Endpoint};
 
 use super::support::{
     CLUSTER_SECRET, Check, Node, Process, RPC_TIMEOUT, Sandbox, binary, deadline_in, dev_certs,
-    free_port, phase, tls_config, wait_until,
+    free_port, job, phase, tls_config, wait_until,
 };
 
 /// How long a refused start may take to give up.
@@ -283,7 +291,88 @@ async fn rotation_story(sandbox: &Sandbox) -> Result<()> {
     until("the new CA's client certificate to be accepted", stats(second, next_client()?)?, true)
         .await?;
     stats(second, client_tls()?)?().await.context("the old CA's client after the rotation")?;
+
+    phase(
+        "the node's certificate from the new CA, then the old CA dropped: the executor's own connection follows",
+    );
+    executor_story(sandbox, &node, &certs, &next, second).await?;
     node.ensure_running()?;
+    Ok(())
+}
+
+/// The client-side ports of the connections established to `port`.
+fn connections_to(port: u16) -> Result<BTreeSet<String>> {
+    let filter = format!("dport = :{port}");
+    let output = Command::new("ss").args(["-Htn", "state", "established", &filter]).output()?;
+    ensure!(output.status.success(), "ss: {}", String::from_utf8_lossy(&output.stderr));
+    Ok(String::from_utf8_lossy(&output.stdout)
+        .lines()
+        .filter_map(|line| line.split_whitespace().nth(2).map(str::to_string))
+        .collect())
+}
+
+/// The rest of the certificate rotation, with the built-in executor
+/// judged: the node's certificate is replaced by one of the new CA, the
+/// old CA leaves the bundle (a SIGHUP each), and every connection to the
+/// node is cut, so the executor must connect again. It runs a command only
+/// if it connects with the reloaded material: with what the node started
+/// with, its handshake fails (the old CA does not sign the node's new
+/// certificate, and the node no longer takes the old one's).
+async fn executor_story(
+    sandbox: &Sandbox,
+    node: &Node,
+    certs: &Path,
+    next: &Path,
+    token: &str,
+) -> Result<()> {
+    let addr = node.addr();
+    let next_only = || tls_config(next, "client");
+    // A connection of its own for each call: an open one keeps the
+    // handshake it made before the reload.
+    let stats = |tls: ClientTlsConfig| -> Result<_> {
+        let addr = addr.clone();
+        let token = token.to_string();
+        Ok(move || {
+            let channel = wire(&addr, Some(tls.clone()), &[bearer(&token)]);
+            async move {
+                let channel = channel.map_err(|e| tonic::Status::internal(e.to_string()))?;
+                QueueClient::new(channel).stats(v1::StatsRequest::default()).await.map(drop)
+            }
+        })
+    };
+    std::fs::copy(next.join("node-1.pem"), certs.join("node-1.pem"))?;
+    std::fs::copy(next.join("node-1.key"), certs.join("node-1.key"))?;
+    node.signal(Signal::SIGHUP)?;
+    until("the node to present the new CA's certificate", stats(next_only()?)?, true).await?;
+    std::fs::copy(next.join("ca.pem"), certs.join("ca.pem"))?;
+    node.signal(Signal::SIGHUP)?;
+    let old_client = tls_config(certs, "client")?;
+    until("the old CA's client certificate to be refused", stats(old_client)?, false).await?;
+
+    let port = node.grpc.port();
+    let before = connections_to(port)?;
+    ensure!(!before.is_empty(), "the executor holds no connection to its node");
+    let filter = format!("( dport = :{port} or sport = :{port} )");
+    let cut = Command::new("ss").args(["-K", "state", "established", &filter]).output()?;
+    ensure!(cut.status.success(), "ss -K: {}", String::from_utf8_lossy(&cut.stderr));
+
+    let ran = sandbox.path().join("executor-ran");
+    let command = format!("echo ran > {}", ran.display());
+    let mut queue = QueueClient::new(wire(&addr, Some(next_only()?), &[bearer(token)])?);
+    queue
+        .enqueue(v1::EnqueueRequest { jobs: vec![job("exec", command.as_bytes())] })
+        .await
+        .context("enqueueing the executor's command")?;
+    wait_until("the executor to run the command", deadline_in(Duration::from_secs(30)), || {
+        let done = ran.exists();
+        async move { Ok(if done { Check::Done(()) } else { Check::NotYet(String::new()) }) }
+    })
+    .await?;
+    let after = connections_to(port)?;
+    ensure!(
+        before.is_disjoint(&after),
+        "a connection from before the cut is still up ({before:?} then {after:?}): it was not cut"
+    );
     Ok(())
 }
 
