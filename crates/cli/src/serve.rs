@@ -215,7 +215,15 @@ pub async fn run(prepared: Prepared) -> anyhow::Result<ExitCode> {
     let mut hangup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())
         .context("installing the SIGHUP handler")?;
     let transport = Transport::bind(&config).await?;
-    let node = Node::start(config, transport).await.context("starting the node")?;
+    // A join may wait minutes for a member that does not answer; a signal
+    // then stops it (the node is not a member yet: nothing to drain).
+    let stop = async {
+        tokio::select! {
+            _ = terminate.recv() => tracing::warn!("SIGTERM while joining: stopping"),
+            _ = tokio::signal::ctrl_c() => tracing::warn!("interrupt while joining: stopping"),
+        }
+    };
+    let node = Node::start_until(config, transport, stop).await.context("starting the node")?;
     {
         // A node whose stdout is closed or full runs on: this line is for
         // whoever started it, and a panic here would skip the drain.

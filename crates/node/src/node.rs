@@ -350,6 +350,20 @@ impl Node {
     /// and credentials, storage and Raft, the journal and gate, the
     /// servers, the node's own loops, and, if asked, the join.
     pub async fn start(config: Config, transport: Transport) -> Result<NodeHandle, NodeError> {
+        Node::start_until(config, transport, std::future::pending()).await
+    }
+
+    /// [`Node::start`], given up if `stop` completes while the node is
+    /// still joining (a join may wait minutes for an unreachable member):
+    /// the node then shuts down, with nothing to drain, and answers
+    /// [`NodeError::Join`] saying so. `stop` is polled only during the
+    /// join; a node that does not join never looks at it (a caller drains
+    /// such a node once it has started).
+    pub async fn start_until(
+        config: Config,
+        transport: Transport,
+        stop: impl std::future::Future<Output = ()>,
+    ) -> Result<NodeHandle, NodeError> {
         config.validate()?;
         let grpc_addr = transport
             .grpc
@@ -494,11 +508,17 @@ impl Node {
             let initialized = raft.is_initialized().await.map_err(raft_error)?;
             if initialized {
                 tracing::info!(node = config.id, "data dir holds a membership; not joining again");
-            } else if let Err(error) =
-                join(config.id, &advertise, member, handle.journal.peers()).await
-            {
-                let _ = handle.shutdown(Duration::from_secs(5)).await;
-                return Err(error);
+            } else {
+                let joined = tokio::select! {
+                    joined = join(config.id, &advertise, member, handle.journal.peers()) => joined,
+                    () = stop => Err(NodeError::Join(format!(
+                        "--join {member}: stopped while joining; the join did not complete"
+                    ))),
+                };
+                if let Err(error) = joined {
+                    let _ = handle.shutdown(Duration::from_secs(5)).await;
+                    return Err(error);
+                }
             }
         }
         Ok(handle)

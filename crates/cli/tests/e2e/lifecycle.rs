@@ -30,8 +30,8 @@ use tonic_health::pb::health_check_response::ServingStatus;
 use tonic_health::pb::health_client::HealthClient;
 
 use super::support::{
-    Check, Cluster, ClusterOptions, Node, RPC_TIMEOUT, Sandbox, deadline_in, http_get, job, phase,
-    queue_stats, wait_until,
+    Check, Cluster, ClusterOptions, Node, RPC_TIMEOUT, Sandbox, deadline_in, free_port, http_get,
+    job, phase, queue_stats, wait_until,
 };
 
 /// The queue every node's built-in executor works.
@@ -405,6 +405,48 @@ async fn second_sigterm_story(sandbox: &Sandbox) -> Result<()> {
         },
     )
     .await?;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_stops_a_node_still_joining() -> Result<()> {
+    let sandbox = Sandbox::new("lifecycle-sigterm-joining")?;
+    sandbox.run(Duration::from_secs(60), joining_story(&sandbox)).await
+}
+
+/// A node told to join through a member that does not answer keeps asking
+/// for minutes; SIGTERM then stops it at once (it is no member yet, so
+/// there is nothing to drain), non-zero and saying why, instead of the
+/// supervisor's stop timeout running out and a SIGKILL ending it.
+///
+/// Mutation check: with the signal not watched during the join, the node
+/// goes on asking and the story fails waiting for it to exit.
+async fn joining_story(sandbox: &Sandbox) -> Result<()> {
+    phase("a node joining through a port where nothing listens");
+    let nobody = SocketAddr::from(([127, 0, 0, 1], free_port()?));
+    let mut node = Node::new(sandbox, 2, None, Some(nobody))?;
+    node.launch(sandbox)?;
+    let log = node.log().context("the node's log")?.to_path_buf();
+    wait_until("the node to retry its join", deadline_in(Duration::from_secs(20)), || {
+        let text = std::fs::read_to_string(&log).unwrap_or_default();
+        async move {
+            Ok(if text.contains("join not done yet") {
+                Check::Done(())
+            } else {
+                Check::NotYet(String::new())
+            })
+        }
+    })
+    .await?;
+
+    phase("SIGTERM: the node stops at once");
+    let signalled_at = Instant::now();
+    node.signal(Signal::SIGTERM)?;
+    let status = node.wait_exit(signalled_at + Duration::from_secs(10)).await?;
+    eprintln!("exited {status} {:.2} s after SIGTERM", signalled_at.elapsed().as_secs_f64());
+    ensure!(!status.success(), "a node that never joined must not report success: {status}");
+    let text = std::fs::read_to_string(&log)?;
+    ensure!(text.contains("stopped while joining"), "the log does not say why: {text}");
     Ok(())
 }
 
