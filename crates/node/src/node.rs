@@ -888,15 +888,7 @@ async fn register(journal: Journal, tags: Vec<String>, mut stop: watch::Receiver
     tags.dedup();
     loop {
         let current = journal.read_stale(|state| state.nodes().get(&node).cloned());
-        let registered = current.as_ref().is_some_and(|n| n.tags == tags);
-        let draining = current.as_ref().is_some_and(|n| n.draining);
-        let command = if !registered {
-            Some(leasehold_core::Command::RegisterNode { node, tags: tags.clone() })
-        } else if draining {
-            Some(leasehold_core::Command::SetDraining { node, draining: false })
-        } else {
-            None
-        };
+        let command = registration(node, &tags, current.as_ref(), journal.is_draining());
         let Some(command) = command else { return };
         match journal.propose(command).await {
             // Refused when applied (the journal judged it and will again):
@@ -924,6 +916,29 @@ async fn register(journal: Journal, tags: Vec<String>, mut stop: watch::Receiver
                 }
             }
         }
+    }
+}
+
+/// What `register` proposes for node `node` with `tags`, given its entry
+/// in the journal: its registration, or the end of an earlier drain's mark
+/// (a node restarted after a drain serves again), or nothing. Never the
+/// end of the mark while this node drains (`draining_here`): that mark is
+/// the drain's own, which a registration still retrying when the drain
+/// began would otherwise erase.
+fn registration(
+    node: u64,
+    tags: &[String],
+    current: Option<&leasehold_core::node_info::NodeInfo>,
+    draining_here: bool,
+) -> Option<leasehold_core::Command> {
+    let registered = current.is_some_and(|n| n.tags == tags);
+    let marked = current.is_some_and(|n| n.draining);
+    if !registered {
+        Some(leasehold_core::Command::RegisterNode { node, tags: tags.to_vec() })
+    } else if marked && !draining_here {
+        Some(leasehold_core::Command::SetDraining { node, draining: false })
+    } else {
+        None
     }
 }
 
@@ -1303,6 +1318,21 @@ impl NodeHandle {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A node restarted after a drain clears the old mark; a node that
+    /// drains now never clears its own.
+    #[test]
+    fn registration_never_clears_the_mark_of_a_drain_under_way() {
+        let tags = vec!["eu".to_string()];
+        let info =
+            |draining: bool| leasehold_core::node_info::NodeInfo { tags: tags.clone(), draining };
+        let clear = leasehold_core::Command::SetDraining { node: 3, draining: false };
+        assert_eq!(registration(3, &tags, Some(&info(true)), false), Some(clear));
+        assert_eq!(registration(3, &tags, Some(&info(true)), true), None);
+        assert_eq!(registration(3, &tags, Some(&info(false)), false), None);
+        let register = leasehold_core::Command::RegisterNode { node: 3, tags: tags.clone() };
+        assert_eq!(registration(3, &tags, None, true), Some(register));
+    }
 
     #[test]
     fn the_driver_judges_bus_ticks_by_the_executors_queues_and_tags() {
