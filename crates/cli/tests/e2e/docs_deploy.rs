@@ -195,6 +195,14 @@ fn kubernetes_manifests_have_the_kinds_probes_and_flags() -> Result<()> {
             port.as_str() == Some(http_name) || port.as_i64() == Some(HTTP_PORT),
             "{probe} is not on the HTTP port: {port:?}"
         );
+        // Kubernetes' default of 1 s would fail a probe the node answers
+        // within its own bound (the store probe's 2 s).
+        let timeout = at(container, &[probe, "timeoutSeconds"])?.as_i64();
+        let bound = leasehold_replica::readiness::PROBE_TIMEOUT.as_secs();
+        ensure!(
+            timeout.is_some_and(|t| u64::try_from(t).is_ok_and(|t| t > bound)),
+            "{probe} times out after {timeout:?} s, within the node's {bound} s store probe"
+        );
     }
 
     let args = at(container, &["args"])?.as_vec().context("args is not a list")?;
