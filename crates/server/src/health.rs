@@ -5,13 +5,17 @@
 //! fault. Here `Check` reads [`Readiness::report`] itself (the report is
 //! cached about a second and a drain is seen at once, for both), so the two
 //! agree by construction; `Watch` sends the status at once and then each
-//! change, looked for every [`WATCH_EVERY`].
+//! change, looked for every [`WATCH_EVERY`] by one poller that every open
+//! `Watch` shares (a poller per stream let a caller opening thousands of
+//! streams, which health asks no token for, make the node read its
+//! readiness thousands of times a second).
 //!
 //! The node's services answer: `""` (the node) and `leasehold.v1.Queue`
 //! with its readiness; any other name is NOT_FOUND (`Check`) or
 //! SERVICE_UNKNOWN (`Watch`), as the protocol asks.
 
 use std::pin::Pin;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use leasehold_replica::Readiness;
@@ -34,12 +38,15 @@ pub struct HealthService {
     readiness: Readiness,
     /// Set when the node shuts down: open `Watch` streams end.
     closing: Option<tokio::sync::watch::Receiver<bool>>,
+    /// Whether the node is ready, as the one poller of every `Watch` last
+    /// read it; started by the first `Watch`.
+    watched: Arc<OnceLock<tokio::sync::watch::Receiver<bool>>>,
 }
 
 impl HealthService {
     /// The health of the node `readiness` describes.
     pub fn new(readiness: Readiness) -> Self {
-        HealthService { readiness, closing: None }
+        HealthService { readiness, closing: None, watched: Arc::default() }
     }
 
     /// Ends every `Watch` stream (after a last NOT_SERVING) when `closing`
@@ -53,6 +60,40 @@ impl HealthService {
     /// This service as a tonic service.
     pub fn into_server(self) -> HealthServer<HealthService> {
         HealthServer::new(self)
+    }
+
+    /// The shared poller's view of readiness, starting the poller if no
+    /// `Watch` did yet. It runs until the node shuts down.
+    fn watched(&self) -> tokio::sync::watch::Receiver<bool> {
+        self.watched
+            .get_or_init(|| {
+                let (publish, watched) = tokio::sync::watch::channel(false);
+                let readiness = self.readiness.clone();
+                let mut closing = self.closing.clone();
+                tokio::spawn(async move {
+                    loop {
+                        let ready = readiness.report().await.ready;
+                        publish.send_if_modified(|seen| std::mem::replace(seen, ready) != ready);
+                        let closed = async {
+                            match closing.as_mut() {
+                                Some(closing) => {
+                                    // A sender gone for good is no shutdown.
+                                    if closing.wait_for(|stop| *stop).await.is_err() {
+                                        std::future::pending::<()>().await;
+                                    }
+                                }
+                                None => std::future::pending::<()>().await,
+                            }
+                        };
+                        tokio::select! {
+                            () = closed => return,
+                            () = tokio::time::sleep(WATCH_EVERY) => {}
+                        }
+                    }
+                });
+                watched
+            })
+            .clone()
     }
 
     async fn status(&self, service: &str) -> ServingStatus {
@@ -96,17 +137,24 @@ impl Health for HealthService {
     ) -> Result<Response<Self::WatchStream>, Status> {
         let service = request.into_inner().service;
         let (send, receive) = tokio::sync::mpsc::channel(4);
-        let this = self.clone();
+        // Subscribed before the first status is read, so a change after
+        // that read is seen.
+        let mut watched = self.watched();
+        watched.borrow_and_update();
+        let first = self.status(&service).await;
         // Ends when the caller goes away (the send fails) or the node stops.
         let mut closing = self.closing.clone();
         tokio::spawn(async move {
+            let mut status = first;
             let mut last = None;
+            // A name not served here stays unknown; the others follow the
+            // node's readiness.
+            let mut watching = status != ServingStatus::ServiceUnknown;
             loop {
                 if closing.as_ref().is_some_and(|closing| *closing.borrow()) {
                     let _ = send.send(Ok(answer(ServingStatus::NotServing))).await;
                     return;
                 }
-                let status = this.status(&service).await;
                 if last != Some(status) {
                     if send.send(Ok(answer(status))).await.is_err() {
                         return;
@@ -127,7 +175,19 @@ impl Health for HealthService {
                 tokio::select! {
                     _ = send.closed() => return,
                     _ = closed => {}
-                    _ = tokio::time::sleep(WATCH_EVERY) => {}
+                    changed = watched.changed(), if watching => {
+                        if changed.is_err() {
+                            // The poller stopped: the node is shutting
+                            // down, which `closing` tells.
+                            watching = false;
+                            continue;
+                        }
+                        status = if *watched.borrow_and_update() {
+                            ServingStatus::Serving
+                        } else {
+                            ServingStatus::NotServing
+                        };
+                    }
                 }
             }
         });
