@@ -1,7 +1,8 @@
 //! The HTTP port's connections, bounded like the gRPC port's: at most
-//! [`PER_CLIENT`] open from one client address (more are closed at once,
-//! logged as `limit.refuse`), at most [`TOTAL`] in all (further ones wait
-//! in the kernel's backlog), and each closed once nothing has been read
+//! [`PER_CLIENT`] open from one client (an IPv4 address, or an IPv6 /64;
+//! more are closed at once, logged as `limit.refuse`), at most [`TOTAL`]
+//! in all (further ones wait: up to 64 accepted here, the rest in the
+//! kernel's backlog), and each closed once nothing has been read
 //! or written on it for [`IDLE`]: a client that stops reading its answer
 //! holds a connection for that long, no longer. (A client that sends
 //! nothing, half a request or a request a byte at a time is closed sooner,
