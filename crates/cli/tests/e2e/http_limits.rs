@@ -3,7 +3,7 @@
 //! the next closed at once while other addresses are still served, and a
 //! connection that sends nothing, half a request, or a request a byte at a
 //! time closed once its request head has taken 10 s (the idle close, 30 s
-//! with nothing read or written, stays behind it for an answer the client
+//! with nothing read from the client, stays behind it for an answer the client
 //! does not read).
 //!
 //! Method: one real `leasehold serve`. Requests naming a host other than a
@@ -141,7 +141,7 @@ async fn story(sandbox: &Sandbox) -> Result<()> {
         .context("no answer from another address")??;
     ensure!(answer.starts_with("HTTP/1.1 200") && answer.ends_with("ok\n"), "{answer:?}");
 
-    phase("connections with nothing read or written are closed after the idle time");
+    phase("connections the client sends nothing on are closed after the idle time");
     // Half a request goes at the header timeout, the silent ones at the
     // idle time: the first is given the whole idle time and a margin, the
     // others, opened with it, only a little more.

@@ -2,9 +2,12 @@
 //! [`PER_CLIENT`] open from one client (an IPv4 address, or an IPv6 /64;
 //! more are closed at once, logged as `limit.refuse`), at most [`TOTAL`]
 //! in all (further ones wait: up to 64 accepted here, the rest in the
-//! kernel's backlog), and each closed once nothing has been read
-//! or written on it for [`IDLE`]: a client that stops reading its answer
-//! holds a connection for that long, no longer. (A client that sends
+//! kernel's backlog), and each closed once the client has sent nothing
+//! for [`IDLE`] while the node waits on the connection: a client that
+//! stops reading its answer, or reads it a little at a time (each write
+//! the node makes used to count as activity, so a reader taking a byte
+//! now and then held its connection for ever), holds a connection for
+//! that long after its request, no longer. (A client that sends
 //! nothing, half a request or a request a byte at a time is closed sooner,
 //! by hyper's header-read timeout; see `serve_connections` in the HTTP
 //! module. This close stays behind it.)
@@ -29,9 +32,10 @@ use crate::incoming::{Connection, ConnectionLimits, Incoming, incoming};
 pub const PER_CLIENT: usize = 64;
 /// Most open connections in all.
 pub const TOTAL: usize = 1_024;
-/// A connection with nothing read or written for this long is closed. A
-/// probe, a scrape or a page's poll comes far more often than this, and
-/// none of the port's answers takes as long to make.
+/// A connection the client has sent nothing on for this long, while the
+/// node waits to read or to write, is closed. A probe, a scrape or a
+/// page's poll comes far more often than this, and none of the port's
+/// answers takes as long to make or to read.
 pub const IDLE: Duration = Duration::from_secs(30);
 
 /// The connections of the HTTP port, as axum serves them.
@@ -96,8 +100,10 @@ impl axum::serve::Listener for Bounded {
     }
 }
 
-/// A connection that fails with `TimedOut` once nothing has been read or
-/// written on it for its idle time, holding its place among the open ones.
+/// A connection that fails with `TimedOut` once, waiting to read or to
+/// write, it has read nothing for its idle time (what it writes does not
+/// count: the client decides how fast that goes), holding its place among
+/// the open ones.
 pub struct Idle {
     connection: Connection,
     idle: Duration,
@@ -121,7 +127,7 @@ impl Idle {
         match self.deadline.as_mut().poll(cx) {
             Poll::Ready(()) => Poll::Ready(Err(io::Error::new(
                 io::ErrorKind::TimedOut,
-                format!("nothing read or written for {} s", self.idle.as_secs()),
+                format!("nothing read for {} s", self.idle.as_secs()),
             ))),
             Poll::Pending => Poll::Pending,
         }
@@ -157,14 +163,8 @@ impl AsyncWrite for Idle {
     ) -> Poll<io::Result<usize>> {
         let this = self.get_mut();
         match Pin::new(&mut this.connection).poll_write(cx, buf) {
-            Poll::Ready(Ok(written)) => {
-                if written > 0 {
-                    this.moved();
-                }
-                Poll::Ready(Ok(written))
-            }
-            Poll::Ready(Err(error)) => Poll::Ready(Err(error)),
             Poll::Pending => this.pending_or_idle(cx),
+            ready => ready,
         }
     }
 
@@ -178,5 +178,48 @@ impl AsyncWrite for Idle {
 
     fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         Pin::new(&mut self.get_mut().connection).poll_shutdown(cx)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    use super::*;
+
+    /// A client that takes its answer a little at a time (256 KiB every 20
+    /// ms, about 13 MB/s, so the writes go on moving well within the idle
+    /// time) loses the connection once it has sent nothing for the idle
+    /// time: the node's writes, which the client paces, do not keep it.
+    #[tokio::test]
+    async fn a_slow_reader_does_not_keep_its_connection() -> io::Result<()> {
+        let listener = TcpListener::bind("127.0.0.1:0").await?;
+        let addr = listener.local_addr()?;
+        let limits = ConnectionLimits { per_client: PER_CLIENT, ..ConnectionLimits::default() };
+        let mut accepted = incoming(listener, None, limits);
+        let mut client = tokio::net::TcpStream::connect(addr).await?;
+        let Some(Ok(connection)) = accepted.next().await else {
+            return Err(io::Error::other("no connection accepted"));
+        };
+        let slot = Arc::new(Semaphore::new(1)).acquire_owned().await.map_err(io::Error::other)?;
+        let mut idle = Idle::new(connection, slot, Duration::from_secs(1));
+        let reader = tokio::spawn(async move {
+            let mut buf = vec![0u8; 256 << 10];
+            loop {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+                if !matches!(client.read(&mut buf).await, Ok(read) if read > 0) {
+                    return;
+                }
+            }
+        });
+        let answer = vec![7u8; 96 << 20];
+        let written = tokio::time::timeout(Duration::from_secs(5), idle.write_all(&answer)).await;
+        reader.abort();
+        match written {
+            Ok(Err(error)) => assert_eq!(error.kind(), io::ErrorKind::TimedOut, "{error}"),
+            Ok(Ok(())) => panic!("96 MiB written to a client reading 13 MB a second"),
+            Err(_) => panic!("still writing after 5 s: the slow reads kept the connection"),
+        }
+        Ok(())
     }
 }
