@@ -302,23 +302,6 @@ pub fn incoming(
     Incoming { connections: ReceiverStream::new(receiver), accepting }
 }
 
-/// The client a connection from `ip` counts against: the address itself
-/// for IPv4 (an IPv4-mapped IPv6 address as its IPv4 one), and the /64 an
-/// IPv6 address is in, since one host is given a whole /64 and could
-/// otherwise open the per-client limit's worth from each of its addresses.
-pub fn client_of(ip: IpAddr) -> IpAddr {
-    match ip {
-        IpAddr::V4(_) => ip,
-        IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
-            Some(v4) => IpAddr::V4(v4),
-            None => {
-                let prefix = u128::from(v6) & !((1_u128 << 64) - 1);
-                IpAddr::V6(std::net::Ipv6Addr::from(prefix))
-            }
-        },
-    }
-}
-
 /// Logs a connection closed at once because `limit` (of `max`) is reached.
 fn refuse(limit: &'static str, client: IpAddr, max: usize) {
     tracing::warn!(
@@ -368,7 +351,7 @@ async fn accept_loop(
             refuse("connections", remote.ip(), limits.total);
             continue;
         };
-        let Some(slot) = counts.take(client_of(remote.ip()), limits.per_client) else {
+        let Some(slot) = counts.take(remote.ip(), limits.per_client) else {
             refuse("connections_per_client", remote.ip(), limits.per_client);
             continue;
         };
@@ -389,8 +372,7 @@ async fn accept_loop(
             }
             continue;
         };
-        let client = client_of(remote.ip());
-        let Some(handshaking) = in_handshake.take(client, limits.handshakes_per_client) else {
+        let Some(handshaking) = in_handshake.take(remote.ip(), limits.handshakes_per_client) else {
             refuse("tls_handshakes_per_client", remote.ip(), limits.handshakes_per_client);
             continue;
         };
@@ -629,18 +611,5 @@ mod tests {
         assert!(counts.take(other, 2).is_some(), "another address has its own count");
         drop(first);
         assert!(counts.take(ip, 2).is_some(), "a closed connection frees its slot");
-    }
-
-    /// An IPv6 host counts by its /64 (it may use any address in it); an
-    /// IPv4 address, or one mapped into IPv6, by itself.
-    #[test]
-    fn an_ipv6_client_counts_by_its_64() {
-        let ip = |text: &str| text.parse::<IpAddr>().unwrap_or_else(|e| panic!("{text}: {e}"));
-        assert_eq!(client_of(ip("2001:db8:1:2::1")), client_of(ip("2001:db8:1:2:ffff::9")));
-        assert_eq!(client_of(ip("2001:db8:1:2:aaaa::1")), ip("2001:db8:1:2::"));
-        assert_ne!(client_of(ip("2001:db8:1:2::1")), client_of(ip("2001:db8:1:3::1")));
-        assert_eq!(client_of(ip("10.0.0.7")), ip("10.0.0.7"));
-        assert_eq!(client_of(ip("::ffff:10.0.0.7")), ip("10.0.0.7"));
-        assert_ne!(client_of(ip("10.0.0.7")), client_of(ip("10.0.0.8")));
     }
 }
