@@ -512,7 +512,9 @@ impl Node {
                 let joined = tokio::select! {
                     joined = join(config.id, &advertise, member, handle.journal.peers()) => joined,
                     () = stop => Err(NodeError::Join(format!(
-                        "--join {member}: stopped while joining; the join did not complete"
+                        "--join {member}: stopped while joining; the cluster may have added \
+                         this node already (see `leasehold cluster status`, and remove it \
+                         there if it will not come back)"
                     ))),
                 };
                 if let Err(error) = joined {

@@ -39,8 +39,9 @@ pub struct HealthService {
     /// Set when the node shuts down: open `Watch` streams end.
     closing: Option<tokio::sync::watch::Receiver<bool>>,
     /// Whether the node is ready, as the one poller of every `Watch` last
-    /// read it; started by the first `Watch`.
-    watched: Arc<OnceLock<tokio::sync::watch::Receiver<bool>>>,
+    /// read it (`None` before its first read, and while no stream is
+    /// open); started by the first `Watch`.
+    watched: Arc<OnceLock<Arc<tokio::sync::watch::Sender<Option<bool>>>>>,
 }
 
 impl HealthService {
@@ -63,17 +64,25 @@ impl HealthService {
     }
 
     /// The shared poller's view of readiness, starting the poller if no
-    /// `Watch` did yet. It runs until the node shuts down.
-    fn watched(&self) -> tokio::sync::watch::Receiver<bool> {
+    /// `Watch` did yet. It runs until the node shuts down, and reads
+    /// readiness only while a stream is open.
+    fn watched(&self) -> tokio::sync::watch::Receiver<Option<bool>> {
         self.watched
             .get_or_init(|| {
-                let (publish, watched) = tokio::sync::watch::channel(false);
+                let publish = Arc::new(tokio::sync::watch::channel(None).0);
                 let readiness = self.readiness.clone();
                 let mut closing = self.closing.clone();
+                let poller = publish.clone();
                 tokio::spawn(async move {
                     loop {
-                        let ready = readiness.report().await.ready;
-                        publish.send_if_modified(|seen| std::mem::replace(seen, ready) != ready);
+                        if poller.receiver_count() == 0 {
+                            // Nobody watches: what a later stream sees
+                            // first is the next read, not an old one.
+                            poller.send_replace(None);
+                        } else {
+                            let ready = Some(readiness.report().await.ready);
+                            poller.send_if_modified(|seen| std::mem::replace(seen, ready) != ready);
+                        }
                         let closed = async {
                             match closing.as_mut() {
                                 Some(closing) => {
@@ -91,9 +100,9 @@ impl HealthService {
                         }
                     }
                 });
-                watched
+                publish
             })
-            .clone()
+            .subscribe()
     }
 
     async fn status(&self, service: &str) -> ServingStatus {
@@ -182,10 +191,11 @@ impl Health for HealthService {
                             watching = false;
                             continue;
                         }
-                        status = if *watched.borrow_and_update() {
-                            ServingStatus::Serving
-                        } else {
-                            ServingStatus::NotServing
+                        status = match *watched.borrow_and_update() {
+                            Some(true) => ServingStatus::Serving,
+                            Some(false) => ServingStatus::NotServing,
+                            // Not read since the poller was last idle.
+                            None => status,
                         };
                     }
                 }

@@ -1,8 +1,8 @@
 //! The HTTP port's connections, bounded like the gRPC port's: at most
 //! [`PER_CLIENT`] open from one client address (more are closed at once,
-//! logged as `limit.refuse`), at most [`TOTAL`]
-//! in all (further ones wait: up to 64 accepted here, the rest in the
-//! kernel's backlog), and each closed once the client has sent nothing
+//! logged as `limit.refuse`), at most [`TOTAL`] in all (further ones wait:
+//! up to 64 accepted here, the rest in the kernel's backlog), and each
+//! closed once the client has sent nothing
 //! for [`IDLE`] while the node waits on the connection: a client that
 //! stops reading its answer, or reads it a little at a time (each write
 //! the node makes used to count as activity, so a reader taking a byte
