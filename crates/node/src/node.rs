@@ -278,12 +278,16 @@ impl Credentials {
         // keeps the old material everywhere.
         let own_clients =
             self.own_clients.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        // (Without TLS they carry the node proof, which SIGHUP does not change.)
-        let fresh = own_clients
-            .iter()
-            .filter(|_| reloaded.tls.is_some())
-            .map(|own| reloaded.build_own_client(&own.addr, &own.advertise))
-            .collect::<Result<Vec<_>, _>>()?;
+        // Without TLS they carry the node proof, which SIGHUP does not
+        // change: nothing to move.
+        let fresh = if reloaded.tls.is_some() {
+            own_clients
+                .iter()
+                .map(|own| reloaded.build_own_client(&own.addr, &own.advertise))
+                .collect::<Result<Vec<_>, _>>()?
+        } else {
+            Vec::new()
+        };
         if let (Some(shared), Some(server)) = (&self.server_tls, server) {
             shared.replace(server);
         }
