@@ -270,6 +270,9 @@ pub enum Leaf {
     /// `ResumeSchedule` (log format 6): counted after the schedule's
     /// planning instant, or after a raw one.
     ResumeSchedule(Text, Option<Number>, BucketPick, Number),
+    /// `Planned` (log format 7) around a leaf: planned from the schedule
+    /// as it is, or from a raw instant (a schedule put since).
+    Planned(Option<Number>, Box<Leaf>),
 }
 
 /// What resolving needs: the state as the step sees it, the tokens
@@ -474,6 +477,15 @@ impl Resolver<'_> {
                 let paused_through = self.bucket(&name, *bucket);
                 let paused_ticks = ticks.value();
                 Command::ResumeSchedule { name, counted_after_ms, paused_through, paused_ticks }
+            }
+            Leaf::Planned(created, leaf) => {
+                let command = self.command(leaf);
+                let current = command
+                    .tick_schedule()
+                    .and_then(|name| self.state.schedule(name))
+                    .map_or(0, |schedule| schedule.created_at_ms);
+                let created_at_ms = created.map_or(current, |created| created.value());
+                Command::Planned { created_at_ms, command: Box::new(command) }
             }
         }
     }
@@ -756,6 +768,16 @@ impl Model {
                     *mark = *paused_through;
                 }
                 put.0 = false;
+            }
+            (Command::Planned { created_at_ms, command }, response) => {
+                let put = command.tick_schedule().and_then(|name| self.puts.get(name));
+                match put {
+                    // Planned from another schedule of the name: nothing.
+                    Some((_, put_at)) if put_at != created_at_ms => {
+                        assert_eq!(response, &Response::Tick(None), "{context}: a stale plan ran");
+                    }
+                    _ => self.command(command, response, epoch, context),
+                }
             }
             (
                 Command::Fire { schedule, bucket, .. } | Command::Skip { schedule, bucket, .. },

@@ -163,6 +163,14 @@ fn proposals() -> Vec<Proposal> {
             paused_through: 1_767_226_500,
             paused_ticks: 1,
         },
+        Command::Planned {
+            created_at_ms: 1_767_225_600_000,
+            command: Box::new(Command::Fire {
+                schedule: "backup".into(),
+                bucket: 1_767_226_800,
+                targets: vec![],
+            }),
+        },
         Command::SetDraining { node: 2, draining: true },
         Command::DeleteSchedule { name: "backup".into() },
         Command::Batch { commands: vec![Command::Sweep, Command::Purge] },

@@ -315,6 +315,24 @@ pub enum Command {
         /// How many ticks that record stands for.
         paused_ticks: u64,
     },
+    /// A tick of a schedule (`Fire`, `FireEach`, `FireEachTracked` or
+    /// `Skip`) as planned from the schedule put at `created_at_ms`: it
+    /// applies only while the schedule of that name is still that one.
+    /// Once the schedule was deleted and put again under the same name, or
+    /// put with another timing (`PutScheduleRetimed`), since the tick was
+    /// planned, it answers `Tick(None)` and changes nothing: a bare tick
+    /// would run the new schedule's template for a tick of the old one, or
+    /// (a skip) move the new schedule's mark for it. A leader writes its
+    /// ticks as this once every member decodes format 7; below it the bare
+    /// tick.
+    Planned {
+        /// The planning schedule's `created_at_ms`
+        /// ([`crate::schedule::Schedule::created_at_ms`]).
+        created_at_ms: u64,
+        /// The tick.
+        #[serde(deserialize_with = "crate::nesting::nested")]
+        command: Box<Command>,
+    },
 }
 
 /// The newest log format this build writes and reads. Format 1 is the
@@ -325,10 +343,12 @@ pub enum Command {
 /// [`Command::PutScheduleRetimed`] and writes every `FireEach` and
 /// `PutSchedule` as them; format 5 adds [`Command::SweepKeepingTokens`]
 /// and writes every sweep as one; format 6 adds
-/// [`Command::ResumeSchedule`]. A leader writes the format every member
+/// [`Command::ResumeSchedule`]; format 7 adds [`Command::Planned`] and
+/// writes every tick of the cron driver and the broadcast path as one. A
+/// leader writes the format every member
 /// advertises ([`agreed_log_format`]), so no replica meets an entry it
 /// cannot decode.
-pub const LOG_FORMAT: u32 = 6;
+pub const LOG_FORMAT: u32 = 7;
 
 /// The newest format every member decodes: the least of this build's and
 /// each member's advertised one. A member that advertised no format (a
@@ -409,6 +429,11 @@ impl Command {
             Command::ResumeSchedule { name, .. } if format < 6 => {
                 Command::SetPaused { name, paused: false }
             }
+            Command::Planned { command, .. } if format < 7 => command.for_log_format(format),
+            Command::Planned { created_at_ms, command } => Command::Planned {
+                created_at_ms,
+                command: Box::new(command.for_log_format(format)),
+            },
             Command::Ruled { command, .. } if format < 2 => command.for_log_format(format),
             Command::Ruled { limits, command } => {
                 Command::Ruled { limits, command: Box::new(command.for_log_format(format)) }
@@ -417,6 +442,18 @@ impl Command {
                 commands: commands.into_iter().map(|c| c.for_log_format(format)).collect(),
             },
             other => other,
+        }
+    }
+
+    /// The schedule a tick (`Fire`, `FireEach`, `FireEachTracked` or
+    /// `Skip`) is of; `None` for any other command.
+    pub fn tick_schedule(&self) -> Option<&str> {
+        match self {
+            Command::Fire { schedule, .. }
+            | Command::FireEach { schedule, .. }
+            | Command::FireEachTracked { schedule, .. }
+            | Command::Skip { schedule, .. } => Some(schedule),
+            _ => None,
         }
     }
 
@@ -504,6 +541,7 @@ impl Command {
                 8 + commands.iter().map(Command::size_hint).sum::<usize>()
             }
             Command::Ruled { command, .. } => FIXED + command.size_hint(),
+            Command::Planned { command, .. } => command.size_hint(),
         };
         FIXED + variable
     }
@@ -857,6 +895,7 @@ mod tests {
                     paused_ticks: 1,
                 },
             ),
+            (28, Command::Planned { created_at_ms: 1, command: Box::new(Command::Sweep) }),
         ];
         for (number, command) in pinned {
             let bytes = bincode::serialize(&command).expect("encodes");
@@ -950,5 +989,35 @@ mod tests {
         assert_eq!(ruled(resume.clone()).for_log_format(6), ruled(resume.clone()));
         assert_eq!(ruled(resume.clone()).for_log_format(5), ruled(plain.clone()));
         assert_eq!(resume.for_log_format(1), plain);
+    }
+
+    /// From format 7 a tick names the schedule it was planned from; below
+    /// it, it is the bare tick, itself in the older format's form.
+    #[test]
+    fn a_tick_names_its_schedule_from_format_7() {
+        let each = |tracked: bool| {
+            let (schedule, targets, offline) = ("s".to_string(), vec![1], vec![2]);
+            match tracked {
+                true => Command::FireEachTracked { schedule, bucket: 60, targets, offline },
+                false => Command::FireEach { schedule, bucket: 60, targets, offline },
+            }
+        };
+        let planned = |command: Command| Command::Planned {
+            created_at_ms: 1_000,
+            command: Box::new(command),
+        };
+        let ruled = |command: Command| Command::Ruled {
+            limits: Limits::default(),
+            command: Box::new(Command::Batch { commands: vec![command] }),
+        };
+        assert_eq!(
+            ruled(planned(each(false))).for_log_format(7),
+            ruled(planned(each(true))),
+            "format 7 keeps the wrapper and writes the tick in its own form"
+        );
+        assert_eq!(ruled(planned(each(true))).for_log_format(6), ruled(each(true)));
+        assert_eq!(ruled(planned(each(true))).for_log_format(3), ruled(each(false)));
+        assert_eq!(planned(each(false)).tick_schedule(), None, "a wrapper is no tick itself");
+        assert_eq!(each(false).tick_schedule(), Some("s"));
     }
 }

@@ -498,6 +498,16 @@ pub fn resume_command(name: &str, schedule: Option<&Schedule>, now_ms: u64) -> c
     }
 }
 
+/// `tick` (a `Fire`, `FireEach` or `Skip` of `schedule`) as planned from
+/// `schedule`, in the form a log whose members decode `format` takes: a
+/// [`crate::Command::Planned`] from format 7, which changes nothing once
+/// the schedule of that name is another one (put anew or retimed); the
+/// bare tick below it.
+pub fn planned_tick(schedule: &Schedule, tick: crate::Command, format: u32) -> crate::Command {
+    let created_at_ms = schedule.created_at_ms;
+    crate::Command::Planned { created_at_ms, command: Box::new(tick) }.for_log_format(format)
+}
+
 /// Whether a tick this node won on the bus may run here, judged from the
 /// journal: SPEC §7.8 (never-both for the pool, whatever each node's view
 /// of its peers). Nodes decide a tick's path from their own peer
@@ -865,5 +875,17 @@ mod tests {
         let mut anew = planned.clone();
         anew.created_at_ms += MINUTE_MS;
         assert!(!still_runs(&planned, Some(&anew)), "deleted and put again");
+    }
+
+    #[test]
+    fn a_tick_carries_its_schedules_put_instant_from_format_7() {
+        let (mut schedule, _) = every_minute(Catchup::Skip);
+        schedule.created_at_ms = T0_MS + 7;
+        let fire =
+            crate::Command::Fire { schedule: "s".into(), bucket: bucket(1), targets: vec![] };
+        let planned =
+            crate::Command::Planned { created_at_ms: T0_MS + 7, command: Box::new(fire.clone()) };
+        assert_eq!(planned_tick(&schedule, fire.clone(), 7), planned);
+        assert_eq!(planned_tick(&schedule, fire.clone(), 6), fire, "bare below format 7");
     }
 }

@@ -392,6 +392,13 @@ impl State {
             Command::Skip { schedule, bucket, reason, ticks } => {
                 self.skip(schedule, *bucket, *reason, *ticks)
             }
+            Command::Planned { created_at_ms, command } => {
+                if self.planned_from_another(*created_at_ms, command) {
+                    Response::Tick(None)
+                } else {
+                    self.apply_command(epoch, command, limits)
+                }
+            }
             Command::Trigger { schedule, force, targets } => {
                 self.trigger(schedule, *force, targets, limits)
             }

@@ -198,6 +198,14 @@ pub fn validate_command(command: &Command, limits: &Limits) -> Result<(), Valida
             tags("tags", node_tags, limits)
         }
         Command::SetDraining { node, .. } => positive("node", *node),
+        // The tick inside is validated when it is applied.
+        Command::Planned { command, .. } => match command.tick_schedule() {
+            Some(_) => Ok(()),
+            None => Err(ValidationError::invalid(
+                "command",
+                "Planned holds one tick: Fire, FireEach, FireEachTracked or Skip",
+            )),
+        },
         Command::Ruled { command, .. } => match command.as_ref() {
             Command::Ruled { .. } => {
                 Err(ValidationError::invalid("command", "Ruled does not nest"))

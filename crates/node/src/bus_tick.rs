@@ -24,7 +24,7 @@ use std::time::Duration;
 
 use leasehold_client::exec::CommandLine;
 use leasehold_core::schedule::{
-    Schedule, SkipReason, Target, TickOutcome, TickRecord, may_run_on_bus, still_runs,
+    Schedule, SkipReason, Target, TickOutcome, TickRecord, may_run_on_bus, planned_tick, still_runs,
 };
 use leasehold_core::{Command, Response};
 use leasehold_replica::bus::Outcome;
@@ -48,6 +48,9 @@ pub struct BusRunner {
 async fn journal_admits(journal: &Journal, schedule: &Schedule, bucket: u64, ticks: u64) -> bool {
     let name = schedule.spec.name.clone();
     let command = Command::Skip { schedule: name.clone(), bucket, reason: SkipReason::Bus, ticks };
+    // A record planned from a schedule put anew or retimed since is
+    // dropped (answered as a covered bucket): it runs nowhere.
+    let command = planned_tick(schedule, command, journal.heard_log_format());
     let answer: Option<TickOutcome> = match journal.propose(command).await {
         Ok(Response::Tick(outcome)) => outcome,
         Ok(other) => {

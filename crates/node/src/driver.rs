@@ -25,7 +25,7 @@ use leasehold_core::claim_path::ClaimPath;
 use leasehold_core::clock_bound::ClockVerdict;
 use leasehold_core::cron::{self, CronSchedule};
 use leasehold_core::schedule::{
-    Schedule, ScheduleSpec, SkipReason, Target, TickOutcome, TickPlan, plan_ticks,
+    Schedule, ScheduleSpec, SkipReason, Target, TickOutcome, TickPlan, plan_ticks, planned_tick,
 };
 use leasehold_core::{Command, Response};
 use leasehold_replica::metrics::TickLabels;
@@ -563,6 +563,7 @@ async fn skip_bus_ran(
         reason: SkipReason::Bus,
         ticks: ticks as u64,
     };
+    let command = planned_tick(schedule, command, journal.heard_log_format());
     match journal.propose(command).await {
         Ok(_) => {
             tracing::info!(
@@ -626,6 +627,10 @@ async fn fire_on_journal(
             | Command::Skip { bucket, .. } => *bucket,
             _ => 0,
         };
+        // Planned from the schedule as read: the journal drops it if the
+        // schedule was put anew or retimed before it applies, a window
+        // the read above cannot close.
+        let command = planned_tick(schedule, command, journal.heard_log_format());
         match journal.propose(command).await {
             Ok(Response::Tick(Some(TickOutcome::Fired { job_ids, lag_ms }))) => {
                 tracing::info!(

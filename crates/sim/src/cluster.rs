@@ -26,10 +26,11 @@ use leasehold_cluster_tests::history::{
 };
 use leasehold_cluster_tests::plan::CronSchedulePlan;
 use leasehold_cluster_tests::sink::{FencedSink, SinkWrite};
+use leasehold_core::command::LOG_FORMAT;
 use leasehold_core::cron::{self, CronSchedule};
 use leasehold_core::schedule::{
     Catchup, DEFAULT_COMMAND_QUEUE, JobTemplate, Overlap, ScheduleSpec, TickOutcome, TickPlan,
-    plan_ticks,
+    plan_ticks, planned_tick,
 };
 use leasehold_core::state::TERM_START_GRACE_MS;
 use leasehold_core::{Command, JobFilter, JobSpec, Limits, Proposal, Response, State};
@@ -1202,10 +1203,11 @@ impl Driver {
         let steps = state_machine.read(|state| {
             let now_ms = state.cluster_time_ms().max(clock_ms);
             let schedule = state.schedules().get(SCHEDULE)?;
-            Some(plan_ticks(schedule, &cron, now_ms, TICK_TOLERANCE_MS))
+            Some((schedule.clone(), plan_ticks(schedule, &cron, now_ms, TICK_TOLERANCE_MS)))
         });
+        let Some((planned_from, steps)) = steps else { return };
         let mut fired = false;
-        for step in steps.unwrap_or_default() {
+        for step in steps {
             let schedule = SCHEDULE.to_string();
             let command = match step {
                 TickPlan::Fire(bucket) => Command::Fire { schedule, bucket, targets: Vec::new() },
@@ -1213,6 +1215,9 @@ impl Driver {
                     Command::Skip { schedule, bucket, reason, ticks }
                 }
             };
+            // As the node's driver proposes it (the leader writes it in
+            // the format its members agree on).
+            let command = planned_tick(&planned_from, command, LOG_FORMAT);
             match self.write("tick", command, None).await {
                 Some(Response::Tick(Some(TickOutcome::Fired { .. }))) => fired = true,
                 Some(_) => {}

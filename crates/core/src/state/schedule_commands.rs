@@ -6,6 +6,7 @@
 //! nothing, whatever a ticker proposes and however often.
 
 use super::State;
+use crate::command::Command;
 use crate::job::{JobSpec, JobState};
 use crate::limits::Limits;
 use crate::node_info::NodeInfo;
@@ -121,6 +122,16 @@ impl State {
         }
         schedule.spec.paused = false;
         Response::ScheduleChanged
+    }
+
+    /// Whether `tick` was planned from another schedule than the one of
+    /// its name now: one put at another instant than `created_at_ms` (put
+    /// anew after a delete, or retimed) since. A tick of a schedule that
+    /// is gone is left to the tick itself to refuse.
+    pub(super) fn planned_from_another(&self, created_at_ms: u64, tick: &Command) -> bool {
+        tick.tick_schedule()
+            .and_then(|name| self.schedules.get(name))
+            .is_some_and(|schedule| schedule.created_at_ms != created_at_ms)
     }
 
     pub(super) fn fire(
@@ -778,6 +789,101 @@ mod tests {
         ));
         assert_eq!(state.schedule("backup").map(|s| s.last_fired_bucket), Some(bucket));
         assert_eq!(state.schedule("backup").map(|s| s.skipped_count), Some(5));
+    }
+
+    /// A tick planned from a schedule that was deleted and put again under
+    /// the same name, or retimed, before it applied: the bare tick runs the
+    /// new schedule's template for it; planned, it changes nothing.
+    #[test]
+    fn a_tick_planned_from_an_earlier_schedule_of_the_name_changes_nothing() {
+        let bucket = T0_MS / 1_000 + 5;
+        let planned = |created_at_ms: u64, command: Command| Command::Planned {
+            created_at_ms,
+            command: Box::new(command),
+        };
+        let tick = || Command::Fire { schedule: "backup".into(), bucket, targets: vec![] };
+        let skip = || Command::Skip {
+            schedule: "backup".into(),
+            bucket,
+            reason: SkipReason::Catchup,
+            ticks: 2,
+        };
+        // Put at T0, then deleted and put again 3 s later.
+        let put_again = |state: &mut State| {
+            put(state, Overlap::Allow, Target::Any);
+            apply(state, T0_MS + 1_000, Command::DeleteSchedule { name: "backup".into() });
+            let spec = state_spec();
+            apply(state, T0_MS + 3_000, Command::PutSchedule { spec });
+        };
+        let mut bare = State::new();
+        put_again(&mut bare);
+        assert!(
+            matches!(apply(&mut bare, bucket * 1_000, tick()), Response::Tick(Some(_))),
+            "the bare tick runs the new schedule for the old one's tick"
+        );
+        let mut state = State::new();
+        put_again(&mut state);
+        let before = state.clone();
+        assert_eq!(apply(&mut state, bucket * 1_000, planned(T0_MS, tick())), Response::Tick(None));
+        assert_eq!(apply(&mut state, bucket * 1_000, planned(T0_MS, skip())), Response::Tick(None));
+        assert_eq!(state.schedules(), before.schedules(), "nothing recorded, no mark moved");
+        assert_eq!(state.last_job_id(), 0, "no job enqueued");
+        // Planned from the schedule as it is now, it fires.
+        let fired = apply(&mut state, bucket * 1_000, planned(T0_MS + 3_000, tick()));
+        assert!(matches!(fired, Response::Tick(Some(TickOutcome::Fired { .. }))), "{fired:?}");
+        // Retimed: ticks planned from the old timing change nothing.
+        let mut retimed = State::new();
+        put(&mut retimed, Overlap::Allow, Target::Any);
+        let spec = ScheduleSpec { cron: "*/2 * * * * *".into(), ..state_spec() };
+        apply(&mut retimed, T0_MS + 3_000, Command::PutScheduleRetimed { spec });
+        assert_eq!(
+            apply(&mut retimed, bucket * 1_000, planned(T0_MS, tick())),
+            Response::Tick(None)
+        );
+        assert_eq!(retimed.schedule("backup").map(|s| s.last_fired_bucket), Some(0));
+        // Put again with the same timing, a schedule is the same one.
+        let mut same = State::new();
+        put(&mut same, Overlap::Allow, Target::Any);
+        apply(&mut same, T0_MS + 3_000, Command::PutScheduleRetimed { spec: state_spec() });
+        let fired = apply(&mut same, bucket * 1_000, planned(T0_MS, tick()));
+        assert!(matches!(fired, Response::Tick(Some(TickOutcome::Fired { .. }))), "{fired:?}");
+    }
+
+    #[test]
+    fn planned_holds_only_a_tick_of_a_known_schedule() {
+        let mut state = State::new();
+        let unknown = Command::Planned {
+            created_at_ms: T0_MS,
+            command: Box::new(Command::Fire {
+                schedule: "backup".into(),
+                bucket: 9,
+                targets: vec![],
+            }),
+        };
+        assert_eq!(
+            apply(&mut state, T0_MS, unknown),
+            Response::Refused(Refusal::ScheduleNotFound { name: "backup".into() })
+        );
+        put(&mut state, Overlap::Allow, Target::Any);
+        let before = state.clone();
+        for command in [
+            Command::Trigger { schedule: "backup".into(), force: true, targets: vec![] },
+            Command::Batch { commands: vec![] },
+            Command::Planned { created_at_ms: T0_MS, command: Box::new(Command::Sweep) },
+        ] {
+            let wrapped = Command::Planned { created_at_ms: T0_MS, command: Box::new(command) };
+            let answer = apply(&mut state, T0_MS + 1, wrapped);
+            assert!(matches!(answer, Response::Refused(Refusal::Invalid(_))), "{answer:?}");
+            assert_eq!(state.schedules(), before.schedules());
+            assert_eq!(state.last_job_id(), 0);
+        }
+    }
+
+    /// The spec `put` writes.
+    fn state_spec() -> ScheduleSpec {
+        let mut state = State::new();
+        put(&mut state, Overlap::Allow, Target::Any);
+        state.schedule("backup").map(|s| s.spec.clone()).unwrap_or_default()
     }
 
     #[test]
