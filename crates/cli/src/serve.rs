@@ -214,13 +214,19 @@ pub async fn run(prepared: Prepared) -> anyhow::Result<ExitCode> {
         .context("installing the SIGTERM handler")?;
     let mut hangup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())
         .context("installing the SIGHUP handler")?;
+    // One stream for the node's whole life, as for SIGTERM: it keeps a
+    // signal that arrives while nothing waits on it (during a reload, or
+    // between the join and the drain loop) for the next wait, where a
+    // `ctrl_c()` future made anew for each wait would miss it.
+    let mut interrupt = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt())
+        .context("installing the SIGINT handler")?;
     let transport = Transport::bind(&config).await?;
     // A join may wait minutes for a member that does not answer; a signal
     // then stops it (the node is not a member yet: nothing to drain).
     let stop = async {
         tokio::select! {
             _ = terminate.recv() => tracing::warn!("SIGTERM while joining: stopping"),
-            _ = tokio::signal::ctrl_c() => tracing::warn!("interrupt while joining: stopping"),
+            _ = interrupt.recv() => tracing::warn!("interrupt while joining: stopping"),
         }
     };
     let node = Node::start_until(config, transport, stop).await.context("starting the node")?;
@@ -241,7 +247,7 @@ pub async fn run(prepared: Prepared) -> anyhow::Result<ExitCode> {
     loop {
         tokio::select! {
             _ = terminate.recv() => tracing::info!("SIGTERM: draining"),
-            _ = tokio::signal::ctrl_c() => tracing::info!("interrupt: draining"),
+            _ = interrupt.recv() => tracing::info!("interrupt: draining"),
             _ = drain_requested.wait_for(|asked| *asked) => tracing::info!("drain requested: draining"),
             _ = hangup.recv() => {
                 // Rotation: a kind whose file is bad keeps what it had; the
@@ -277,7 +283,7 @@ pub async fn run(prepared: Prepared) -> anyhow::Result<ExitCode> {
             tracing::warn!("second SIGTERM: exiting at once");
             return Ok(ExitCode::FAILURE);
         }
-        _ = tokio::signal::ctrl_c() => {
+        _ = interrupt.recv() => {
             tracing::warn!("second interrupt: exiting at once");
             return Ok(ExitCode::FAILURE);
         }
