@@ -769,7 +769,11 @@ impl Model {
                 }
                 put.0 = false;
             }
-            (Command::Planned { created_at_ms, command }, response) => {
+            // A wrapper of anything but one valid tick is refused as
+            // invalid (the catch-all below).
+            (Command::Planned { created_at_ms, command }, response)
+                if !matches!(response, Response::Refused(Refusal::Invalid(_))) =>
+            {
                 let put = command.tick_schedule().and_then(|name| self.puts.get(name));
                 match put {
                     // Planned from another schedule of the name: nothing.

@@ -1,11 +1,12 @@
 //! A bound on how deeply commands and responses nest when they are read.
 //!
-//! `Command::Batch`, `Command::Ruled` and `Response::Batch` hold values of
-//! their own type, and the binary decoder follows such nesting as deep as
-//! the bytes say: a few megabytes of batches each holding one batch would
-//! overflow the reading thread's stack and abort the whole process, which
-//! no error handling can catch. The layouts in use nest two deep at most (a
-//! ruled batch of commands); reading refuses more than [`MAX_NESTING`].
+//! `Command::Batch`, `Command::Ruled`, `Command::Planned` and
+//! `Response::Batch` hold values of their own type, and the binary decoder
+//! follows such nesting as deep as the bytes say: a few megabytes of
+//! batches each holding one batch would overflow the reading thread's
+//! stack and abort the whole process, which no error handling can catch.
+//! The layouts in use nest three deep at most (a ruled batch of commands,
+//! one of them a planned tick); reading refuses more than [`MAX_NESTING`].
 //! The bound is kept per thread: a value is read on one thread, start to
 //! end.
 

@@ -877,6 +877,13 @@ mod tests {
             assert_eq!(state.schedules(), before.schedules());
             assert_eq!(state.last_job_id(), 0);
         }
+        // A bad tick is refused as bad, planned from this put or another.
+        for created_at_ms in [T0_MS, T0_MS + 1] {
+            let zero = Command::Fire { schedule: "backup".into(), bucket: 0, targets: vec![] };
+            let wrapped = Command::Planned { created_at_ms, command: Box::new(zero) };
+            let answer = apply(&mut state, T0_MS + 1, wrapped);
+            assert!(matches!(answer, Response::Refused(Refusal::Invalid(_))), "{answer:?}");
+        }
     }
 
     /// The spec `put` writes.
