@@ -113,6 +113,95 @@ fn nack_error(prefix: &str, stderr: &str) -> String {
     format!("{prefix}{}", &stderr[from..])
 }
 
+/// How long a caller about to give back the lease of a dropped run waits
+/// for the process groups it killed ([`killed_groups_gone`]) before it
+/// leaves the lease to lapse instead. A killed process is usually gone
+/// within milliseconds.
+pub const KILL_SETTLE: Duration = Duration::from_secs(2);
+
+/// How often a killed process group is looked at until it is gone.
+const GONE_POLL: Duration = Duration::from_millis(5);
+/// How often a run still waiting for a killed group says so.
+const STILL_THERE_EVERY: Duration = Duration::from_secs(10);
+
+/// Process groups killed with a dropped run (abandoned at the end of a
+/// grace period, or with a lost lease), until they are seen gone: see
+/// [`killed_groups_gone`].
+static KILLED_GROUPS: std::sync::Mutex<Vec<i32>> = std::sync::Mutex::new(Vec::new());
+
+/// Whether process group `pgid` still has a process that is not a zombie.
+/// A SIGKILL takes effect when its target next runs, so a killed process
+/// (one in an uninterruptible wait above all) can outlive the kill; and a
+/// zombie has exited, though it stays in its group until its parent reaps
+/// it (a node that is process 1 reaps only its own children). Any doubt
+/// (`/proc` unreadable) counts as alive.
+fn group_has_live_member(pgid: i32) -> bool {
+    let signalled = nix::sys::signal::killpg(nix::unistd::Pid::from_raw(pgid), None);
+    if signalled == Err(nix::errno::Errno::ESRCH) {
+        return false;
+    }
+    let Ok(entries) = std::fs::read_dir("/proc") else { return true };
+    entries.flatten().any(|entry| {
+        let Some(pid) = entry.file_name().to_str().and_then(|name| name.parse::<u32>().ok()) else {
+            return false;
+        };
+        let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+            return false;
+        };
+        // `pid (comm) state ppid pgrp ...`; comm may hold spaces and
+        // parentheses, so the fields are read after the last ')'.
+        let fields: Vec<&str> =
+            stat.rsplit_once(')').map_or(Vec::new(), |(_, rest)| rest.split_whitespace().collect());
+        match (fields.first(), fields.get(2).and_then(|group| group.parse::<i32>().ok())) {
+            (Some(state), Some(group)) => group == pgid && !matches!(*state, "Z" | "X"),
+            _ => false,
+        }
+    })
+}
+
+/// Waits until process group `pgid` has no live process, saying so every
+/// [`STILL_THERE_EVERY`] while it waits.
+async fn wait_group_gone(pgid: i32, program: &str) {
+    let mut said = tokio::time::Instant::now();
+    while group_has_live_member(pgid) {
+        if said.elapsed() >= STILL_THERE_EVERY {
+            tracing::warn!(
+                program = %program,
+                pgid,
+                "a killed process of the command's group is still there; the job stays held"
+            );
+            said = tokio::time::Instant::now();
+        }
+        tokio::time::sleep(GONE_POLL).await;
+    }
+}
+
+/// Waits up to `within` for every process group a dropped run killed to
+/// be gone, and answers whether they all are. A caller that gives a job's
+/// lease back after dropping its run (a drain, a worker's grace period)
+/// asks this first: a process still running when the lease is given back
+/// would run beside the job's next holder.
+pub async fn killed_groups_gone(within: Duration) -> bool {
+    let deadline = tokio::time::Instant::now() + within;
+    loop {
+        let left = match KILLED_GROUPS.lock() {
+            Ok(mut killed) => {
+                killed.retain(|pgid| group_has_live_member(*pgid));
+                killed.len()
+            }
+            Err(_) => return false,
+        };
+        if left == 0 {
+            return true;
+        }
+        if tokio::time::Instant::now() >= deadline {
+            tracing::warn!(groups = left, "killed process groups still there");
+            return false;
+        }
+        tokio::time::sleep(GONE_POLL).await;
+    }
+}
+
 /// Kills a child's process group when dropped (the run was abandoned) or
 /// when asked.
 struct GroupGuard {
@@ -144,6 +233,13 @@ impl GroupGuard {
 impl Drop for GroupGuard {
     fn drop(&mut self) {
         self.kill();
+        // Armed only while the run was under way: its group is watched
+        // until gone (see `killed_groups_gone`). The ones already gone are
+        // dropped from the list here, so it stays short.
+        if let (Some(pgid), Ok(mut killed)) = (self.pgid, KILLED_GROUPS.lock()) {
+            killed.retain(|pgid| group_has_live_member(*pgid));
+            killed.push(pgid);
+        }
     }
 }
 
@@ -187,6 +283,7 @@ pub async fn run(command: &CommandLine, payload: Vec<u8>) -> Run {
         }
     };
     let mut group = GroupGuard { pgid: child.id().and_then(|id| i32::try_from(id).ok()) };
+    let pgid = group.pgid;
     let stdin = child.stdin.take();
     let (stdout, stderr) = (child.stdout.take(), child.stderr.take());
     let feed = async move {
@@ -238,6 +335,12 @@ pub async fn run(command: &CommandLine, payload: Vec<u8>) -> Run {
         }
         status
     };
+    // What the command left in its group was killed above: the job is
+    // finished (acked, or nacked and so free for its next attempt) only
+    // once that is gone too, so nothing of this run outlives its lease.
+    if let Some(pgid) = pgid {
+        wait_group_gone(pgid, program).await;
+    }
     let stdout = String::from_utf8_lossy(&out_tail).into_owned();
     let stderr = String::from_utf8_lossy(&err_tail).into_owned();
     let outcome = match status {
@@ -377,6 +480,105 @@ mod tests {
         command.env.push(("LEASEHOLD_TOKEN".into(), "lh_token".into()));
         let run = run(&command, Vec::new()).await;
         assert_eq!(run.stdout.trim(), "none none hi");
+    }
+
+    /// A zombie has exited: a group of zombies is gone, though its
+    /// members stay in it until reaped.
+    #[tokio::test]
+    async fn a_group_of_zombies_has_no_live_member() -> std::io::Result<()> {
+        let mut child = tokio::process::Command::new("sleep").arg("30").process_group(0).spawn()?;
+        let pgid = child.id().and_then(|id| i32::try_from(id).ok()).expect("a pid");
+        assert!(group_has_live_member(pgid), "a sleeping process is alive");
+        nix::sys::signal::kill(nix::unistd::Pid::from_raw(pgid), nix::sys::signal::Signal::SIGKILL)
+            .map_err(std::io::Error::other)?;
+        // Killed, not reaped: a zombie, still found by a signal to its group.
+        let settled = tokio::time::Instant::now() + Duration::from_secs(5);
+        while group_has_live_member(pgid) && tokio::time::Instant::now() < settled {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        assert_eq!(
+            nix::sys::signal::killpg(nix::unistd::Pid::from_raw(pgid), None),
+            Ok(()),
+            "the zombie is still in its group"
+        );
+        assert!(!group_has_live_member(pgid), "a zombie is not alive");
+        child.wait().await?;
+        Ok(())
+    }
+
+    /// A run dropped while its command runs (an abandoned job) has its
+    /// group killed and watched: a caller about to give the job's lease
+    /// back waits for the group to be gone, and hears when it is not.
+    #[tokio::test]
+    async fn a_dropped_run_is_watched_until_its_group_is_gone() -> std::io::Result<()> {
+        let dir = std::env::temp_dir().join(format!("leasehold-exec-{}", std::process::id()));
+        std::fs::create_dir_all(&dir)?;
+        let pid_file = dir.join("pid");
+        let script = format!("echo $$ > '{}'; sleep 30 & sleep 30", pid_file.display());
+        let command = sh(&script);
+        let running = tokio::spawn(async move { run(&command, Vec::new()).await });
+        let started = tokio::time::Instant::now() + Duration::from_secs(5);
+        let pgid = loop {
+            let text = std::fs::read_to_string(&pid_file).unwrap_or_default();
+            if let Ok(pgid) = text.trim().parse::<i32>() {
+                break pgid;
+            }
+            assert!(tokio::time::Instant::now() < started, "the command did not start");
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        };
+        running.abort();
+        let _ = running.await;
+        assert!(
+            KILLED_GROUPS.lock().is_ok_and(|killed| killed.contains(&pgid)),
+            "the dropped run's group is watched"
+        );
+        assert!(killed_groups_gone(Duration::from_secs(5)).await, "a killed group goes");
+        assert!(!group_has_live_member(pgid), "gone when the wait says so");
+        // A group still alive keeps the answer no.
+        let mut alive = tokio::process::Command::new("sleep")
+            .arg("30")
+            .process_group(0)
+            .kill_on_drop(true)
+            .spawn()?;
+        let alive_pgid = alive.id().and_then(|id| i32::try_from(id).ok()).expect("a pid");
+        if let Ok(mut killed) = KILLED_GROUPS.lock() {
+            killed.push(alive_pgid);
+        }
+        assert!(!killed_groups_gone(Duration::from_millis(50)).await, "a live group is waited for");
+        alive.kill().await?;
+        assert!(killed_groups_gone(Duration::from_secs(5)).await);
+        let _ = std::fs::remove_dir_all(&dir);
+        Ok(())
+    }
+
+    /// A group's wait ends when its last live process does, not before.
+    #[tokio::test]
+    async fn the_wait_for_a_group_ends_with_its_last_process() -> std::io::Result<()> {
+        let mut child = tokio::process::Command::new("sh")
+            .args(["-c", "sleep 0.3 & sleep 0.1"])
+            .process_group(0)
+            .kill_on_drop(true)
+            .spawn()?;
+        let pgid = child.id().and_then(|id| i32::try_from(id).ok()).expect("a pid");
+        let started = std::time::Instant::now();
+        let waited = tokio::spawn(async move { wait_group_gone(pgid, "sh").await });
+        child.wait().await?;
+        waited.await.map_err(std::io::Error::other)?;
+        assert!(started.elapsed() >= Duration::from_millis(250), "{:?}", started.elapsed());
+        assert!(!group_has_live_member(pgid));
+        Ok(())
+    }
+
+    /// What a command leaves running in its group is killed when it exits,
+    /// and the run ends (its job acked) only once that is gone.
+    #[tokio::test]
+    async fn a_run_ends_only_once_what_its_command_left_is_gone() {
+        // Its output elsewhere, so the pipes close with the shell and do
+        // not wait for it.
+        let run = run(&sh("sleep 30 >/dev/null 2>&1 & echo $$"), Vec::new()).await;
+        assert!(matches!(run.outcome, Outcome::Ack { .. }), "{run:?}");
+        let pgid = run.stdout.trim().parse::<i32>().expect("the group's id");
+        assert!(!group_has_live_member(pgid), "the background sleep outlived the run");
     }
 
     #[test]

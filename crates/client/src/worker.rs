@@ -618,7 +618,12 @@ where
             return;
         }
         Ended::Abandoned => {
-            if !shared.release_abandoned || shared.give_back(job_id, token, "abandoned").await {
+            // A command the dropped handler ran was killed with it; given
+            // back before that is gone, it would run beside the next
+            // holder, so a group still there leaves the lease to lapse.
+            let give_back = shared.release_abandoned
+                && crate::exec::killed_groups_gone(crate::exec::KILL_SETTLE).await;
+            if !give_back || shared.give_back(job_id, token, "abandoned").await {
                 shared.record(|r| r.abandoned.push(job_id));
             }
             stop(renewer).await;

@@ -1184,8 +1184,21 @@ impl NodeHandle {
             }
             let _ = tokio::time::timeout(Duration::from_secs(2), wait_intake).await;
         }
+        // A command dropped at the end of the grace period was killed, and
+        // a killed process lives on until it next runs: given back before
+        // it is gone, its job could start on another node beside it.
+        let killed_gone =
+            leasehold_client::exec::killed_groups_gone(leasehold_client::exec::KILL_SETTLE).await;
         step("release");
-        self.release_held().await;
+        if killed_gone {
+            self.release_held().await;
+        } else {
+            tracing::warn!(
+                event = "drain.step",
+                step = "release",
+                "a command killed at the end of the grace period is still there; the leases are left to lapse"
+            );
+        }
         step("hand over");
         self.hand_over().await;
         step("close");
