@@ -113,28 +113,34 @@ fn nack_error(prefix: &str, stderr: &str) -> String {
     format!("{prefix}{}", &stderr[from..])
 }
 
-/// How long a caller about to give back the lease of a dropped run waits
-/// for the process groups it killed ([`killed_groups_gone`]) before it
-/// leaves the lease to lapse instead. A killed process is usually gone
-/// within milliseconds.
+/// How long a run waits, once its command is over, for what the command
+/// left in its process group to be gone after the kill; and how long a
+/// caller about to give back the lease of a dropped run waits for the
+/// groups of this process's commands ([`commands_gone`]) before it leaves
+/// the lease to lapse instead. A killed process is usually gone within
+/// milliseconds.
 pub const KILL_SETTLE: Duration = Duration::from_secs(2);
 
-/// How often a killed process group is looked at until it is gone.
-const GONE_POLL: Duration = Duration::from_millis(5);
-/// How often a run still waiting for a killed group says so.
-const STILL_THERE_EVERY: Duration = Duration::from_secs(10);
+/// The first pause between two looks at a group still there; each next
+/// pause doubles, up to [`GONE_POLL_MOST`].
+const GONE_POLL_FIRST: Duration = Duration::from_millis(5);
+/// The longest pause between two looks at a group still there.
+const GONE_POLL_MOST: Duration = Duration::from_millis(100);
 
-/// Process groups killed with a dropped run (abandoned at the end of a
-/// grace period, or with a lost lease), until they are seen gone: see
-/// [`killed_groups_gone`].
-static KILLED_GROUPS: std::sync::Mutex<Vec<i32>> = std::sync::Mutex::new(Vec::new());
+/// The process group of every command this process started, from its
+/// start until its run saw the group gone: a run dropped mid-command (its
+/// job abandoned at the end of a grace period, or its lease lost) leaves
+/// its killed group here until a look finds it gone. See
+/// [`commands_gone`].
+static GROUPS: std::sync::Mutex<Vec<i32>> = std::sync::Mutex::new(Vec::new());
 
-/// Whether process group `pgid` still has a process that is not a zombie.
+/// Whether process group `pgid` still has a process that has not exited.
 /// A SIGKILL takes effect when its target next runs, so a killed process
-/// (one in an uninterruptible wait above all) can outlive the kill; and a
+/// (one in an uninterruptible wait above all) can outlive the kill; a
 /// zombie has exited, though it stays in its group until its parent reaps
-/// it (a node that is process 1 reaps only its own children). Any doubt
-/// (`/proc` unreadable) counts as alive.
+/// it (a node that is process 1 reaps only its own children). `/proc`
+/// unreadable counts as alive; a process hidden from this one (`hidepid`,
+/// another user's) cannot be seen and counts as gone.
 fn group_has_live_member(pgid: i32) -> bool {
     let signalled = nix::sys::signal::killpg(nix::unistd::Pid::from_raw(pgid), None);
     if signalled == Err(nix::errno::Errno::ESRCH) {
@@ -152,53 +158,104 @@ fn group_has_live_member(pgid: i32) -> bool {
         // parentheses, so the fields are read after the last ')'.
         let fields: Vec<&str> =
             stat.rsplit_once(')').map_or(Vec::new(), |(_, rest)| rest.split_whitespace().collect());
-        match (fields.first(), fields.get(2).and_then(|group| group.parse::<i32>().ok())) {
-            (Some(state), Some(group)) => group == pgid && !matches!(*state, "Z" | "X"),
-            _ => false,
-        }
+        let (Some(state), Some(group)) =
+            (fields.first(), fields.get(2).and_then(|group| group.parse::<i32>().ok()))
+        else {
+            return false;
+        };
+        group == pgid
+            && match *state {
+                "X" => false,
+                // A process whose first thread exited shows as a zombie
+                // while its other threads still run.
+                "Z" => threads(pid) > 1,
+                _ => true,
+            }
     })
 }
 
-/// Waits until process group `pgid` has no live process, saying so every
-/// [`STILL_THERE_EVERY`] while it waits.
-async fn wait_group_gone(pgid: i32, program: &str) {
-    let mut said = tokio::time::Instant::now();
-    while group_has_live_member(pgid) {
-        if said.elapsed() >= STILL_THERE_EVERY {
-            tracing::warn!(
-                program = %program,
-                pgid,
-                "a killed process of the command's group is still there; the job stays held"
-            );
-            said = tokio::time::Instant::now();
+/// How many threads process `pid` has (0 when it cannot be read).
+fn threads(pid: u32) -> u32 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()
+        .and_then(|status| {
+            status
+                .lines()
+                .find_map(|line| line.strip_prefix("Threads:"))
+                .and_then(|count| count.trim().parse().ok())
+        })
+        .unwrap_or(0)
+}
+
+/// Waits up to `within` for process group `pgid` to have no live process;
+/// answers whether it has none.
+async fn group_gone(pgid: i32, within: Duration) -> bool {
+    let deadline = tokio::time::Instant::now() + within;
+    let mut pause = GONE_POLL_FIRST;
+    loop {
+        if !group_has_live_member(pgid) {
+            return true;
         }
-        tokio::time::sleep(GONE_POLL).await;
+        if tokio::time::Instant::now() >= deadline {
+            return false;
+        }
+        tokio::time::sleep(pause).await;
+        pause = (pause * 2).min(GONE_POLL_MOST);
     }
 }
 
-/// Waits up to `within` for every process group a dropped run killed to
-/// be gone, and answers whether they all are. A caller that gives a job's
-/// lease back after dropping its run (a drain, a worker's grace period)
-/// asks this first: a process still running when the lease is given back
-/// would run beside the job's next holder.
-pub async fn killed_groups_gone(within: Duration) -> bool {
+/// Adds a started command's group to [`GROUPS`], dropping the entries
+/// whose groups no signal can reach any more.
+fn register(pgid: i32) {
+    if let Ok(mut groups) = GROUPS.lock() {
+        groups.retain(|pgid| {
+            nix::sys::signal::killpg(nix::unistd::Pid::from_raw(*pgid), None)
+                != Err(nix::errno::Errno::ESRCH)
+        });
+        groups.push(pgid);
+    }
+}
+
+/// Takes `pgid` out of [`GROUPS`].
+fn unregister(pgid: i32) {
+    if let Ok(mut groups) = GROUPS.lock()
+        && let Some(index) = groups.iter().position(|known| *known == pgid)
+    {
+        groups.swap_remove(index);
+    }
+}
+
+/// Waits up to `within` for the process group of every command this
+/// process started to be gone, and answers whether they all are. A caller
+/// that gives a job's lease back after dropping its run (a node's drain,
+/// a worker's grace period) asks this first: a process of that run still
+/// alive when the lease is given back would run beside the job's next
+/// holder. Every command's group counts, running or killed: at those
+/// points every run has ended or been dropped.
+pub async fn commands_gone(within: Duration) -> bool {
     let deadline = tokio::time::Instant::now() + within;
+    let mut pause = GONE_POLL_FIRST;
     loop {
-        let left = match KILLED_GROUPS.lock() {
-            Ok(mut killed) => {
-                killed.retain(|pgid| group_has_live_member(*pgid));
-                killed.len()
-            }
+        // Looked at outside the lock: a look may read all of /proc.
+        let known: Vec<i32> = match GROUPS.lock() {
+            Ok(groups) => groups.clone(),
             Err(_) => return false,
         };
+        let gone: Vec<i32> =
+            known.iter().copied().filter(|pgid| !group_has_live_member(*pgid)).collect();
+        for pgid in &gone {
+            unregister(*pgid);
+        }
+        let left = known.len() - gone.len();
         if left == 0 {
             return true;
         }
         if tokio::time::Instant::now() >= deadline {
-            tracing::warn!(groups = left, "killed process groups still there");
+            tracing::warn!(groups = left, "process groups of commands still there");
             return false;
         }
-        tokio::time::sleep(GONE_POLL).await;
+        tokio::time::sleep(pause).await;
+        pause = (pause * 2).min(GONE_POLL_MOST);
     }
 }
 
@@ -233,13 +290,6 @@ impl GroupGuard {
 impl Drop for GroupGuard {
     fn drop(&mut self) {
         self.kill();
-        // Armed only while the run was under way: its group is watched
-        // until gone (see `killed_groups_gone`). The ones already gone are
-        // dropped from the list here, so it stays short.
-        if let (Some(pgid), Ok(mut killed)) = (self.pgid, KILLED_GROUPS.lock()) {
-            killed.retain(|pgid| group_has_live_member(*pgid));
-            killed.push(pgid);
-        }
     }
 }
 
@@ -283,7 +333,11 @@ pub async fn run(command: &CommandLine, payload: Vec<u8>) -> Run {
         }
     };
     let mut group = GroupGuard { pgid: child.id().and_then(|id| i32::try_from(id).ok()) };
+    // Known until seen gone, whenever this run ends or is dropped.
     let pgid = group.pgid;
+    if let Some(pgid) = pgid {
+        register(pgid);
+    }
     let stdin = child.stdin.take();
     let (stdout, stderr) = (child.stdout.take(), child.stderr.take());
     let feed = async move {
@@ -336,10 +390,21 @@ pub async fn run(command: &CommandLine, payload: Vec<u8>) -> Run {
         status
     };
     // What the command left in its group was killed above: the job is
-    // finished (acked, or nacked and so free for its next attempt) only
-    // once that is gone too, so nothing of this run outlives its lease.
+    // finished (acked, or nacked and so free for its next attempt) once
+    // that is gone too, so nothing of this run outlives its lease. A
+    // process a SIGKILL cannot end within the settle time (one stuck in an
+    // uninterruptible wait, or one this user may not signal) does not hold
+    // the job forever: it stays known, for a drain to wait on.
     if let Some(pgid) = pgid {
-        wait_group_gone(pgid, program).await;
+        if group_gone(pgid, KILL_SETTLE).await {
+            unregister(pgid);
+        } else {
+            tracing::warn!(
+                program = %program,
+                pgid,
+                "a process of the command's group outlived the kill; finishing the job anyway"
+            );
+        }
     }
     let stdout = String::from_utf8_lossy(&out_tail).into_owned();
     let stderr = String::from_utf8_lossy(&err_tail).into_owned();
@@ -529,10 +594,11 @@ mod tests {
         running.abort();
         let _ = running.await;
         assert!(
-            KILLED_GROUPS.lock().is_ok_and(|killed| killed.contains(&pgid)),
+            GROUPS.lock().is_ok_and(|groups| groups.contains(&pgid)),
             "the dropped run's group is watched"
         );
-        assert!(killed_groups_gone(Duration::from_secs(5)).await, "a killed group goes");
+        assert!(commands_gone(Duration::from_secs(5)).await, "a killed group goes");
+        assert!(!GROUPS.lock().is_ok_and(|groups| groups.contains(&pgid)), "and is forgotten");
         assert!(!group_has_live_member(pgid), "gone when the wait says so");
         // A group still alive keeps the answer no.
         let mut alive = tokio::process::Command::new("sleep")
@@ -541,12 +607,10 @@ mod tests {
             .kill_on_drop(true)
             .spawn()?;
         let alive_pgid = alive.id().and_then(|id| i32::try_from(id).ok()).expect("a pid");
-        if let Ok(mut killed) = KILLED_GROUPS.lock() {
-            killed.push(alive_pgid);
-        }
-        assert!(!killed_groups_gone(Duration::from_millis(50)).await, "a live group is waited for");
+        register(alive_pgid);
+        assert!(!commands_gone(Duration::from_millis(50)).await, "a live group is waited for");
         alive.kill().await?;
-        assert!(killed_groups_gone(Duration::from_secs(5)).await);
+        assert!(commands_gone(Duration::from_secs(5)).await);
         let _ = std::fs::remove_dir_all(&dir);
         Ok(())
     }
@@ -561,9 +625,10 @@ mod tests {
             .spawn()?;
         let pgid = child.id().and_then(|id| i32::try_from(id).ok()).expect("a pid");
         let started = std::time::Instant::now();
-        let waited = tokio::spawn(async move { wait_group_gone(pgid, "sh").await });
+        assert!(!group_gone(pgid, Duration::from_millis(20)).await, "a live group is not gone");
+        let waited = tokio::spawn(async move { group_gone(pgid, Duration::from_secs(5)).await });
         child.wait().await?;
-        waited.await.map_err(std::io::Error::other)?;
+        assert!(waited.await.map_err(std::io::Error::other)?, "gone once its processes are");
         assert!(started.elapsed() >= Duration::from_millis(250), "{:?}", started.elapsed());
         assert!(!group_has_live_member(pgid));
         Ok(())
@@ -579,6 +644,7 @@ mod tests {
         assert!(matches!(run.outcome, Outcome::Ack { .. }), "{run:?}");
         let pgid = run.stdout.trim().parse::<i32>().expect("the group's id");
         assert!(!group_has_live_member(pgid), "the background sleep outlived the run");
+        assert!(!GROUPS.lock().is_ok_and(|groups| groups.contains(&pgid)), "seen gone, forgotten");
     }
 
     #[test]

@@ -235,8 +235,9 @@ impl ClaimFailures {
 /// How long releasing the lease of an unstarted or abandoned job may take.
 const RELEASE_TIMEOUT: Duration = Duration::from_secs(5);
 /// How long job tasks may take to wind up once the grace period is over
-/// (their releases), before they are aborted.
-const WIND_UP: Duration = Duration::from_secs(6);
+/// (the wait for their commands' groups to be gone, then their releases),
+/// before they are aborted.
+const WIND_UP: Duration = Duration::from_secs(8);
 
 /// What every job task of one worker shares.
 struct Shared {
@@ -622,7 +623,7 @@ where
             // back before that is gone, it would run beside the next
             // holder, so a group still there leaves the lease to lapse.
             let give_back = shared.release_abandoned
-                && crate::exec::killed_groups_gone(crate::exec::KILL_SETTLE).await;
+                && crate::exec::commands_gone(crate::exec::KILL_SETTLE).await;
             if !give_back || shared.give_back(job_id, token, "abandoned").await {
                 shared.record(|r| r.abandoned.push(job_id));
             }

@@ -1184,11 +1184,12 @@ impl NodeHandle {
             }
             let _ = tokio::time::timeout(Duration::from_secs(2), wait_intake).await;
         }
-        // A command dropped at the end of the grace period was killed, and
-        // a killed process lives on until it next runs: given back before
-        // it is gone, its job could start on another node beside it.
+        // A command dropped at the end of the grace period was killed (or
+        // is about to be, its task's abort still under way), and a killed
+        // process lives on until it next runs: given back before it is
+        // gone, its job could start on another node beside it.
         let killed_gone =
-            leasehold_client::exec::killed_groups_gone(leasehold_client::exec::KILL_SETTLE).await;
+            leasehold_client::exec::commands_gone(leasehold_client::exec::KILL_SETTLE).await;
         step("release");
         if killed_gone {
             self.release_held().await;
