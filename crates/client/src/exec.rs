@@ -134,25 +134,40 @@ const GONE_POLL_MOST: Duration = Duration::from_millis(100);
 /// [`commands_gone`].
 static GROUPS: std::sync::Mutex<Vec<i32>> = std::sync::Mutex::new(Vec::new());
 
-/// Whether process group `pgid` still has a process that has not exited.
-/// A SIGKILL takes effect when its target next runs, so a killed process
+/// Whether process group `pgid` still has a process that has not exited
+/// (see [`live_groups`]).
+fn group_has_live_member(pgid: i32) -> bool {
+    !live_groups(&[pgid]).is_empty()
+}
+
+/// Those of `groups` that still have a process that has not exited. A
+/// SIGKILL takes effect when its target next runs, so a killed process
 /// (one in an uninterruptible wait above all) can outlive the kill; a
 /// zombie has exited, though it stays in its group until its parent reaps
-/// it (a node that is process 1 reaps only its own children). `/proc`
-/// unreadable counts as alive; a process hidden from this one (`hidepid`,
-/// another user's) cannot be seen and counts as gone.
-fn group_has_live_member(pgid: i32) -> bool {
-    let signalled = nix::sys::signal::killpg(nix::unistd::Pid::from_raw(pgid), None);
-    if signalled == Err(nix::errno::Errno::ESRCH) {
-        return false;
+/// it (a node that is process 1 reaps only its own children). A group no
+/// signal reaches is gone; the others are looked up in one pass over
+/// `/proc`. `/proc` unreadable counts as alive; a process hidden from this
+/// one (`hidepid`, another user's) cannot be seen and counts as gone.
+fn live_groups(groups: &[i32]) -> Vec<i32> {
+    let reached: Vec<i32> = groups
+        .iter()
+        .copied()
+        .filter(|pgid| {
+            nix::sys::signal::killpg(nix::unistd::Pid::from_raw(*pgid), None)
+                != Err(nix::errno::Errno::ESRCH)
+        })
+        .collect();
+    if reached.is_empty() {
+        return reached;
     }
-    let Ok(entries) = std::fs::read_dir("/proc") else { return true };
-    entries.flatten().any(|entry| {
+    let Ok(entries) = std::fs::read_dir("/proc") else { return reached };
+    let mut live = Vec::new();
+    for entry in entries.flatten() {
         let Some(pid) = entry.file_name().to_str().and_then(|name| name.parse::<u32>().ok()) else {
-            return false;
+            continue;
         };
         let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
-            return false;
+            continue;
         };
         // `pid (comm) state ppid pgrp ...`; comm may hold spaces and
         // parentheses, so the fields are read after the last ')'.
@@ -161,17 +176,20 @@ fn group_has_live_member(pgid: i32) -> bool {
         let (Some(state), Some(group)) =
             (fields.first(), fields.get(2).and_then(|group| group.parse::<i32>().ok()))
         else {
-            return false;
+            continue;
         };
-        group == pgid
-            && match *state {
-                "X" => false,
-                // A process whose first thread exited shows as a zombie
-                // while its other threads still run.
-                "Z" => threads(pid) > 1,
-                _ => true,
-            }
-    })
+        let running = match *state {
+            "X" => false,
+            // A process whose first thread exited shows as a zombie while
+            // its other threads still run.
+            "Z" => threads(pid) > 1,
+            _ => true,
+        };
+        if running && reached.contains(&group) && !live.contains(&group) {
+            live.push(group);
+        }
+    }
+    live
 }
 
 /// How many threads process `pid` has (0 when it cannot be read).
@@ -241,12 +259,11 @@ pub async fn commands_gone(within: Duration) -> bool {
             Ok(groups) => groups.clone(),
             Err(_) => return false,
         };
-        let gone: Vec<i32> =
-            known.iter().copied().filter(|pgid| !group_has_live_member(*pgid)).collect();
-        for pgid in &gone {
+        let live = live_groups(&known);
+        for pgid in known.iter().filter(|pgid| !live.contains(pgid)) {
             unregister(*pgid);
         }
-        let left = known.len() - gone.len();
+        let left = live.len();
         if left == 0 {
             return true;
         }

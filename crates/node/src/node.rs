@@ -1197,7 +1197,7 @@ impl NodeHandle {
             tracing::warn!(
                 event = "drain.step",
                 step = "release",
-                "a command killed at the end of the grace period is still there; the leases are left to lapse"
+                "a process of a command this node ran is still there; the leases are left to lapse"
             );
         }
         step("hand over");

@@ -450,7 +450,10 @@ mod tests {
         let offsets = watch.offsets(&clock);
         let two = offsets.iter().find(|o| o.node == 2).map(|o| o.offset_ms).unwrap_or_default();
         assert!((119_900..=120_100).contains(&two), "{offsets:?}");
-        assert!(offsets.iter().all(|o| o.uncertainty_ms == 51), "{offsets:?}");
+        // Half the round trip and a millisecond of resolution, plus the
+        // spread of this read's clock pairing, which a busy machine (a
+        // preemption between its two readings) can stretch past 0 ms.
+        assert!(offsets.iter().all(|o| (51..101).contains(&o.uncertainty_ms)), "{offsets:?}");
         assert!(watch.verdict(1, &[1, 2, 3], &clock).may_stamp(), "node 3 agrees");
         // This node's clock steps two minutes ahead: node 2 now agrees and
         // node 3 reads two minutes behind, before any new measurement.
