@@ -149,14 +149,7 @@ fn group_has_live_member(pgid: i32) -> bool {
 /// `/proc`. `/proc` unreadable counts as alive; a process hidden from this
 /// one (`hidepid`, another user's) cannot be seen and counts as gone.
 fn live_groups(groups: &[i32]) -> Vec<i32> {
-    let reached: Vec<i32> = groups
-        .iter()
-        .copied()
-        .filter(|pgid| {
-            nix::sys::signal::killpg(nix::unistd::Pid::from_raw(*pgid), None)
-                != Err(nix::errno::Errno::ESRCH)
-        })
-        .collect();
+    let reached: Vec<i32> = groups.iter().copied().filter(|pgid| reachable(*pgid)).collect();
     if reached.is_empty() {
         return reached;
     }
@@ -192,6 +185,13 @@ fn live_groups(groups: &[i32]) -> Vec<i32> {
     live
 }
 
+/// Whether a signal still reaches some process of group `pgid` (a zombie
+/// included).
+fn reachable(pgid: i32) -> bool {
+    nix::sys::signal::killpg(nix::unistd::Pid::from_raw(pgid), None)
+        != Err(nix::errno::Errno::ESRCH)
+}
+
 /// How many threads process `pid` has (0 when it cannot be read).
 fn threads(pid: u32) -> u32 {
     std::fs::read_to_string(format!("/proc/{pid}/status"))
@@ -208,10 +208,17 @@ fn threads(pid: u32) -> u32 {
 /// Waits up to `within` for process group `pgid` to have no live process;
 /// answers whether it has none.
 async fn group_gone(pgid: i32, within: Duration) -> bool {
+    looks_until(within, || !group_has_live_member(pgid)).await
+}
+
+/// Looks with `gone` until it answers yes or `within` has passed, the
+/// pause between looks doubling from [`GONE_POLL_FIRST`] to
+/// [`GONE_POLL_MOST`]; answers the last look.
+async fn looks_until(within: Duration, mut gone: impl FnMut() -> bool) -> bool {
     let deadline = tokio::time::Instant::now() + within;
     let mut pause = GONE_POLL_FIRST;
     loop {
-        if !group_has_live_member(pgid) {
+        if gone() {
             return true;
         }
         if tokio::time::Instant::now() >= deadline {
@@ -226,10 +233,7 @@ async fn group_gone(pgid: i32, within: Duration) -> bool {
 /// whose groups no signal can reach any more.
 fn register(pgid: i32) {
     if let Ok(mut groups) = GROUPS.lock() {
-        groups.retain(|pgid| {
-            nix::sys::signal::killpg(nix::unistd::Pid::from_raw(*pgid), None)
-                != Err(nix::errno::Errno::ESRCH)
-        });
+        groups.retain(|pgid| reachable(*pgid));
         groups.push(pgid);
     }
 }
@@ -251,29 +255,22 @@ fn unregister(pgid: i32) {
 /// holder. Every command's group counts, running or killed: at those
 /// points every run has ended or been dropped.
 pub async fn commands_gone(within: Duration) -> bool {
-    let deadline = tokio::time::Instant::now() + within;
-    let mut pause = GONE_POLL_FIRST;
-    loop {
+    let mut left = 0;
+    let gone = looks_until(within, || {
         // Looked at outside the lock: a look may read all of /proc.
-        let known: Vec<i32> = match GROUPS.lock() {
-            Ok(groups) => groups.clone(),
-            Err(_) => return false,
-        };
+        let Ok(known) = GROUPS.lock().map(|groups| groups.clone()) else { return false };
         let live = live_groups(&known);
         for pgid in known.iter().filter(|pgid| !live.contains(pgid)) {
             unregister(*pgid);
         }
-        let left = live.len();
-        if left == 0 {
-            return true;
-        }
-        if tokio::time::Instant::now() >= deadline {
-            tracing::warn!(groups = left, "process groups of commands still there");
-            return false;
-        }
-        tokio::time::sleep(pause).await;
-        pause = (pause * 2).min(GONE_POLL_MOST);
+        left = live.len();
+        left == 0
+    })
+    .await;
+    if !gone {
+        tracing::warn!(groups = left, "process groups of commands still there");
     }
+    gone
 }
 
 /// Kills a child's process group when dropped (the run was abandoned) or

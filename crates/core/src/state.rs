@@ -393,10 +393,11 @@ impl State {
                 self.skip(schedule, *bucket, *reason, *ticks)
             }
             Command::Planned { created_at_ms, command } => {
-                // A bad tick is refused as bad, stale or not.
-                if let Err(error) = validate_command(command, limits) {
-                    Response::Refused(Refusal::Invalid(error))
-                } else if self.planned_from_another(*created_at_ms, command) {
+                // A stale tick changes nothing; a bad one is refused as
+                // bad, stale or not (the tick's own apply validates it).
+                if self.planned_from_another(*created_at_ms, command)
+                    && validate_command(command, limits).is_ok()
+                {
                     Response::Tick(None)
                 } else {
                     self.apply_command(epoch, command, limits)

@@ -455,15 +455,20 @@ mod tests {
         state.apply(1, &Proposal { now_ms, command })
     }
 
-    fn put(state: &mut State, overlap: Overlap, target: Target) {
-        let spec = ScheduleSpec {
+    /// Every second, `backup.sh` on the executor.
+    fn backup_spec(overlap: Overlap, target: Target) -> ScheduleSpec {
+        ScheduleSpec {
             name: "backup".into(),
             cron: "* * * * * *".into(),
             template: JobTemplate { command: Some("backup.sh".into()), ..JobTemplate::default() },
             overlap,
             target,
             ..ScheduleSpec::default()
-        };
+        }
+    }
+
+    fn put(state: &mut State, overlap: Overlap, target: Target) {
+        let spec = backup_spec(overlap, target);
         assert_eq!(apply(state, T0_MS, Command::PutSchedule { spec }), Response::ScheduleChanged);
     }
 
@@ -812,7 +817,7 @@ mod tests {
         let put_again = |state: &mut State| {
             put(state, Overlap::Allow, Target::Any);
             apply(state, T0_MS + 1_000, Command::DeleteSchedule { name: "backup".into() });
-            let spec = state_spec();
+            let spec = backup_spec(Overlap::Allow, Target::Any);
             apply(state, T0_MS + 3_000, Command::PutSchedule { spec });
         };
         let mut bare = State::new();
@@ -834,7 +839,10 @@ mod tests {
         // Retimed: ticks planned from the old timing change nothing.
         let mut retimed = State::new();
         put(&mut retimed, Overlap::Allow, Target::Any);
-        let spec = ScheduleSpec { cron: "*/2 * * * * *".into(), ..state_spec() };
+        let spec = ScheduleSpec {
+            cron: "*/2 * * * * *".into(),
+            ..backup_spec(Overlap::Allow, Target::Any)
+        };
         apply(&mut retimed, T0_MS + 3_000, Command::PutScheduleRetimed { spec });
         assert_eq!(
             apply(&mut retimed, bucket * 1_000, planned(T0_MS, tick())),
@@ -844,7 +852,11 @@ mod tests {
         // Put again with the same timing, a schedule is the same one.
         let mut same = State::new();
         put(&mut same, Overlap::Allow, Target::Any);
-        apply(&mut same, T0_MS + 3_000, Command::PutScheduleRetimed { spec: state_spec() });
+        apply(
+            &mut same,
+            T0_MS + 3_000,
+            Command::PutScheduleRetimed { spec: backup_spec(Overlap::Allow, Target::Any) },
+        );
         let fired = apply(&mut same, bucket * 1_000, planned(T0_MS, tick()));
         assert!(matches!(fired, Response::Tick(Some(TickOutcome::Fired { .. }))), "{fired:?}");
     }
@@ -884,13 +896,6 @@ mod tests {
             let answer = apply(&mut state, T0_MS + 1, wrapped);
             assert!(matches!(answer, Response::Refused(Refusal::Invalid(_))), "{answer:?}");
         }
-    }
-
-    /// The spec `put` writes.
-    fn state_spec() -> ScheduleSpec {
-        let mut state = State::new();
-        put(&mut state, Overlap::Allow, Target::Any);
-        state.schedule("backup").map(|s| s.spec.clone()).unwrap_or_default()
     }
 
     #[test]
