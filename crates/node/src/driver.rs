@@ -2,7 +2,9 @@
 //! housekeeping (Sweep returns lapsed leases to ready; Purge drops
 //! tombstones past retention; both idempotent, so a stale or duplicated
 //! proposal from a deposed leader is harmless). On every node it runs the
-//! cron tickers, and each due tick goes through the cutover gate once:
+//! cron tickers, and each due tick of a schedule with a command goes
+//! through the cutover gate once (a schedule that enqueues a queue job has
+//! the journal alone: [`journal_only`]):
 //!
 //! - **journal**: the leader proposes `Fire`/`Skip` (exactly once per tick
 //!   through the journal's `last_fired_bucket`); the other nodes do nothing;
@@ -77,8 +79,8 @@ pub struct Ticker {
     parsed: HashMap<(String, String), Option<CronSchedule>>,
     /// Newest bucket of each schedule this node handled on the bus.
     bus_done: HashMap<String, u64>,
-    /// Newest bucket of each schedule this node refused on the bus (no
-    /// command, warming up, too late, not its queue): it ran nowhere here,
+    /// Newest bucket of each schedule this node refused on the bus
+    /// (warming up, too late, not its queue): it ran nowhere here,
     /// and a leader back on the journal fires it by its catch-up policy.
     bus_refused: HashMap<String, u64>,
     /// Newest bucket of each schedule a follower decided for the journal
@@ -229,7 +231,7 @@ pub async fn tick_schedules(
     let now_ms = if leader { journal.cluster_now_ms() } else { journal.clock().now_ms() };
     // A leader on the journal plans from the journal's own records, not
     // from the ticks it last decided on the bus: a tick the bus refused
-    // (no command, warming up, too late) ran nowhere and left no record,
+    // (warming up, too late, not its queue) ran nowhere and left no record,
     // and the schedule's catch-up policy decides it now.
     let journal_leader = leader && gate.decide_at(now_ms).path == ClaimPath::Journal;
     // Clone only the schedules with a tick due: this runs every 25 ms.
@@ -258,7 +260,10 @@ pub async fn tick_schedules(
                 });
                 // Never before the schedule was put (see `plan_ticks`).
                 let mut after_ms = schedule.planned_after_ms();
-                if !journal_leader && let Some(done) = bus_done.get(&schedule.spec.name) {
+                if !journal_leader
+                    && !journal_only(schedule)
+                    && let Some(done) = bus_done.get(&schedule.spec.name)
+                {
                     after_ms = after_ms.max(cron::tick_ms(*done));
                 }
                 let newest_ms = newest_due(cron.as_ref()?, after_ms, now_ms)?;
@@ -292,15 +297,19 @@ pub async fn tick_schedules(
         let refused_here = ticker.bus_refused.get(&name).is_some_and(|refused| bucket <= *refused);
         let claimed_on_bus =
             || !matches!(gate.bus().high_water(&name, |claimed| claimed >= bucket), Ok(None));
-        let take_on_journal = journal_leader && refused_here && !claimed_on_bus();
+        let take_on_journal =
+            journal_only(&schedule) || (journal_leader && refused_here && !claimed_on_bus());
         // Any other tick decided on the bus already is done here (a journal
         // leader's plan does not skip them; see `journal_leader`).
         if !take_on_journal && ticker.bus_done.get(&name).is_some_and(|done| bucket <= *done) {
             continue;
         }
         // The one decision of this claim, reused for everything below.
-        let decision = gate.decide_for_claim(&schedule.job_key(bucket, None), newest_ms);
-        let path = if take_on_journal { ClaimPath::Journal } else { decision.path };
+        let path = if take_on_journal {
+            ClaimPath::Journal
+        } else {
+            gate.decide_for_claim(&schedule.job_key(bucket, None), newest_ms).path
+        };
         match path {
             ClaimPath::Journal if leader => {
                 let cron_key = (schedule.spec.cron.clone(), schedule.spec.timezone.clone());
@@ -451,6 +460,19 @@ fn share_from_record(schedule: &Schedule, taken: u64, started_ms: u64, now_ms: u
     (on_bus && new).then_some(last.bucket)
 }
 
+/// Whether `schedule`'s ticks go to the journal whatever the pool's path:
+/// a schedule that enqueues a queue job (no command) has no other path.
+/// Its job can only be written through the journal, whose bucket guard
+/// takes one record per tick however many leaders propose it, and no node
+/// of any build runs such a tick on the bus, so there is no second path to
+/// keep it apart from and the gate is not asked. A member down past
+/// `advert_stale_after_ms`, or one node's `journal_lease` off, moves the
+/// pool's command ticks to the bus but does not stop these (SPEC §4 is
+/// about claims; see docs/decisions.md).
+fn journal_only(schedule: &Schedule) -> bool {
+    schedule.spec.template.command.is_none()
+}
+
 fn cron_key(schedule: &Schedule) -> (String, String) {
     (schedule.spec.cron.clone(), schedule.spec.timezone.clone())
 }
@@ -504,7 +526,8 @@ fn bus_refusal(
         return Some("missed");
     }
     if spec.template.command.is_none() {
-        // A queue job can only be enqueued through the journal.
+        // A queue job can only be enqueued through the journal. The ticker
+        // sends such ticks there (`journal_only`); kept as a guard.
         return Some("not_a_command");
     }
     if !facts.run_commands {
@@ -585,7 +608,8 @@ async fn skip_bus_ran(
 }
 
 /// Proposes `Fire` or `Skip` for every due tick of `schedule` (this node
-/// leads and the gate chose the journal). The plan comes from the journal's
+/// leads, and the gate chose the journal or the schedule enqueues a queue
+/// job). The plan comes from the journal's
 /// `last_fired_bucket`, so a new leader picks up exactly where the last one
 /// stopped; the journal refuses any bucket already covered, so a duplicate
 /// proposal (a deposed leader, a retry) changes nothing. Answers false when

@@ -2,7 +2,8 @@
 //! one node with its `journal_lease` flag off keeps the whole pool on the
 //! broadcast (bus) path; turning it on moves the pool to the journal within
 //! a few heartbeats, and off again moves it back, while an every-second
-//! schedule runs each of its ticks exactly once throughout; and an advert
+//! schedule runs each of its ticks exactly once throughout, while one that
+//! enqueues a queue job fires on time on either path; and an advert
 //! that is not signed with the cluster secret changes nothing and is
 //! counted (one without the node proof never reaches the service, and a
 //! node cannot speak for another); and dry-run stays on the bus while logging the journal claims it
@@ -22,7 +23,9 @@
 //! the live gate leaving node 3 out of its input fails the flip story (the
 //! pool never shows "all 2 peers"); every bus claimant believing it won
 //! fails it with buckets run two and three times; the journal not recording
-//! the ticks the bus ran fails it with buckets run on both paths; the
+//! the ticks the bus ran fails it with buckets run on both paths; asking
+//! the gate for a queue-job schedule's ticks (they were skipped on the bus)
+//! fails it with no queue job while the pool is on the bus; the
 //! registry not checking the MAC fails the forged-advert story (the forgery
 //! is answered OK).
 
@@ -58,6 +61,10 @@ const TICKS_PER_PHASE: usize = 5;
 const PHASE_TIMEOUT: Duration = Duration::from_secs(30);
 /// The schedule of the flip story.
 const SCHEDULE: &str = "gate-every-second";
+/// The flip story's schedule that enqueues a queue job (no command).
+const QUEUE_SCHEDULE: &str = "gate-queue-job";
+/// The queue its jobs go to; nothing claims from it.
+const REPORTS: &str = "reports";
 
 fn unix_ms() -> Result<u64> {
     let since = SystemTime::now().duration_since(UNIX_EPOCH).context("clock before 1970")?;
@@ -175,6 +182,32 @@ async fn wait_runs(file: &Path, before: usize, count: usize) -> Result<Vec<RunLi
     .await
 }
 
+/// The buckets of the jobs [`QUEUE_SCHEDULE`] has enqueued (their keys
+/// are `cron:NAME:BUCKET`), each with its job's enqueue instant.
+async fn queue_job_buckets(sandbox: &Sandbox, addr: &str) -> Result<BTreeMap<u64, u64>> {
+    let run = run_cli(
+        sandbox,
+        &["job", "list", "--queue", REPORTS, "--limit", "1000", "--output", "json"],
+        &[("LEASEHOLD_ADDR", addr)],
+    )
+    .await?
+    .success()?;
+    let listed = run.json()?;
+    let jobs = listed["jobs"].as_array().context("job list has no jobs")?;
+    let prefix = format!("cron:{QUEUE_SCHEDULE}:");
+    let mut buckets = BTreeMap::new();
+    for job in jobs {
+        let key = job["idempotency_key"].as_str().context("a cron job without a key")?;
+        let bucket = key
+            .strip_prefix(&prefix)
+            .and_then(|b| b.parse::<u64>().ok())
+            .with_context(|| format!("unexpected key {key:?}"))?;
+        let enqueued = job["enqueued_at_ms"].as_u64().context("no enqueued_at_ms")?;
+        ensure!(buckets.insert(bucket, enqueued).is_none(), "bucket {bucket} enqueued twice");
+    }
+    Ok(buckets)
+}
+
 async fn set_flag(sandbox: &Sandbox, cluster: &Cluster, node: u64, on: bool) -> Result<u64> {
     // Asked of node 1, which passes the change on to the named node.
     let addr = cluster.node(1)?.addr();
@@ -258,6 +291,59 @@ async fn flip_story(sandbox: &Sandbox) -> Result<()> {
         "a tick ran off the bus while node 3's flag was off: {bus_runs:?}"
     );
 
+    phase("a schedule that enqueues a queue job fires on time while the pool is on the bus");
+    // The bus runs commands only; a queue job is written through the
+    // journal alone, so such a schedule keeps firing there whatever the
+    // pool's path (before, its ticks were skipped until the pool was back).
+    let put_ms = unix_ms()?;
+    run_cli(
+        sandbox,
+        &[
+            "cron",
+            "put",
+            QUEUE_SCHEDULE,
+            "--cron",
+            "* * * * * *",
+            "--queue",
+            REPORTS,
+            "--payload",
+            "report",
+            "--overlap",
+            "allow",
+            "--catchup",
+            "all",
+            "--catchup-max",
+            "100",
+        ],
+        &env,
+    )
+    .await?
+    .success()?;
+    let on_bus = wait_until(
+        "queue jobs enqueued while the pool is on the bus",
+        deadline_in(PHASE_TIMEOUT),
+        || async {
+            Ok(match queue_job_buckets(sandbox, &addr).await {
+                Ok(buckets) if buckets.len() >= TICKS_PER_PHASE => Check::Done(buckets),
+                Ok(buckets) => Check::NotYet(format!("{} jobs", buckets.len())),
+                Err(error) => Check::NotYet(format!("{error:#}")),
+            })
+        },
+    )
+    .await?;
+    for (bucket, enqueued_ms) in &on_bus {
+        let late_ms = enqueued_ms.saturating_sub(bucket * 1_000);
+        ensure!(
+            bucket * 1_000 >= put_ms.saturating_sub(1_000) && late_ms < 5_000,
+            "bucket {bucket} was enqueued {late_ms} ms after its tick (put at {put_ms})"
+        );
+    }
+    let views = gate_views(sandbox, &cluster).await?;
+    ensure!(
+        views.values().all(|(path, _, _)| path == "bus"),
+        "the pool left the bus while the queue jobs were checked: {views:?}"
+    );
+
     phase("turn node 3's flag on: the pool moves to the journal within a few heartbeats");
     let on_ms = set_flag(sandbox, &cluster, 3, true).await?;
     let switching = tokio::time::Instant::now();
@@ -284,6 +370,7 @@ async fn flip_story(sandbox: &Sandbox) -> Result<()> {
 
     phase("pause the schedule and let the last runs land");
     run_cli(sandbox, &["cron", "pause", SCHEDULE], &env).await?.success()?;
+    run_cli(sandbox, &["cron", "pause", QUEUE_SCHEDULE], &env).await?.success()?;
     let mut last = (usize::MAX, tokio::time::Instant::now());
     let quiet = deadline_in(PHASE_TIMEOUT);
     let runs = wait_until("the runs file to stay unchanged for 3 s", quiet, || {
@@ -347,6 +434,19 @@ async fn flip_story(sandbox: &Sandbox) -> Result<()> {
         "{} buckets {first}..={last}, each exactly once ({journal_runs} on the journal)",
         runs.len()
     );
+    // The queue-job schedule fired every tick from its first to its last
+    // across both flips, each once (a job per key; a second is refused).
+    let queued = queue_job_buckets(sandbox, &addr).await?;
+    let (first, last) = match (queued.keys().next(), queued.keys().next_back()) {
+        (Some(first), Some(last)) => (*first, *last),
+        _ => bail!("no queue jobs at all"),
+    };
+    let missing: Vec<u64> = (first..=last).filter(|b| !queued.contains_key(b)).collect();
+    ensure!(
+        missing.is_empty(),
+        "queue-job ticks never fired between {first} and {last}: {missing:?}"
+    );
+    eprintln!("queue-job schedule: buckets {first}..={last}, {} jobs", queued.len());
 
     phase("metrics count decisions by path and reason");
     let metrics = http_get(cluster.node(1)?.http, "/metrics").await?;
@@ -608,12 +708,23 @@ async fn dry_run_story(sandbox: &Sandbox) -> Result<()> {
     run_cli(sandbox, &["cron", "put", name, "--cron", "* * * * * *", "--command", &command], &env)
         .await?
         .success()?;
-    // A schedule that enqueues a queue job cannot fire on the bus: its
-    // ticks there are refused and leave no record.
-    let queued = "dry-run-queue-job";
+    // A command for hosts tagged `rack:nowhere`: this node does not claim
+    // with that tag, so the schedule's ticks are refused on the bus
+    // (`no_target`) and leave no record.
+    let untargeted = "dry-run-untargeted";
     run_cli(
         sandbox,
-        &["cron", "put", queued, "--cron", "* * * * * *", "--queue", "dry", "--payload", "x"],
+        &[
+            "cron",
+            "put",
+            untargeted,
+            "--cron",
+            "* * * * * *",
+            "--command",
+            "true",
+            "--tag",
+            "rack:nowhere",
+        ],
         &env,
     )
     .await?
@@ -629,7 +740,7 @@ async fn dry_run_story(sandbox: &Sandbox) -> Result<()> {
 
     phase("dry-run off: the node moves to the journal");
     // Switch away from a second's start, so the first journal round comes
-    // before the next tick (the check on the queue-job schedule below
+    // before the next tick (the check on the untargeted schedule below
     // needs the newest due tick to be one the bus refused).
     let into_second = SystemTime::now().duration_since(UNIX_EPOCH)?.subsec_millis();
     let wait_ms = (1_200 - u64::from(into_second)) % 1_000;
@@ -647,7 +758,7 @@ async fn dry_run_story(sandbox: &Sandbox) -> Result<()> {
     run_cli(sandbox, &["cron", "pause", name], &env).await?.success()?;
 
     phase("back on the journal, the last tick the bus refused fires at once");
-    // The queue-job schedule's ticks were refused on the bus and left no
+    // The untargeted schedule's ticks were refused on the bus and left no
     // record. On the journal the leader plans from the journal's records:
     // the newest of those ticks is still current (under 5 s old), so it
     // fires, and the older ones are skipped as one catch-up record. Planned
@@ -661,15 +772,15 @@ async fn dry_run_story(sandbox: &Sandbox) -> Result<()> {
         .context("no tick ran on the bus")?;
     let schedules = node.schedules_stub()?;
     let history = wait_until(
-        "the queue-job schedule to fire on the journal",
+        "the untargeted schedule to fire on the journal",
         deadline_in(Duration::from_secs(10)),
         || {
             let mut schedules = schedules.clone();
             async move {
                 let schedule = schedules
-                    .get(v1::GetScheduleRequest { name: queued.to_string(), stale: false })
+                    .get(v1::GetScheduleRequest { name: untargeted.to_string(), stale: false })
                     .await
-                    .context("get the queue-job schedule")?
+                    .context("get the untargeted schedule")?
                     .into_inner();
                 Ok(if schedule.history.iter().any(|r| r.outcome == "fired") {
                     Check::Done(schedule.history)
@@ -686,7 +797,7 @@ async fn dry_run_story(sandbox: &Sandbox) -> Result<()> {
         "the first fire was of bucket {first_fired:?}, after the last bus tick {last_bus}: \
          {history:?}"
     );
-    run_cli(sandbox, &["cron", "pause", queued], &env).await?.success()?;
+    run_cli(sandbox, &["cron", "pause", untargeted], &env).await?.success()?;
     Ok(())
 }
 
