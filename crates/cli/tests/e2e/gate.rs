@@ -182,6 +182,15 @@ async fn wait_runs(file: &Path, before: usize, count: usize) -> Result<Vec<RunLi
     .await
 }
 
+/// `cron put NAME` of an every-second schedule with `what` it runs, whose
+/// catch-up runs every missed tick (up to 100).
+fn every_second_catching_up_all<'a>(name: &'a str, what: &[&'a str]) -> Vec<&'a str> {
+    let mut args = vec!["cron", "put", name, "--cron", "* * * * * *"];
+    args.extend_from_slice(what);
+    args.extend(["--catchup", "all", "--catchup-max", "100"]);
+    args
+}
+
 /// The buckets of the jobs [`QUEUE_SCHEDULE`] has enqueued (their keys
 /// are `cron:NAME:BUCKET`), each with its job's enqueue instant.
 async fn queue_job_buckets(sandbox: &Sandbox, addr: &str) -> Result<BTreeMap<u64, u64>> {
@@ -268,19 +277,7 @@ async fn flip_story(sandbox: &Sandbox) -> Result<()> {
         sandbox,
         // Catch-up `all`: were the journal to forget the ticks the bus ran,
         // it would run every one of them again when the pool comes back.
-        &[
-            "cron",
-            "put",
-            SCHEDULE,
-            "--cron",
-            "* * * * * *",
-            "--command",
-            &command,
-            "--catchup",
-            "all",
-            "--catchup-max",
-            "100",
-        ],
+        &every_second_catching_up_all(SCHEDULE, &["--command", &command]),
         &env,
     )
     .await?
@@ -298,23 +295,10 @@ async fn flip_story(sandbox: &Sandbox) -> Result<()> {
     let put_ms = unix_ms()?;
     run_cli(
         sandbox,
-        &[
-            "cron",
-            "put",
+        &every_second_catching_up_all(
             QUEUE_SCHEDULE,
-            "--cron",
-            "* * * * * *",
-            "--queue",
-            REPORTS,
-            "--payload",
-            "report",
-            "--overlap",
-            "allow",
-            "--catchup",
-            "all",
-            "--catchup-max",
-            "100",
-        ],
+            &["--queue", REPORTS, "--payload", "report", "--overlap", "allow"],
+        ),
         &env,
     )
     .await?
