@@ -545,10 +545,19 @@ pub fn may_run_on_bus(
 
 /// Whether a tick planned from `planned` may still run, judged by the
 /// schedule as the journal holds it `now` (read after the tick's record
-/// committed): not deleted, not paused, and not put anew (a schedule
-/// deleted and put again under the same name starts over).
+/// committed): not deleted, not paused, not put anew (a schedule deleted
+/// and put again under the same name starts over), and not turned from
+/// `any` to `each`. A tick claimed on the bus as `any` whose schedule
+/// turned `each` meanwhile is not run by its claimant: every member runs
+/// its own share of a tick recorded after the change, and the claimant
+/// would run it twice. (A share planned under `each` whose schedule turned
+/// `any` still runs: no `any` claimant runs a tick the journal already
+/// holds a record of.)
 pub fn still_runs(planned: &Schedule, now: Option<&Schedule>) -> bool {
-    now.is_some_and(|now| !now.spec.paused && now.created_at_ms == planned.created_at_ms)
+    now.is_some_and(|now| {
+        let turned_each = planned.spec.target == Target::Any && now.spec.target == Target::Each;
+        !now.spec.paused && now.created_at_ms == planned.created_at_ms && !turned_each
+    })
 }
 
 #[cfg(test)]
@@ -875,6 +884,11 @@ mod tests {
         let mut anew = planned.clone();
         anew.created_at_ms += MINUTE_MS;
         assert!(!still_runs(&planned, Some(&anew)), "deleted and put again");
+        let mut each = planned.clone();
+        each.spec.target = Target::Each;
+        assert_eq!(planned.spec.target, Target::Any);
+        assert!(!still_runs(&planned, Some(&each)), "turned each after the plan");
+        assert!(still_runs(&each, Some(&planned)), "a share planned under each, turned any");
     }
 
     #[test]

@@ -90,7 +90,7 @@ async fn journal_admits(journal: &Journal, schedule: &Schedule, bucket: u64, tic
             schedule = %name,
             bucket,
             reason = "paused",
-            "the schedule was paused, deleted or put anew while its tick was claimed; not run"
+            "the schedule was paused, deleted, put anew or turned each while its tick was claimed; not run"
         );
         return false;
     }

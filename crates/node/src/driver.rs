@@ -90,6 +90,10 @@ pub struct Ticker {
     /// node took on: by its own bus claim, or by watching for the leader's
     /// bus record. One or the other, once, so a share runs at most once here.
     each_shares: HashMap<String, u64>,
+    /// The put instant of each `target = each` schedule as this node has
+    /// seen it so far; a schedule seen as `each` for the first time (new,
+    /// turned from `any`, or at start) is missing or differs.
+    each_seen: HashMap<String, u64>,
     /// This node's clock when the driver first ran: shares of ticks before
     /// it are not taken from the journal's records.
     started_ms: Option<u64>,
@@ -235,12 +239,16 @@ pub async fn tick_schedules(
     // and the schedule's catch-up policy decides it now.
     let journal_leader = leader && gate.decide_at(now_ms).path == ClaimPath::Journal;
     // Clone only the schedules with a tick due: this runs every 25 ms.
-    let Ticker { parsed, bus_done, journal_seen, .. } = ticker;
+    let Ticker { parsed, bus_done, journal_seen, each_shares, each_seen, .. } = ticker;
     let due = journal.read_stale(|state| {
+        each_seen.retain(|name, _| {
+            state.schedules().get(name).is_some_and(|s| s.spec.target == Target::Each)
+        });
         state
             .schedules()
             .values()
             .filter_map(|schedule| {
+                see_each(schedule, each_seen, each_shares);
                 let key = (schedule.spec.cron.clone(), schedule.spec.timezone.clone());
                 let cron = parsed.entry(key).or_insert_with(|| {
                     // The proposer parsed it; a build whose parser or
@@ -398,13 +406,16 @@ fn run_each_shares(
     now_ms: u64,
 ) {
     let started_ms = *ticker.started_ms.get_or_insert(now_ms);
-    let taken = &ticker.each_shares;
+    let Ticker { each_shares, each_seen, .. } = ticker;
     let recorded = journal.read_stale(|state| {
         state
             .schedules()
             .values()
             .filter_map(|schedule| {
-                let taken = taken.get(&schedule.spec.name).copied().unwrap_or(0);
+                // Again in this read: a change applied since the round's
+                // first read must set its floor before a share is taken.
+                see_each(schedule, each_seen, each_shares);
+                let taken = each_shares.get(&schedule.spec.name).copied().unwrap_or(0);
                 let bucket = share_from_record(schedule, taken, started_ms, now_ms)?;
                 Some((schedule.clone(), bucket))
             })
@@ -458,6 +469,39 @@ fn share_from_record(schedule: &Schedule, taken: u64, started_ms: u64, now_ms: u
     let tick_ms = cron::tick_ms(last.bucket);
     let new = last.bucket > taken && tick_ms >= started_ms && tick_ms >= schedule.created_at_ms;
     (on_bus && new).then_some(last.bucket)
+}
+
+/// Notes `schedule` as seen by this node's ticker. A `target = each`
+/// schedule seen as such for the first time (put as `each`, turned from
+/// `any`, or at the driver's start) takes no share of a tick the journal
+/// already holds a record of: a bus record made while it was `any` is a
+/// tick its winner ran for everyone, and every member taking a share of it
+/// too would run it again (the winner twice). Records committed after the
+/// change were made under `each`, or their `any` claimant does not run
+/// them ([`leasehold_core::schedule::still_runs`]). Run in every read that
+/// shares are taken from (a bus claim's, a record's) before taking one.
+///
+/// The floor is this node's: a node that first sees a new `each` schedule
+/// only after its first tick was recorded (a lagging follower), or a
+/// driver starting behind the recorder's clock, takes no share of that
+/// tick. At most once holds; those shares are lost.
+fn see_each(
+    schedule: &Schedule,
+    each_seen: &mut HashMap<String, u64>,
+    each_shares: &mut HashMap<String, u64>,
+) {
+    if schedule.spec.target != Target::Each {
+        return;
+    }
+    let name = &schedule.spec.name;
+    if each_seen.get(name) == Some(&schedule.created_at_ms) {
+        return;
+    }
+    each_seen.insert(name.clone(), schedule.created_at_ms);
+    if let Some(newest) = schedule.history.iter().map(|r| r.bucket).max() {
+        let taken = each_shares.entry(name.clone()).or_insert(0);
+        *taken = (*taken).max(newest);
+    }
 }
 
 /// Whether `schedule`'s ticks go to the journal whatever the pool's path:
@@ -721,6 +765,42 @@ mod tests {
             template: JobTemplate { command: Some("true".into()), ..JobTemplate::default() },
             ..ScheduleSpec::default()
         }
+    }
+
+    #[test]
+    fn a_schedule_turned_each_takes_no_share_of_a_tick_recorded_before() {
+        use leasehold_core::schedule::TickRecord;
+        const T_MS: u64 = 1_767_225_600_000;
+        let bucket = T_MS / 1_000;
+        let bus = TickOutcome::Skipped { reason: SkipReason::Bus, ticks: 1 };
+        let record = |bucket| TickRecord { bucket, outcome: bus.clone(), late: false };
+        let started = T_MS - 60_000;
+        // Run as `any` on the bus by its winner, then turned `each`.
+        let mut each = Schedule::new(
+            ScheduleSpec { target: Target::Each, ..command_schedule() },
+            T_MS - 120_000,
+        );
+        each.history.push_back(record(bucket));
+        let (mut seen, mut shares) = (HashMap::new(), HashMap::new());
+        see_each(&each, &mut seen, &mut shares);
+        let taken = shares.get("nightly").copied().unwrap_or(0);
+        assert_eq!(share_from_record(&each, taken, started, T_MS + 100), None, "run as any");
+        // A record after the change is this node's share, once.
+        each.history.push_back(record(bucket + 1));
+        see_each(&each, &mut seen, &mut shares);
+        let taken = shares.get("nightly").copied().unwrap_or(0);
+        assert_eq!(share_from_record(&each, taken, started, T_MS + 1_100), Some(bucket + 1));
+        // Put anew (another instant) under the same name: seen afresh.
+        let mut anew = each.clone();
+        anew.created_at_ms += 1_000;
+        anew.history.push_back(record(bucket + 2));
+        see_each(&anew, &mut seen, &mut shares);
+        assert_eq!(shares.get("nightly").copied(), Some(bucket + 2));
+        // An `any` schedule is not noted.
+        let any = Schedule::new(command_schedule(), T_MS - 120_000);
+        let (mut seen, mut shares) = (HashMap::new(), HashMap::new());
+        see_each(&any, &mut seen, &mut shares);
+        assert!(seen.is_empty() && shares.is_empty());
     }
 
     #[test]

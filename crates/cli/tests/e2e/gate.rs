@@ -3,7 +3,8 @@
 //! broadcast (bus) path; turning it on moves the pool to the journal within
 //! a few heartbeats, and off again moves it back, while an every-second
 //! schedule runs each of its ticks exactly once throughout, while one that
-//! enqueues a queue job fires on time on either path; and an advert
+//! enqueues a queue job fires on time on either path; a schedule turned
+//! from `any` to `each` on the bus runs no tick twice on a node; and an advert
 //! that is not signed with the cluster secret changes nothing and is
 //! counted (one without the node proof never reaches the service, and a
 //! node cannot speak for another); and dry-run stays on the bus while logging the journal claims it
@@ -444,6 +445,63 @@ async fn flip_story(sandbox: &Sandbox) -> Result<()> {
             "no gate decision metric with {labels}"
         );
     }
+    Ok(())
+}
+
+/// A schedule turned from `any` to `each` while its ticks run on the bus
+/// runs no tick twice on a node: the tick its `any` winner ran just before
+/// the change is not taken again as every member's share. (The claimant's
+/// own check of the target after its record, for a change that lands
+/// between its claim and its record, is a core unit test's: this story's
+/// changes come right after a run.)
+///
+/// Mutation check: with a node taking shares of the records it finds when
+/// it first sees a schedule as `each` (`see_each` doing nothing), this
+/// story fails with a bucket run twice on one node at every change.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_schedule_turned_each_on_the_bus_runs_no_tick_twice_on_a_node() -> Result<()> {
+    let sandbox = Sandbox::new("gate-retarget")?;
+    sandbox.run(Duration::from_secs(180), retarget_story(&sandbox)).await
+}
+
+async fn retarget_story(sandbox: &Sandbox) -> Result<()> {
+    phase("start three nodes and put the pool on the bus (node 3's flag off)");
+    let options = ClusterOptions { config: GATE_CONFIG.to_string(), ..Default::default() };
+    let cluster = Cluster::start_with(sandbox, 3, options).await?;
+    set_flag(sandbox, &cluster, 3, false).await?;
+    wait_gate(sandbox, &cluster, "every node on the bus", "bus", |_, _| true).await?;
+
+    phase("an every-second command, turned any → each → any … while it runs");
+    let runs_file = sandbox.path().join("runs.txt");
+    let command = format!(
+        "echo \"$LEASEHOLD_BUCKET ${{LEASEHOLD_CLAIM_PATH:-journal}} ${{LEASEHOLD_NODE_ID:-executor}}\" >> {}",
+        runs_file.display()
+    );
+    let addr = cluster.node(1)?.addr();
+    let env = [("LEASEHOLD_ADDR", addr.as_str())];
+    let name = "gate-retarget";
+    for target in ["any", "each", "any", "each", "any", "each"] {
+        let before = read_runs(&runs_file)?.len();
+        let mut args = every_second_catching_up_all(name, &["--command", &command]);
+        args.extend(["--target", target]);
+        run_cli(sandbox, &args, &env).await?.success()?;
+        // A few ticks under each target, the change at a tick's run.
+        wait_runs(&runs_file, before, 3).await?;
+    }
+    run_cli(sandbox, &["cron", "pause", name], &env).await?.success()?;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+
+    phase("judge: no node ran a bucket twice");
+    let runs = read_runs(&runs_file)?;
+    let mut by_node: BTreeMap<(u64, String), usize> = BTreeMap::new();
+    for run in &runs {
+        *by_node.entry((run.bucket, run.node.clone())).or_default() += 1;
+    }
+    let twice: Vec<_> = by_node.iter().filter(|(_, count)| **count > 1).collect();
+    ensure!(twice.is_empty(), "buckets a node ran more than once: {twice:?} of {runs:?}");
+    let shared = runs.iter().map(|r| r.bucket).collect::<std::collections::BTreeSet<_>>();
+    ensure!(runs.len() > shared.len(), "no tick ran as each member's share: {runs:?}");
+    eprintln!("{} runs of {} buckets, none twice on a node", runs.len(), shared.len());
     Ok(())
 }
 
