@@ -80,6 +80,21 @@ struct RunLine {
     node: String,
 }
 
+/// A schedule's command that appends its bucket, claim path and node to
+/// `file` as one [`RunLine`].
+fn runs_command(file: &Path) -> String {
+    format!(
+        "echo \"$LEASEHOLD_BUCKET ${{LEASEHOLD_CLAIM_PATH:-journal}} ${{LEASEHOLD_NODE_ID:-executor}}\" >> {}",
+        file.display()
+    )
+}
+
+/// Three nodes from the shared harness with adverts every 500 ms.
+async fn start_three(sandbox: &Sandbox) -> Result<Cluster> {
+    let options = ClusterOptions { config: GATE_CONFIG.to_string(), ..Default::default() };
+    Cluster::start_with(sandbox, 3, options).await
+}
+
 fn read_runs(file: &Path) -> Result<Vec<RunLine>> {
     let text = match std::fs::read_to_string(file) {
         Ok(text) => text,
@@ -248,8 +263,7 @@ async fn one_flag_moves_the_pool_between_bus_and_journal_and_every_tick_runs_onc
 
 async fn flip_story(sandbox: &Sandbox) -> Result<()> {
     phase("start three nodes (adverts every 500 ms)");
-    let options = ClusterOptions { config: GATE_CONFIG.to_string(), ..Default::default() };
-    let cluster = Cluster::start_with(sandbox, 3, options).await?;
+    let cluster = start_three(sandbox).await?;
     wait_gate(sandbox, &cluster, "every node on the journal", "journal", |_, reason| {
         reason.contains("all 2 peers advertise journal_lease=true")
     })
@@ -268,10 +282,7 @@ async fn flip_story(sandbox: &Sandbox) -> Result<()> {
 
     phase("put an every-second schedule that appends its bucket, path and node");
     let runs_file = sandbox.path().join("runs.txt");
-    let command = format!(
-        "echo \"$LEASEHOLD_BUCKET ${{LEASEHOLD_CLAIM_PATH:-journal}} ${{LEASEHOLD_NODE_ID:-executor}}\" >> {}",
-        runs_file.display()
-    );
+    let command = runs_command(&runs_file);
     let addr = cluster.node(1)?.addr();
     let env = [("LEASEHOLD_ADDR", addr.as_str())];
     run_cli(
@@ -466,17 +477,13 @@ async fn a_schedule_turned_each_on_the_bus_runs_no_tick_twice_on_a_node() -> Res
 
 async fn retarget_story(sandbox: &Sandbox) -> Result<()> {
     phase("start three nodes and put the pool on the bus (node 3's flag off)");
-    let options = ClusterOptions { config: GATE_CONFIG.to_string(), ..Default::default() };
-    let cluster = Cluster::start_with(sandbox, 3, options).await?;
+    let cluster = start_three(sandbox).await?;
     set_flag(sandbox, &cluster, 3, false).await?;
     wait_gate(sandbox, &cluster, "every node on the bus", "bus", |_, _| true).await?;
 
     phase("an every-second command, turned any → each → any … while it runs");
     let runs_file = sandbox.path().join("runs.txt");
-    let command = format!(
-        "echo \"$LEASEHOLD_BUCKET ${{LEASEHOLD_CLAIM_PATH:-journal}} ${{LEASEHOLD_NODE_ID:-executor}}\" >> {}",
-        runs_file.display()
-    );
+    let command = runs_command(&runs_file);
     let addr = cluster.node(1)?.addr();
     let env = [("LEASEHOLD_ADDR", addr.as_str())];
     let name = "gate-retarget";
@@ -560,8 +567,7 @@ impl tonic::service::Interceptor for ProofHeader {
 
 async fn forged_story(sandbox: &Sandbox) -> Result<()> {
     phase("start three nodes; all on the journal");
-    let options = ClusterOptions { config: GATE_CONFIG.to_string(), ..Default::default() };
-    let cluster = Cluster::start_with(sandbox, 3, options).await?;
+    let cluster = start_three(sandbox).await?;
     wait_gate(sandbox, &cluster, "every node on the journal", "journal", |_, reason| {
         reason.contains("all 2 peers advertise journal_lease=true")
     })
@@ -742,10 +748,7 @@ async fn dry_run_story(sandbox: &Sandbox) -> Result<()> {
 
     phase("an every-second schedule runs on the bus, and the journal claims are logged");
     let runs_file = sandbox.path().join("runs.txt");
-    let command = format!(
-        "echo \"$LEASEHOLD_BUCKET ${{LEASEHOLD_CLAIM_PATH:-journal}} ${{LEASEHOLD_NODE_ID:-executor}}\" >> {}",
-        runs_file.display()
-    );
+    let command = runs_command(&runs_file);
     let name = "dry-run-every-second";
     run_cli(sandbox, &["cron", "put", name, "--cron", "* * * * * *", "--command", &command], &env)
         .await?
@@ -877,8 +880,7 @@ async fn own_gate(
 
 async fn restart_story(sandbox: &Sandbox) -> Result<()> {
     phase("start three nodes (adverts every 500 ms); all on the journal");
-    let options = ClusterOptions { config: GATE_CONFIG.to_string(), ..Default::default() };
-    let mut cluster = Cluster::start_with(sandbox, 3, options).await?;
+    let mut cluster = start_three(sandbox).await?;
     wait_gate(sandbox, &cluster, "every node on the journal", "journal", |_, reason| {
         reason.contains("all 2 peers advertise journal_lease=true")
     })
