@@ -4,7 +4,7 @@
 //! proposal from a deposed leader is harmless). On every node it runs the
 //! cron tickers, and each due tick of a schedule with a command goes
 //! through the cutover gate once (a schedule that enqueues a queue job has
-//! the journal alone: [`journal_only`]):
+//! the journal alone: `journal_only`):
 //!
 //! - **journal**: the leader proposes `Fire`/`Skip` (exactly once per tick
 //!   through the journal's `last_fired_bucket`); the other nodes do nothing;
